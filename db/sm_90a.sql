@@ -1,0 +1,1 @@
+-- sm_90a tuning rows (written by flytune; reviewable text, built into the embedded DB)

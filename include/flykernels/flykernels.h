@@ -1,0 +1,133 @@
+/* FlyKernels: ahead-of-time compiled GPU kernels with a tuning database.
+ *
+ * Stable C ABI. Every entry point returns a fly_status; on failure a message that names the
+ * offending argument is available from fly_get_last_error() (thread-local, valid until the next
+ * call on the same thread). Nothing here aborts or prints unless FLYKERNELS_LOG asks for it.
+ *
+ * Tensors are plain descriptors: device pointer, dtype, rank, sizes and strides in elements.
+ * Streams are passed as void* (a cudaStream_t / CUstream; NULL is the legacy default stream of the
+ * current context). All launches are asynchronous on that stream.
+ */
+#ifndef FLYKERNELS_H_
+#define FLYKERNELS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FLY_API
+#else
+#define FLY_API __attribute__((visibility("default")))
+#endif
+
+#define FLY_VERSION_MAJOR 0
+#define FLY_VERSION_MINOR 1
+#define FLY_VERSION_PATCH 0
+
+typedef enum fly_status {
+  FLY_SUCCESS = 0,
+  FLY_ERROR_INVALID_ARGUMENT = 1, /* null pointer, wrong shape/stride/dtype, bad k, ... */
+  FLY_ERROR_UNSUPPORTED = 2,      /* valid input that no kernel here covers: callers fall back */
+  FLY_ERROR_NO_DEVICE = 3,        /* no driver (libcuda.so.1) or no CUDA device */
+  FLY_ERROR_ARCH_NOT_BUILT = 4,   /* the device's architecture has no kernels in this build */
+  FLY_ERROR_KERNEL_IMAGE = 5,     /* kernel archive missing, corrupt or failed to load */
+  FLY_ERROR_DATABASE = 6,         /* tuning database missing, corrupt or wrong schema */
+  FLY_ERROR_CUDA = 7,             /* a CUDA driver call failed (message carries its name) */
+  FLY_ERROR_MISALIGNED = 8,       /* a pointer breaks an alignment rule the operation needs */
+  FLY_ERROR_WORKSPACE = 9,        /* workspace pointer/size insufficient for the requested path */
+  FLY_ERROR_INTERNAL = 10
+} fly_status;
+
+typedef enum fly_dtype {
+  FLY_DTYPE_INVALID = 0,
+  FLY_F16 = 1,
+  FLY_BF16 = 2,
+  FLY_F32 = 3,
+  FLY_F64 = 4,
+  FLY_I32 = 5,
+  FLY_I64 = 6,
+  FLY_U8 = 7
+} fly_dtype;
+
+#define FLY_MAX_RANK 8
+
+typedef struct fly_tensor {
+  void* data;                      /* device pointer */
+  fly_dtype dtype;
+  int32_t rank;                    /* 0..FLY_MAX_RANK */
+  int64_t sizes[FLY_MAX_RANK];     /* elements */
+  int64_t strides[FLY_MAX_RANK];   /* elements (not bytes) */
+} fly_tensor;
+
+/* ---- errors, version ------------------------------------------------------------------ */
+FLY_API const char* fly_get_last_error(void);
+FLY_API const char* fly_status_string(fly_status status);
+FLY_API void fly_version(int* major, int* minor, int* patch);
+FLY_API const char* fly_version_string(void);
+
+/* ---- tuning database ------------------------------------------------------------------ */
+/* Overlay database (read before the embedded one). NULL clears it. The environment variable
+ * FLYKERNELS_TUNING_DB names one at first use. Clears the per-shape dispatch cache. */
+FLY_API fly_status fly_set_tuning_db(const char* path);
+
+/* ---- introspection (tools, tests) ----------------------------------------------------- */
+FLY_API int fly_variant_count(void);                /* variants bundled in this build */
+FLY_API const char* fly_variant_name(int index);    /* NULL when out of range */
+/* family ("rmsnorm", "topk", "gemm") and parameters ("key=value;key=value") of a variant. */
+FLY_API fly_status fly_variant_info(const char* name, const char** family, const char** params);
+/* Forces the next dispatches of this thread to use the named variant (the tuner uses this);
+ * NULL restores database dispatch. Fails with FLY_ERROR_INVALID_ARGUMENT for unknown names. A
+ * forced variant that cannot run the given shape makes the op return FLY_ERROR_UNSUPPORTED. */
+FLY_API fly_status fly_force_variant(const char* name);
+/* The variant chosen by this thread's last successful dispatch, and where the decision came
+ * from ("forced", "overlay:exact", "db:exact", "db:nearest", "default"). */
+FLY_API const char* fly_last_variant(void);
+FLY_API const char* fly_last_decision(void);
+/* Architecture string of the current device ("sm_90a"), or an error. */
+FLY_API fly_status fly_device_arch(void* stream, const char** arch);
+
+/* ---- RMSNorm forward -----------------------------------------------------------------
+ * y[M,N] = x[M,N] * rsqrt(mean(x^2, dim=-1) + eps) * weight[N]
+ * x, y: FP16/BF16/FP32, rank 2, unit inner stride; rows may have a leading stride (>= N).
+ * weight: optional (NULL), rank 1 [N], same dtype as x, unit stride.
+ * rstd: optional FP32 [M] (unit stride), the reciprocal RMS per row (PyTorch's backward uses it).
+ * Pointers need only element alignment: unaligned rows take a scalar head/tail path.
+ * M == 0 is a successful no-op. Accumulation in FP32. */
+FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_tensor* weight, double eps,
+                                    const fly_tensor* y, const fly_tensor* rstd, void* stream);
+
+/* ---- TopK ---------------------------------------------------------------------------------
+ * values[R,k], indices[R,k] = topk(x[R,C], k, dim=-1, largest, sorted=True).
+ * x: FP32 (see docs for FP16/BF16), rank 2, unit inner stride, leading stride allowed.
+ * values: x's dtype; indices: INT64. Any 1 <= k <= C. R == 0 is a successful no-op.
+ * NaN ranks above every number when largest (below when !largest), as torch does.
+ * deterministic != 0: ties resolved lowest index first, identical across runs.
+ * Some paths need scratch memory: query fly_topk_workspace_size and pass a buffer at least that
+ * large (NULL/0 when the query returns 0). */
+FLY_API fly_status fly_topk_workspace_size(const fly_tensor* x, int64_t k, int largest,
+                                           int deterministic, size_t* bytes);
+FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int largest, int deterministic,
+                            const fly_tensor* values, const fly_tensor* indices, void* workspace,
+                            size_t workspace_bytes, void* stream);
+
+/* ---- Dense GEMM -------------------------------------------------------------------------
+ * C[M,N] = A[M,K] @ B[K,N] (+ bias[N]); FP16 or BF16 in and out (all the same dtype), FP32
+ * accumulation. A and B may each be row- or column-major (read from the strides); leading
+ * dimensions may be padded. C row-major with unit inner stride. Inputs the kernels cannot take
+ * (for example a leading dimension breaking TMA's 16-byte rule) return FLY_ERROR_UNSUPPORTED.
+ * Split-K paths need workspace: query fly_gemm_workspace_size; with less, they are not used. */
+FLY_API fly_status fly_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
+                                           const fly_tensor* c, size_t* bytes);
+FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c,
+                            const fly_tensor* bias, void* workspace, size_t workspace_bytes,
+                            void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLYKERNELS_H_ */

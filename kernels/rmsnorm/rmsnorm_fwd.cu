@@ -1,0 +1,197 @@
+// RMSNorm forward: y = x * rsqrt(mean(x^2) + eps) * w, one row per group of kTpr threads.
+//
+// Variant constants (tools/flygen): FLY_DTYPE_IS_{FP16,BF16,FP32}, FLY_TPR (threads per row),
+// FLY_RPC (rows in flight per CTA), FLY_CACHE (16-byte vectors per thread kept in registers).
+//
+// Memory plan: a row whose aligned body fits in kTpr * kCache vectors is read once into
+// registers, reduced, scaled and written (one HBM read + one write per element). Longer rows take
+// a two-pass path (the second read mostly hits L2). Rows need not be 16-byte aligned: each row
+// has a scalar head up to its first 16-byte boundary, a vector body and a scalar tail. Rows of
+// one alignment class share the weight's shifted view, which each thread loads once into
+// registers, because the grid walks rows class by class.
+#include "common/vec.cuh"
+#include "rmsnorm/rmsnorm_params.h"
+
+#if defined(FLY_DTYPE_IS_FP16)
+using T = __half;
+#elif defined(FLY_DTYPE_IS_BF16)
+using T = __nv_bfloat16;
+#elif defined(FLY_DTYPE_IS_FP32)
+using T = float;
+#else
+#error "rmsnorm_fwd: FLY_DTYPE_IS_* not defined"
+#endif
+
+namespace {
+
+struct Config {
+  static constexpr int kTpr = FLY_TPR;
+  static constexpr int kRpc = FLY_RPC;
+  static constexpr int kCache = FLY_CACHE;
+  static constexpr int kThreads = kTpr * kRpc;
+  static constexpr int kV = fly::Vec16<T>::kElems;
+  static constexpr int kWarps = kTpr / 32;
+  static_assert(kTpr % 32 == 0 && kTpr >= 32 && kTpr <= 1024, "threads per row: a multiple of 32");
+  static_assert(kThreads <= 1024, "CTA too large");
+  static_assert(kTpr == 32 || kRpc <= 15, "one named barrier per row group (ids 1..15)");
+  static_assert(kCache >= 1 && kCache <= 16, "register cache of 1..16 vectors per thread");
+  // NOTE: the shifted weight stays in registers only when the register budget under
+  // __launch_bounds__ (65536 / threads) leaves room for both caches; otherwise each row reloads
+  // it (an L1/L2 hit: it is the same N elements for every row).
+  // (about 12 registers per cached vector once the weight is kept unpacked as floats)
+  static constexpr bool kWeightInRegs = 65536 / kThreads >= 12 * kCache + 40;
+};
+
+// Sum over the row group; `red` holds two slots (alternating by row) so one barrier per row
+// suffices: a group cannot rewrite a slot before every thread has passed the next row's barrier.
+__device__ __forceinline__ float group_sum(float v, float* red, int lane, int group, int parity) {
+  v = fly::warp_sum(v);
+  if constexpr (Config::kWarps == 1) {
+    return v;
+  } else {
+    float* slot = red + parity * Config::kWarps;
+    if ((lane & 31) == 0) slot[lane >> 5] = v;
+    fly::named_barrier(1 + group, Config::kTpr);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < Config::kWarps; ++i) s += slot[i];
+    return s;
+  }
+}
+
+__device__ __forceinline__ float weight_at(const T* w, int i) {
+  return w ? fly::to_float(w[i]) : 1.f;
+}
+
+// kV weights starting at element i: one 16-byte load where aligned, scalars otherwise.
+__device__ __forceinline__ fly::Vec16<T> weight_vec(const T* w, int i, bool aligned) {
+  fly::Vec16<T> v;
+  if (!w) {
+#pragma unroll
+    for (int e = 0; e < fly::Vec16<T>::kElems; ++e) v.e[e] = fly::from_float<T>(1.f);
+  } else if (aligned) {
+    v.raw = fly::ld16(w + i);
+  } else {
+#pragma unroll
+    for (int e = 0; e < fly::Vec16<T>::kElems; ++e) v.e[e] = w[i + e];
+  }
+  return v;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(Config::kThreads)
+rmsnorm_fwd(const RmsNormParams p) {
+  constexpr int kV = Config::kV;
+  constexpr int kTpr = Config::kTpr;
+  constexpr int kCache = Config::kCache;
+  __shared__ float red_all[Config::kRpc][2][Config::kWarps];
+
+  const int group = threadIdx.x / kTpr;
+  const int lane = threadIdx.x % kTpr;
+  const int64_t g = int64_t(blockIdx.x) * Config::kRpc + group;
+  if (g >= p.groups) return;  // whole groups leave together, so named barriers stay matched
+  float* red = &red_all[group][0][0];
+
+  const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.w);
+  T* y = static_cast<T*>(p.y);
+  const int64_t N = p.N;
+
+  // This group's alignment class and the row layout shared by all its rows.
+  const int cls = int(g % p.period);
+  const int64_t first_row = cls + int64_t(p.period) * (g / p.period);
+  const uintptr_t row0 = reinterpret_cast<uintptr_t>(x + int64_t(cls) * p.ldx);
+  // NOTE: in-row offsets are 32-bit (the launcher guarantees N < 2^31): 64-bit offsets for every
+  // cached vector cost registers that the row cache needs.
+  const int n = int(N);
+  int head = p.vec_io ? int(((16 - (row0 & 15)) & 15) / sizeof(T)) : n;
+  if (head > n) head = n;
+  const int nvec = (n - head) / kV;
+  const int tail0 = head + nvec * kV;
+  const bool in_regs = nvec <= kTpr * kCache;
+
+  const bool w_aligned = ((reinterpret_cast<uintptr_t>(w + head)) & 15) == 0;
+  // The weight, shifted to this class's alignment, once per group (packed in T).
+  constexpr int kWRegs = Config::kWeightInRegs ? kCache : 1;
+  fly::Vec16<T> wv[kWRegs];
+  if constexpr (Config::kWeightInRegs) {
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      const int j = lane + i * kTpr;
+      if (in_regs && j < nvec) wv[i] = weight_vec(w, head + j * kV, w_aligned);
+      else wv[i].raw = make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  const float inv_n = 1.f / float(N);
+  int parity = 0;
+  for (int64_t r = first_row; r < p.M; r += p.groups, parity ^= 1) {
+    const T* xr = x + r * p.ldx;
+    T* yr = y + r * p.ldy;
+    float ss = 0.f;
+    fly::Vec16<T> xv[kCache];
+    if (in_regs) {
+      // All loads first: kCache independent 16-byte loads in flight per thread.
+#pragma unroll
+      for (int i = 0; i < kCache; ++i) {
+        const int j = lane + i * kTpr;
+        if (j < nvec) xv[i].raw = fly::ld16_stream(xr + head + j * kV);
+        else xv[i].raw = make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < kCache; ++i)
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          const float f = fly::to_float(xv[i].e[e]);
+          ss = fmaf(f, f, ss);
+        }
+    } else {
+      for (int j = lane; j < nvec; j += kTpr) {
+        fly::Vec16<T> v;
+        v.raw = fly::ld16(xr + head + j * kV);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          const float f = fly::to_float(v.e[e]);
+          ss = fmaf(f, f, ss);
+        }
+      }
+    }
+    for (int i = lane; i < head; i += kTpr) { const float f = fly::to_float(xr[i]); ss = fmaf(f, f, ss); }
+    for (int i = tail0 + lane; i < n; i += kTpr) { const float f = fly::to_float(xr[i]); ss = fmaf(f, f, ss); }
+
+    const float total = group_sum(ss, red, lane, group, parity);
+    const float rs = rsqrtf(total * inv_n + p.eps);
+    if (lane == 0 && p.rstd) p.rstd[r] = rs;
+
+    if (in_regs) {
+#pragma unroll
+      for (int i = 0; i < kCache; ++i) {
+        const int j = lane + i * kTpr;
+        if (j < nvec) {
+          fly::Vec16<T> o;
+          const fly::Vec16<T> wi =
+              Config::kWeightInRegs ? wv[Config::kWeightInRegs ? i : 0] : weight_vec(w, head + j * kV, w_aligned);
+#pragma unroll
+          for (int e = 0; e < kV; ++e)
+            o.e[e] = fly::from_float<T>(fly::to_float(xv[i].e[e]) * rs * fly::to_float(wi.e[e]));
+          fly::st16_stream(yr + head + j * kV, o.raw);
+        }
+      }
+    } else {
+      for (int j = lane; j < nvec; j += kTpr) {
+        fly::Vec16<T> v, o;
+        v.raw = fly::ld16(xr + head + j * kV);
+        const fly::Vec16<T> wi = weight_vec(w, head + j * kV, w_aligned);
+#pragma unroll
+        for (int e = 0; e < kV; ++e)
+          o.e[e] = fly::from_float<T>(fly::to_float(v.e[e]) * rs * fly::to_float(wi.e[e]));
+        fly::st16_stream(yr + head + j * kV, o.raw);
+      }
+    }
+    for (int i = lane; i < head; i += kTpr)
+      yr[i] = fly::from_float<T>(fly::to_float(xr[i]) * rs * weight_at(w, i));
+    for (int i = tail0 + lane; i < n; i += kTpr)
+      yr[i] = fly::from_float<T>(fly::to_float(xr[i]) * rs * weight_at(w, i));
+  }
+}

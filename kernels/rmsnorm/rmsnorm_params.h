@@ -1,0 +1,18 @@
+// Kernel parameters of rmsnorm_fwd, shared by the launcher (host) and the kernel (device).
+#pragma once
+#include <stdint.h>
+
+struct RmsNormParams {
+  const void* x;   // [M, N], row stride ldx (elements)
+  const void* w;   // [N] or nullptr (no weight)
+  void* y;         // [M, N], row stride ldy
+  float* rstd;     // [M] or nullptr
+  int64_t M, N, ldx, ldy;
+  float eps;
+  // Rows fall into `period` alignment classes (row r has class r % period): every row of a class
+  // starts at the same offset modulo 16 bytes, so one row group serves one class and keeps the
+  // weight, shifted to that class's alignment, in registers across all its rows.
+  int32_t period;
+  int32_t groups;  // row groups in the grid (a multiple of period)
+  int32_t vec_io;  // 1: x and y rows share their alignment, so 16-byte vectors serve both
+};

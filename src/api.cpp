@@ -1,0 +1,61 @@
+// Version, introspection, database and dispatch controls of the C ABI.
+#include "core.hpp"
+#include "tuning_db.hpp"
+
+namespace fly {
+fly_status set_overlay(const char* path);
+fly_status set_forced(const char* name);
+const char* last_variant();
+const char* last_decision();
+}  // namespace fly
+
+extern "C" {
+
+FLY_API void fly_version(int* major, int* minor, int* patch) {
+  if (major) *major = FLY_VERSION_MAJOR;
+  if (minor) *minor = FLY_VERSION_MINOR;
+  if (patch) *patch = FLY_VERSION_PATCH;
+}
+
+FLY_API const char* fly_version_string(void) {
+#define FLY_STR2(x) #x
+#define FLY_STR(x) FLY_STR2(x)
+  return FLY_STR(FLY_VERSION_MAJOR) "." FLY_STR(FLY_VERSION_MINOR) "." FLY_STR(FLY_VERSION_PATCH);
+}
+
+FLY_API fly_status fly_set_tuning_db(const char* path) {
+  fly::clear_error();
+  return fly::set_overlay(path);
+}
+
+FLY_API int fly_variant_count(void) { return int(fly::all_variants().size()); }
+
+FLY_API const char* fly_variant_name(int index) {
+  auto& v = fly::all_variants();
+  if (index < 0 || size_t(index) >= v.size()) return nullptr;
+  return v[size_t(index)].name.c_str();
+}
+
+FLY_API fly_status fly_variant_info(const char* name, const char** family, const char** params) {
+  if (!name) return fly::fail(FLY_ERROR_INVALID_ARGUMENT, "fly_variant_info: name is NULL");
+  const fly::Variant* v = fly::find_variant(name);
+  if (!v) return fly::fail(FLY_ERROR_INVALID_ARGUMENT, "fly_variant_info: no variant named '%s'", name);
+  if (family) *family = v->family.c_str();
+  if (params) *params = v->params.c_str();
+  return FLY_SUCCESS;
+}
+
+FLY_API fly_status fly_force_variant(const char* name) { return fly::set_forced(name); }
+FLY_API const char* fly_last_variant(void) { return fly::last_variant(); }
+FLY_API const char* fly_last_decision(void) { return fly::last_decision(); }
+
+FLY_API fly_status fly_device_arch(void* stream, const char** arch) {
+  if (!arch) return fly::fail(FLY_ERROR_INVALID_ARGUMENT, "fly_device_arch: arch is NULL");
+  fly::ScopedContext ctx;
+  const fly::DeviceCtx* dc = nullptr;
+  fly_status s = ctx.enter(stream, &dc);
+  if (dc) *arch = dc->arch.c_str();
+  return s;
+}
+
+}  // extern "C"

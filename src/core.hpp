@@ -1,0 +1,176 @@
+// Internal runtime interface shared by the per-op launchers (src/ops/*.cpp).
+// Nothing here is exported from libflykernels.so: only fly_* C functions are.
+#pragma once
+
+#include <cuda.h>  // types only: the driver is reached through dlopen (driver.cpp)
+
+#include <cstdarg>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flykernels/flykernels.h"
+
+namespace fly {
+
+// ---- errors ----------------------------------------------------------------------------
+// Sets the thread-local message (printf-style) and returns `s`, so `return fail(...)` reads well.
+fly_status fail(fly_status s, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void clear_error();
+#define FLY_TRY(expr)                          \
+  do {                                         \
+    fly_status fly_try_s_ = (expr);            \
+    if (fly_try_s_ != FLY_SUCCESS) return fly_try_s_; \
+  } while (0)
+
+// ---- logging (FLYKERNELS_LOG=info|debug) -------------------------------------------------
+enum class LogLevel { kOff = 0, kInfo = 1, kDebug = 2 };
+LogLevel log_level();
+void log(LogLevel lvl, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// ---- dtypes and tensor validation --------------------------------------------------------
+size_t dtype_size(fly_dtype dt);      // 0 for invalid
+const char* dtype_name(fly_dtype dt);  // "fp16", "bf16", "fp32", ... ("invalid")
+
+// Checks a descriptor is well formed: non-null descriptor and data (unless numel == 0), valid
+// dtype, rank as expected, sizes >= 0, strides >= 0, element alignment of data, and no int64
+// overflow of the byte extent. `what` names the argument in the message ("x", "weight", ...).
+fly_status check_tensor(const fly_tensor* t, const char* what, int rank);
+int64_t numel(const fly_tensor& t);
+// Bytes from data to one past the furthest element (0 when numel == 0).
+int64_t extent_bytes(const fly_tensor& t);
+
+// ---- driver (dlopen'd libcuda.so.1) -------------------------------------------------------
+struct Driver {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuGetErrorName)(CUresult, const char**);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetAttribute)(int*, CUdevice_attribute, CUdevice);
+  CUresult (*cuDeviceGetName)(char*, int, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
+  CUresult (*cuCtxGetDevice)(CUdevice*);
+  CUresult (*cuStreamGetCtx)(CUstream, CUcontext*);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+  CUresult (*cuFuncGetAttribute)(int*, CUfunction_attribute, CUfunction);
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**);
+  CUresult (*cuMemGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr);
+  CUresult (*cuPointerGetAttribute)(void*, CUpointer_attribute, CUdeviceptr);
+  CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*cuTensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                     const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                     const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                     CUtensorMapFloatOOBfill);
+};
+// Loads libcuda.so.1 and cuInit(0) once. FLY_ERROR_NO_DEVICE when there is no driver/device.
+fly_status driver(const Driver** out);
+// Turns a failed CUresult into FLY_ERROR_CUDA with "<call>: <name> (<description>)".
+fly_status cuda_fail(CUresult r, const char* call);
+#define FLY_CU(call_expr, name)                                  \
+  do {                                                           \
+    CUresult fly_cu_r_ = (call_expr);                            \
+    if (fly_cu_r_ != CUDA_SUCCESS) return ::fly::cuda_fail(fly_cu_r_, name); \
+  } while (0)
+
+// One CUDA context (normally a device's primary context) as seen by the library.
+struct DeviceCtx {
+  CUcontext ctx = nullptr;
+  CUdevice device = 0;
+  std::string arch;          // "sm_90a"
+  std::string name;          // "NVIDIA H200"
+  int sm_count = 0;
+  int max_smem_optin = 0;    // bytes per block with opt-in
+  int l2_bytes = 0;
+};
+
+// Makes the stream's context current for the lifetime of the guard (restores on destruction).
+class ScopedContext {
+ public:
+  ScopedContext() = default;
+  ~ScopedContext();
+  fly_status enter(void* stream, const DeviceCtx** out);  // resolve + push
+ private:
+  bool pushed_ = false;
+};
+
+// Checks that [t.data, t.data + extent) lies inside one device allocation (catches host pointers
+// and buffers that are too small). Call after ScopedContext::enter. Skipped when
+// FLYKERNELS_CHECK_POINTERS=0.
+fly_status check_device_pointer(const fly_tensor& t, const char* what);
+
+// ---- variants: the archive's directory is the registry ------------------------------------
+struct Variant {
+  std::string name;     // canonical, encodes every parameter: "rmsnorm_bf16_t256_r1_c4"
+  std::string family;   // "rmsnorm"
+  std::string params;   // "dtype=bf16;tpr=256;rpc=1;cache=4"
+  std::map<std::string, std::string> kv;
+  int64_t get_int(const std::string& key, int64_t dflt = -1) const;
+  std::string get(const std::string& key, const std::string& dflt = "") const;
+};
+const std::vector<Variant>& all_variants();                 // empty when the archive is broken
+const Variant* find_variant(const std::string& name);       // nullptr when not bundled
+std::vector<const Variant*> variants_of(const std::string& family);
+
+// CUfunction `kernel` of variant `v` in the given context: decompresses, verifies the checksum,
+// loads the module once per (context, variant) and caches it. Thread-safe.
+fly_status get_function(const DeviceCtx& dc, const Variant& v, const char* kernel, CUfunction* out);
+
+// ---- launch -----------------------------------------------------------------------------
+struct LaunchConfig {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned smem = 0;          // dynamic shared memory bytes (attribute raised when > 48 KiB)
+  unsigned cluster[3] = {1, 1, 1};
+};
+// Launches `f` on `stream` with one or more kernel parameters (pointers to the values).
+fly_status launch(CUfunction f, const LaunchConfig& cfg, void* stream, void** args);
+// Convenience: a single by-value parameter struct.
+template <class P>
+fly_status launch1(CUfunction f, const LaunchConfig& cfg, void* stream, const P& params) {
+  void* args[] = {const_cast<P*>(&params)};
+  return launch(f, cfg, stream, args);
+}
+
+// ---- dispatch -------------------------------------------------------------------------------
+// Key of one call. k[] holds the shape features the family tunes on, most significant first
+// (rmsnorm: N, M; topk: C, k, R; gemm: N, K, M). Missing ones are 0.
+struct DispatchKey {
+  std::string op;       // "rmsnorm_fwd", "topk", "gemm"
+  std::string dtype;    // "bf16"
+  std::string layout;   // "row", "nt", ... ("-" when none)
+  int64_t k[3] = {0, 0, 0};
+  std::string str() const;  // for logs: "rmsnorm_fwd bf16 row N=4096 M=8192"
+};
+// Decides the variant for one call:
+//   forced (fly_force_variant) -> overlay DB exact -> embedded DB exact -> nearest bucket in
+//   either (log2 distance, k[0] weighted most) -> `fallback()` (the family's default rule).
+// Candidates from the DB are skipped when not bundled, of another family, or when
+// `supports(v)` is false. Results are cached per (device arch, key). Logs at info level.
+// `key_names` names k[] for logs ("N","M").
+struct DispatchRequest {
+  DispatchKey key;
+  const char* family;
+  const char* key_names[3] = {"k0", "k1", "k2"};
+  std::function<bool(const Variant&)> supports;        // may be empty: everything supported
+  std::function<std::string()> fallback;               // name of the default variant
+  // Everything `supports` depends on beyond `key` (alignment, workspace size, flags), so that
+  // the per-shape cache never hands a decision to a call it does not fit. May be empty.
+  std::string cache_tag;
+};
+fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const Variant** out);
+
+}  // namespace fly

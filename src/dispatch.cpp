@@ -1,0 +1,203 @@
+// Per-call variant choice: forced -> overlay/embedded exact -> nearest bucket -> family default.
+#include <cinttypes>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "core.hpp"
+#include "tuning_db.hpp"
+
+extern "C" {
+extern const uint8_t fly_embedded_db_begin[];
+extern const uint8_t fly_embedded_db_end[];
+}
+
+namespace fly {
+
+namespace {
+
+struct Decision {
+  const Variant* variant;
+  std::string how;
+};
+
+struct DispatchState {
+  std::shared_mutex mu;
+  bool embedded_loaded = false;
+  fly_status embedded_status = FLY_SUCCESS;
+  std::string embedded_error;
+  TuningDb embedded;
+  bool overlay_initialized = false;  // env var consulted
+  std::shared_ptr<TuningDb> overlay;
+  fly_status overlay_status = FLY_SUCCESS;  // a broken FLYKERNELS_TUNING_DB fails every dispatch
+  std::string overlay_error;
+  std::unordered_map<std::string, Decision> cache;
+};
+
+DispatchState& state() {
+  static DispatchState* s = new DispatchState();
+  return *s;
+}
+
+thread_local std::string t_forced;
+thread_local std::string t_last_variant;
+thread_local std::string t_last_decision;
+
+// Loads the embedded DB and the environment's overlay once. Caller holds the unique lock.
+void ensure_loaded(DispatchState& s) {
+  if (!s.embedded_loaded) {
+    s.embedded_loaded = true;
+    size_t size = size_t(fly_embedded_db_end - fly_embedded_db_begin);
+    s.embedded_status = s.embedded.load_image(fly_embedded_db_begin, size, "embedded");
+    if (s.embedded_status != FLY_SUCCESS) s.embedded_error = fly_get_last_error();
+  }
+  if (!s.overlay_initialized) {
+    s.overlay_initialized = true;
+    const char* env = std::getenv("FLYKERNELS_TUNING_DB");
+    if (env && *env) {
+      auto db = std::make_shared<TuningDb>();
+      s.overlay_status = db->load_file(env);
+      if (s.overlay_status == FLY_SUCCESS) s.overlay = db;
+      else s.overlay_error = std::string("FLYKERNELS_TUNING_DB: ") + fly_get_last_error();
+    }
+  }
+}
+
+std::string key_text(const DispatchRequest& req) {
+  std::string s = req.key.op + " " + req.key.dtype + " " + req.key.layout;
+  for (int i = 0; i < 3; ++i) s += " " + std::string(req.key_names[i]) + "=" + std::to_string(req.key.k[i]);
+  return s;
+}
+
+void record(const Variant* v, const std::string& how, const DispatchRequest& req, bool cached) {
+  t_last_variant = v->name;
+  t_last_decision = how;
+  log(LogLevel::kInfo, "dispatch %s -> %s (%s%s)", key_text(req).c_str(), v->name.c_str(),
+      how.c_str(), cached ? ", cached" : "");
+}
+
+}  // namespace
+
+std::string DispatchKey::str() const {
+  return op + " " + dtype + " " + layout + " " + std::to_string(k[0]) + " " + std::to_string(k[1]) +
+         " " + std::to_string(k[2]);
+}
+
+void clear_dispatch_cache() {
+  DispatchState& s = state();
+  std::unique_lock<std::shared_mutex> lock(s.mu);
+  s.cache.clear();
+}
+
+fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const Variant** out) {
+  auto ok = [&](const Variant* v) {
+    return v && v->family == req.family && (!req.supports || req.supports(*v));
+  };
+  if (!t_forced.empty()) {
+    const Variant* v = find_variant(t_forced);
+    if (!v || v->family != req.family)
+      return fail(FLY_ERROR_UNSUPPORTED, "forced variant %s is not a %s variant", t_forced.c_str(), req.family);
+    if (!ok(v))
+      return fail(FLY_ERROR_UNSUPPORTED, "forced variant %s cannot run %s", v->name.c_str(), key_text(req).c_str());
+    *out = v;
+    record(v, "forced", req, false);
+    return FLY_SUCCESS;
+  }
+  DispatchState& s = state();
+  std::string ckey = dc.arch + "|" + req.key.str() + "|" + req.cache_tag;
+  {
+    std::shared_lock<std::shared_mutex> lock(s.mu);
+    if (s.embedded_loaded && s.overlay_initialized) {
+      if (s.embedded_status != FLY_SUCCESS) return fail(s.embedded_status, "%s", s.embedded_error.c_str());
+      if (s.overlay_status != FLY_SUCCESS) return fail(s.overlay_status, "%s", s.overlay_error.c_str());
+      auto it = s.cache.find(ckey);
+      if (it != s.cache.end()) {
+        *out = it->second.variant;
+        record(*out, it->second.how, req, true);
+        return FLY_SUCCESS;
+      }
+    }
+  }
+  std::unique_lock<std::shared_mutex> lock(s.mu);
+  ensure_loaded(s);
+  if (s.embedded_status != FLY_SUCCESS) return fail(s.embedded_status, "%s", s.embedded_error.c_str());
+  if (s.overlay_status != FLY_SUCCESS) return fail(s.overlay_status, "%s", s.overlay_error.c_str());
+
+  const Variant* chosen = nullptr;
+  std::string how;
+  auto consider = [&](const TuningRow* r, const char* why) {
+    if (chosen || !r) return;
+    const Variant* v = find_variant(r->variant);
+    if (ok(v)) {
+      chosen = v;
+      how = why;
+    } else {
+      log(LogLevel::kDebug, "dispatch %s: skipping %s row %s (%s)", key_text(req).c_str(), why,
+          r->variant.c_str(), v ? "cannot run this shape" : "not bundled");
+    }
+  };
+  if (s.overlay) consider(s.overlay->exact(dc.arch, req.key), "overlay:exact");
+  consider(s.embedded.exact(dc.arch, req.key), "db:exact");
+  if (!chosen) {
+    // Nearest bucket over both databases; the overlay wins ties (stable sort, overlay first).
+    struct Near { double dist; const TuningRow* row; const char* why; };
+    std::vector<Near> near;
+    if (s.overlay)
+      for (auto* r : s.overlay->nearest(dc.arch, req.key))
+        near.push_back({key_distance(r->k, req.key.k), r, "overlay:nearest"});
+    for (auto* r : s.embedded.nearest(dc.arch, req.key))
+      near.push_back({key_distance(r->k, req.key.k), r, "db:nearest"});
+    std::stable_sort(near.begin(), near.end(), [](const Near& a, const Near& b) { return a.dist < b.dist; });
+    for (auto& n : near) {
+      consider(n.row, n.why);
+      if (chosen) break;
+    }
+  }
+  if (!chosen) {
+    std::string name = req.fallback ? req.fallback() : std::string();
+    const Variant* v = find_variant(name);
+    if (!v)
+      return fail(FLY_ERROR_KERNEL_IMAGE,
+                  "default variant '%s' of %s is not bundled in this build (built with FLY_FAMILIES excluding it?)",
+                  name.c_str(), req.family);
+    if (!ok(v))
+      return fail(FLY_ERROR_UNSUPPORTED, "no %s variant in this build can run %s", req.family, key_text(req).c_str());
+    chosen = v;
+    how = "default";
+  }
+  s.cache[ckey] = Decision{chosen, how};
+  *out = chosen;
+  record(chosen, how, req, false);
+  return FLY_SUCCESS;
+}
+
+fly_status set_overlay(const char* path) {
+  DispatchState& s = state();
+  std::shared_ptr<TuningDb> db;
+  if (path && *path) {
+    db = std::make_shared<TuningDb>();
+    FLY_TRY(db->load_file(path));
+  }
+  std::unique_lock<std::shared_mutex> lock(s.mu);
+  s.overlay_initialized = true;  // an explicit call replaces the environment's overlay
+  s.overlay = db;
+  s.overlay_status = FLY_SUCCESS;
+  s.overlay_error.clear();
+  s.cache.clear();
+  return FLY_SUCCESS;
+}
+
+fly_status set_forced(const char* name) {
+  if (!name || !*name) { t_forced.clear(); return FLY_SUCCESS; }
+  if (!find_variant(name))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "fly_force_variant: no variant named '%s' in this build", name);
+  t_forced = name;
+  return FLY_SUCCESS;
+}
+
+const char* last_variant() { return t_last_variant.c_str(); }
+const char* last_decision() { return t_last_decision.c_str(); }
+
+}  // namespace fly

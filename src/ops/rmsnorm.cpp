@@ -1,0 +1,147 @@
+// fly_rms_norm_fwd: validation, dispatch and launch of the rmsnorm family.
+#include <cinttypes>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <numeric>
+
+#include "core.hpp"
+#include "rmsnorm/rmsnorm_params.h"
+
+namespace fly {
+namespace {
+
+constexpr const char* kFamily = "rmsnorm";
+
+// Rows of a unit-inner-stride matrix: no overlap between rows, unit inner stride (or a single
+// column/row, where the stride is irrelevant).
+fly_status check_rows(const fly_tensor& t, const char* what) {
+  if (t.sizes[1] > 1 && t.strides[1] != 1)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: inner stride must be 1, got %" PRId64, what, t.strides[1]);
+  if (t.sizes[0] > 1 && t.strides[0] < t.sizes[1])
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: row stride %" PRId64 " is smaller than the row length %" PRId64
+                " (rows overlap)", what, t.strides[0], t.sizes[1]);
+  return FLY_SUCCESS;
+}
+
+fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dtype dt) {
+  FLY_TRY(check_tensor(t, what, 1));
+  if (t->sizes[0] != n)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: expected %" PRId64 " elements, got %" PRId64, what, n, t->sizes[0]);
+  if (t->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s, expected %s", what, dtype_name(t->dtype), dtype_name(dt));
+  if (n > 1 && t->strides[0] != 1)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: stride must be 1, got %" PRId64, what, t->strides[0]);
+  return FLY_SUCCESS;
+}
+
+// The family default (built in every configuration, see tuning/rmsnorm.json "defaults"): the
+// smallest CTA whose register cache holds the row's vectors.
+std::string default_variant(fly_dtype dt, int64_t n) {
+  const int64_t vec = 16 / int64_t(dtype_size(dt));
+  const int64_t nvec = (n + vec - 1) / vec;
+  const char* d = dtype_name(dt);
+  struct Choice { int tpr, rpc, cache; };
+  static const Choice kChoices[] = {{32, 4, 4}, {128, 2, 4}, {512, 1, 4}, {1024, 1, 8}};
+  Choice c = kChoices[3];
+  for (auto& k : kChoices)
+    if (nvec <= int64_t(k.tpr) * k.cache) { c = k; break; }
+  return std::string("rmsnorm_") + d + "_t" + std::to_string(c.tpr) + "_r" + std::to_string(c.rpc) +
+         "_c" + std::to_string(c.cache);
+}
+
+int blocks_per_sm(const Driver& d, CUfunction f, int threads) {
+  static std::mutex mu;
+  static std::map<CUfunction, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(f);
+  if (it != cache.end()) return it->second;
+  int n = 1;
+  if (d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, threads, 0) != CUDA_SUCCESS || n < 1) n = 1;
+  cache[f] = n;
+  return n;
+}
+
+}  // namespace
+}  // namespace fly
+
+extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_tensor* weight, double eps,
+                                                const fly_tensor* y, const fly_tensor* rstd, void* stream) {
+  using namespace fly;
+  clear_error();
+  FLY_TRY(check_tensor(x, "x", 2));
+  const fly_dtype dt = x->dtype;
+  if (dt != FLY_F16 && dt != FLY_BF16 && dt != FLY_F32)
+    return fail(FLY_ERROR_UNSUPPORTED, "x: dtype %s is not supported (fp16, bf16, fp32)", dtype_name(dt));
+  const int64_t M = x->sizes[0], N = x->sizes[1];
+  FLY_TRY(check_rows(*x, "x"));
+  FLY_TRY(check_tensor(y, "y", 2));
+  if (y->sizes[0] != M || y->sizes[1] != N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "y: shape [%" PRId64 ", %" PRId64 "] does not match x [%" PRId64 ", %" PRId64 "]",
+                y->sizes[0], y->sizes[1], M, N);
+  if (y->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "y: dtype %s does not match x (%s)", dtype_name(y->dtype), dtype_name(dt));
+  FLY_TRY(check_rows(*y, "y"));
+  if (weight) FLY_TRY(check_vector(weight, "weight", N, dt));
+  if (rstd) FLY_TRY(check_vector(rstd, "rstd", M, FLY_F32));
+  if (!(eps >= 0.0) || !std::isfinite(eps))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "eps: must be finite and >= 0, got %g", eps);
+  if (M == 0) return FLY_SUCCESS;
+  if (N == 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "x: N = 0 (normalizing empty rows is undefined)");
+  if (N >= (int64_t(1) << 31))
+    return fail(FLY_ERROR_UNSUPPORTED, "x: rows of %" PRId64 " elements exceed the kernels' 2^31 limit", N);
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_device_pointer(*x, "x"));
+  FLY_TRY(check_device_pointer(*y, "y"));
+  if (weight) FLY_TRY(check_device_pointer(*weight, "weight"));
+  if (rstd) FLY_TRY(check_device_pointer(*rstd, "rstd"));
+
+  DispatchRequest req;
+  req.key.op = "rmsnorm_fwd";
+  req.key.dtype = dtype_name(dt);
+  req.key.layout = "row";
+  req.key.k[0] = N;
+  req.key.k[1] = M;
+  req.family = kFamily;
+  req.key_names[0] = "N";
+  req.key_names[1] = "M";
+  req.key_names[2] = "-";
+  req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
+  req.fallback = [dt, N] { return default_variant(dt, N); };
+  const Variant* v = nullptr;
+  FLY_TRY(choose_variant(*dc, req, &v));
+  CUfunction f = nullptr;
+  FLY_TRY(get_function(*dc, *v, "rmsnorm_fwd", &f));
+  const Driver* d = nullptr;
+  FLY_TRY(driver(&d));
+
+  const int tpr = int(v->get_int("tpr")), rpc = int(v->get_int("rpc"));
+  const int64_t es = int64_t(dtype_size(dt));
+  const int64_t ldx = M > 1 ? x->strides[0] : N, ldy = M > 1 ? y->strides[0] : N;
+  RmsNormParams p{};
+  p.x = x->data;
+  p.w = weight ? weight->data : nullptr;
+  p.y = y->data;
+  p.rstd = rstd ? static_cast<float*>(rstd->data) : nullptr;
+  p.M = M;
+  p.N = N;
+  p.ldx = ldx;
+  p.ldy = ldy;
+  p.eps = float(eps);
+  const uintptr_t xa = reinterpret_cast<uintptr_t>(x->data), ya = reinterpret_cast<uintptr_t>(y->data);
+  p.vec_io = ((xa - ya) % 16 == 0) && (((ldx - ldy) * es) % 16 == 0);
+  // Alignment classes: row r starts at xa + r * ldx * es, periodic modulo 16 bytes.
+  const int64_t row_bytes_mod = (ldx * es) % 16;
+  p.period = p.vec_io ? int32_t(16 / std::gcd<int64_t>(row_bytes_mod == 0 ? 16 : row_bytes_mod, 16)) : 1;
+  const int64_t resident = int64_t(dc->sm_count) * blocks_per_sm(*d, f, tpr * rpc) * rpc;
+  int64_t groups = std::min<int64_t>(M, resident);
+  groups = (groups + p.period - 1) / p.period * p.period;
+  p.groups = int32_t(groups);
+  LaunchConfig cfg;
+  cfg.grid[0] = unsigned((groups + rpc - 1) / rpc);
+  cfg.block[0] = unsigned(tpr * rpc);
+  return launch1(f, cfg, stream, p);
+}

@@ -1,0 +1,84 @@
+// Descriptor validation shared by every op.
+#include <cinttypes>
+
+#include "core.hpp"
+
+namespace fly {
+
+size_t dtype_size(fly_dtype dt) {
+  switch (dt) {
+    case FLY_F16: case FLY_BF16: return 2;
+    case FLY_F32: case FLY_I32: return 4;
+    case FLY_F64: case FLY_I64: return 8;
+    case FLY_U8: return 1;
+    default: return 0;
+  }
+}
+
+const char* dtype_name(fly_dtype dt) {
+  switch (dt) {
+    case FLY_F16: return "fp16";
+    case FLY_BF16: return "bf16";
+    case FLY_F32: return "fp32";
+    case FLY_F64: return "fp64";
+    case FLY_I32: return "int32";
+    case FLY_I64: return "int64";
+    case FLY_U8: return "uint8";
+    default: return "invalid";
+  }
+}
+
+int64_t numel(const fly_tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.rank; ++i) n *= t.sizes[i];
+  return n;
+}
+
+int64_t extent_bytes(const fly_tensor& t) {
+  if (numel(t) == 0) return 0;
+  int64_t last = 0;
+  for (int i = 0; i < t.rank; ++i) last += (t.sizes[i] - 1) * t.strides[i];
+  return (last + 1) * int64_t(dtype_size(t.dtype));
+}
+
+fly_status check_tensor(const fly_tensor* t, const char* what, int rank) {
+  if (!t) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: descriptor is NULL", what);
+  size_t es = dtype_size(t->dtype);
+  if (es == 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: invalid dtype value %d", what, int(t->dtype));
+  if (t->rank < 0 || t->rank > FLY_MAX_RANK)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: rank %d outside 0..%d", what, t->rank, FLY_MAX_RANK);
+  if (rank >= 0 && t->rank != rank)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: expected rank %d, got %d", what, rank, t->rank);
+  // Sizes and strides must be non-negative, and the byte extent must fit in int64 (and in the
+  // 48-bit virtual address space, which also keeps every index computation in the kernels safe).
+  const int64_t kLimit = int64_t(1) << 47;
+  int64_t span = 0;
+  bool empty = false;
+  for (int i = 0; i < t->rank; ++i) {
+    if (t->sizes[i] < 0)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: size[%d] = %" PRId64 " is negative", what, i, t->sizes[i]);
+    if (t->strides[i] < 0)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: stride[%d] = %" PRId64 " is negative", what, i, t->strides[i]);
+    if (t->sizes[i] == 0) empty = true;
+    if (t->sizes[i] >= kLimit || t->strides[i] >= kLimit)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: size/stride of dim %d overflows the address space", what, i);
+  }
+  if (!empty) {
+    for (int i = 0; i < t->rank; ++i) {
+      // (size - 1) * stride, checked against the limit before multiplying
+      if (t->strides[i] != 0 && t->sizes[i] - 1 > (kLimit - span) / t->strides[i])
+        return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: extent overflows (sizes x strides exceed 2^47 elements)", what);
+      span += (t->sizes[i] - 1) * t->strides[i];
+    }
+    if ((span + 1) > kLimit / int64_t(es))
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: byte extent overflows", what);
+    if (!t->data) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: data pointer is NULL", what);
+    if (reinterpret_cast<uintptr_t>(t->data) % es != 0)
+      return fail(FLY_ERROR_MISALIGNED, "%s: data pointer %p is not aligned to its %zu-byte elements",
+                  what, t->data, es);
+  }
+  return FLY_SUCCESS;
+}
+
+}  // namespace fly

@@ -1,0 +1,46 @@
+// Tuning database: SQLite images (embedded, overlay) read into memory once; lookups are pure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core.hpp"
+
+struct sqlite3;
+
+namespace fly {
+
+struct TuningRow {
+  std::string arch, op, dtype, layout;
+  int64_t k[3] = {0, 0, 0};
+  std::string variant;
+  double time_us = 0;
+};
+
+class TuningDb {
+ public:
+  // Reads every row of a database file (read-only) or an in-memory SQLite image. Checks the
+  // schema version. On failure returns FLY_ERROR_DATABASE with a message naming `what`.
+  fly_status load_file(const std::string& path);
+  fly_status load_image(const uint8_t* data, size_t size, const std::string& what);
+  const std::vector<TuningRow>& rows() const { return rows_; }
+  const std::string& source() const { return source_; }
+  // Row with exactly this key, or nullptr.
+  const TuningRow* exact(const std::string& arch, const DispatchKey& key) const;
+  // Rows of the same (arch, op, dtype, layout), nearest first (weighted log2 distance over k[]).
+  std::vector<const TuningRow*> nearest(const std::string& arch, const DispatchKey& key) const;
+
+ private:
+  fly_status load(::sqlite3* db, const std::string& what);
+  std::vector<TuningRow> rows_;
+  std::string source_;
+};
+
+// Weighted log2 distance between two shape keys: k[0] counts 4x, k[1] 2x, k[2] 1x.
+double key_distance(const int64_t a[3], const int64_t b[3]);
+
+// Clears the per-shape dispatch cache (tests; fly_set_tuning_db does it too).
+void clear_dispatch_cache();
+
+}  // namespace fly

@@ -1,0 +1,233 @@
+// Tuning database: schema, exact lookup, nearest bucket, fallback, overlay, broken databases.
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "catch_compat.hpp"
+#include "core.hpp"
+#include "tuning_db.hpp"
+
+namespace {
+
+std::string read_schema() {
+  std::ifstream in(std::string(FLY_SOURCE_DIR) + "/db/schema.sql");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A temporary database file built from the real schema plus `sql`.
+struct TempDb {
+  std::string path;
+  explicit TempDb(const std::string& sql, bool with_schema = true) {
+    char tmpl[] = "/tmp/flydb_XXXXXX";
+    int fd = mkstemp(tmpl);
+    close(fd);
+    path = tmpl;
+    std::remove(path.c_str());
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    std::string all = (with_schema ? read_schema() : std::string()) + sql;
+    char* err = nullptr;
+    int rc = sqlite3_exec(db, all.c_str(), nullptr, nullptr, &err);
+    INFO((err ? err : ""));
+    sqlite3_free(err);
+    sqlite3_close(db);
+    REQUIRE(rc == SQLITE_OK);
+  }
+  ~TempDb() { std::remove(path.c_str()); }
+};
+
+std::string row(const std::string& op, const std::string& dt, int64_t k0, int64_t k1, int64_t k2,
+                const std::string& variant) {
+  return "INSERT INTO tuning VALUES ('sm_90a','" + op + "','" + dt + "','row'," + std::to_string(k0) + "," +
+         std::to_string(k1) + "," + std::to_string(k2) + ",'" + variant + "',1.0,'',0,'test','2026-01-01');";
+}
+
+fly::DispatchKey key(int64_t n, int64_t m) {
+  fly::DispatchKey k;
+  k.op = "rmsnorm_fwd";
+  k.dtype = "bf16";
+  k.layout = "row";
+  k.k[0] = n;
+  k.k[1] = m;
+  return k;
+}
+
+// A bundled rmsnorm bf16 variant other than `not_this`, or "" when the build has none.
+std::string some_bf16_variant(const std::string& not_this = "") {
+  for (auto* v : fly::variants_of("rmsnorm"))
+    if (v->get("dtype") == "bf16" && v->name != not_this) return v->name;
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("database schema loads and exact lookups hit", "[db]") {
+  TempDb t(row("rmsnorm_fwd", "bf16", 4096, 8192, 0, "A") + row("rmsnorm_fwd", "bf16", 1024, 8192, 0, "B") +
+           row("rmsnorm_fwd", "fp16", 4096, 8192, 0, "C"));
+  fly::TuningDb db;
+  REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+  CHECK(db.rows().size() == 3);
+  const fly::TuningRow* r = db.exact("sm_90a", key(4096, 8192));
+  REQUIRE(r);
+  CHECK(r->variant == "A");
+  CHECK(db.exact("sm_90a", key(4096, 8191)) == nullptr);
+  CHECK(db.exact("sm_80", key(4096, 8192)) == nullptr);
+}
+
+TEST_CASE("nearest bucket orders rows by weighted log2 distance, N first", "[db]") {
+  TempDb t(row("rmsnorm_fwd", "bf16", 4096, 64, 0, "N4096_M64") + row("rmsnorm_fwd", "bf16", 1024, 8192, 0, "N1024_M8192") +
+           row("rmsnorm_fwd", "bf16", 65536, 8192, 0, "N65536") + row("rmsnorm_fwd", "fp16", 4097, 8192, 0, "other_dtype"));
+  fly::TuningDb db;
+  REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+  auto near = db.nearest("sm_90a", key(4097, 8192));
+  REQUIRE(near.size() == 3);  // the fp16 row is another group
+  // N=4096 is 0.0004 octaves away (x4) + M 7 octaves (x2) = 14; N=1024: 2 octaves x4 = 8.
+  CHECK(near[0]->variant == "N1024_M8192");
+  CHECK(near[1]->variant == "N4096_M64");
+  CHECK(near[2]->variant == "N65536");
+  int64_t a[3] = {4096, 8192, 0}, b[3] = {8192, 8192, 0}, c[3] = {4096, 16384, 0};
+  CHECK(fly::key_distance(a, a) == 0.0);
+  CHECK(fly::key_distance(a, b) == 4.0);
+  CHECK(fly::key_distance(a, c) == 2.0);
+}
+
+TEST_CASE("broken databases are reported, not used", "[db]") {
+  fly::TuningDb db;
+  SECTION("missing file") {
+    CHECK(db.load_file("/nonexistent/dir/x.sqlite") == FLY_ERROR_DATABASE);
+    CHECK(std::string(fly_get_last_error()).find("/nonexistent/dir/x.sqlite") != std::string::npos);
+  }
+  SECTION("not a database") {
+    char tmpl[] = "/tmp/flygarbage_XXXXXX";
+    int fd = mkstemp(tmpl);
+    REQUIRE(write(fd, "this is not sqlite, just text that is long enough to be a header..........", 70) == 70);
+    close(fd);
+    CHECK(db.load_file(tmpl) == FLY_ERROR_DATABASE);
+    std::remove(tmpl);
+  }
+  SECTION("wrong schema version") {
+    TempDb t("UPDATE meta SET value = '99' WHERE key = 'schema_version';");
+    CHECK(db.load_file(t.path) == FLY_ERROR_DATABASE);
+    CHECK(std::string(fly_get_last_error()).find("schema version") != std::string::npos);
+  }
+  SECTION("no meta table") {
+    TempDb t("CREATE TABLE foo (a INT);", false);
+    CHECK(db.load_file(t.path) == FLY_ERROR_DATABASE);
+  }
+  SECTION("garbage image") {
+    const uint8_t junk[64] = {1, 2, 3};
+    CHECK(db.load_image(junk, sizeof junk, "junk") == FLY_ERROR_DATABASE);
+  }
+  SECTION("overlay API rejects a bad file and keeps working") {
+    CHECK(fly_set_tuning_db("/nonexistent.sqlite") == FLY_ERROR_DATABASE);
+    CHECK(fly_set_tuning_db(nullptr) == FLY_SUCCESS);
+  }
+}
+
+TEST_CASE("every variant named in the shipped dumps is bundled (for the families built)", "[db][registry]") {
+  std::ifstream in(std::string(FLY_SOURCE_DIR) + "/db/sm_90a.sql");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  TempDb t(ss.str());
+  fly::TuningDb db;
+  REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+  const std::pair<const char*, const char*> op_family[] = {{"rmsnorm_fwd", "rmsnorm"}, {"topk", "topk"}, {"gemm", "gemm"}};
+  for (auto& r : db.rows()) {
+    const char* family = nullptr;
+    for (auto& of : op_family) if (r.op == of.first) family = of.second;
+    INFO(r.op << " " << r.variant);
+    REQUIRE(family);
+    if (fly::variants_of(family).empty()) continue;  // family filtered out of this build
+    const fly::Variant* v = fly::find_variant(r.variant);
+    REQUIRE(v);
+    CHECK(v->family == family);
+  }
+}
+
+TEST_CASE("dispatch: forced, overlay exact, nearest, default", "[dispatch]") {
+  const std::string a = some_bf16_variant();
+  const std::string b = some_bf16_variant(a);
+  if (a.empty() || b.empty()) {
+    WARN("SKIPPED: this build has fewer than two rmsnorm bf16 variants");
+    return;
+  }
+  fly::DeviceCtx dc;
+  dc.arch = "sm_90a";
+  fly::DispatchRequest req;
+  req.family = "rmsnorm";
+  req.key = key(3000, 777);
+  req.supports = [](const fly::Variant& v) { return v.get("dtype") == "bf16"; };
+  req.fallback = [&] { return b; };
+  const fly::Variant* v = nullptr;
+
+  TempDb t(row("rmsnorm_fwd", "bf16", 3000, 777, 0, a) + row("rmsnorm_fwd", "bf16", 100000, 1, 0, b) +
+           row("rmsnorm_fwd", "bf16", 5000, 777, 0, "not_bundled_variant"));
+  REQUIRE(fly_set_tuning_db(t.path.c_str()) == FLY_SUCCESS);
+
+  SECTION("overlay exact") {
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+    CHECK(std::string(fly_last_decision()) == "overlay:exact");
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);  // cached, same answer
+    CHECK(v->name == a);
+  }
+  SECTION("nearest skips rows whose variant is not bundled") {
+    req.key = key(4900, 777);  // nearest row names a variant this build lacks; next is `a`
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+    CHECK(std::string(fly_last_decision()) == "overlay:nearest");
+  }
+  SECTION("rows the family cannot run fall through to the default") {
+    req.key.dtype = "fp16";  // no fp16 rows in the overlay
+    req.supports = [&](const fly::Variant& x) { return x.name == b; };
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == b);
+  }
+  SECTION("default not bundled is an error, not a crash") {
+    req.key = key(12345, 1);
+    req.supports = [](const fly::Variant&) { return false; };
+    req.fallback = [] { return std::string("missing_default"); };
+    CHECK(fly::choose_variant(dc, req, &v) == FLY_ERROR_KERNEL_IMAGE);
+    CHECK(std::string(fly_get_last_error()).find("missing_default") != std::string::npos);
+  }
+  SECTION("forced variant wins, unknown names are refused") {
+    REQUIRE(fly_force_variant(b.c_str()) == FLY_SUCCESS);
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == b);
+    CHECK(std::string(fly_last_decision()) == "forced");
+    req.supports = [&](const fly::Variant& x) { return x.name != b; };
+    CHECK(fly::choose_variant(dc, req, &v) == FLY_ERROR_UNSUPPORTED);
+    CHECK(fly_force_variant("no_such_variant") == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(fly_force_variant(nullptr) == FLY_SUCCESS);
+  }
+  SECTION("clearing the overlay returns to the embedded database / default") {
+    REQUIRE(fly_set_tuning_db(nullptr) == FLY_SUCCESS);
+    req.key = key(3000, 777);
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(std::string(fly_last_decision()) != "overlay:exact");
+  }
+  fly_force_variant(nullptr);
+  fly_set_tuning_db(nullptr);
+}
+
+TEST_CASE("the embedded database loads", "[db]") {
+  // Dispatching anything loads it; a request with no rows falls back to the default.
+  const std::string a = some_bf16_variant();
+  if (a.empty()) { WARN("SKIPPED: no rmsnorm in this build"); return; }
+  fly::DeviceCtx dc;
+  dc.arch = "sm_99z";  // no rows for this arch
+  fly::DispatchRequest req;
+  req.family = "rmsnorm";
+  req.key = key(64, 64);
+  req.fallback = [&] { return a; };
+  const fly::Variant* v = nullptr;
+  REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+  CHECK(v->name == a);
+  CHECK(std::string(fly_last_decision()) == "default");
+}

@@ -1,0 +1,47 @@
+// flydb: builds the embedded tuning database from db/schema.sql and the per-arch dumps.
+//   flydb --out tuning.sqlite db/schema.sql db/sm_90a.sql ...
+// Fails (and so fails the build) when a dump does not match the schema.
+#include <sqlite3.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+int main(int argc, char** argv) try {
+  if (argc < 4 || std::string(argv[1]) != "--out")
+    throw std::runtime_error("usage: flydb --out FILE schema.sql [dump.sql...]");
+  std::string out = argv[2];
+  std::filesystem::remove(out);
+  sqlite3* db = nullptr;
+  if (sqlite3_open(out.c_str(), &db) != SQLITE_OK) throw std::runtime_error("cannot create " + out);
+  for (int i = 3; i < argc; ++i) {
+    std::ifstream in(argv[i]);
+    if (!in) throw std::runtime_error(std::string("cannot read ") + argv[i]);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    char* err = nullptr;
+    std::string sql = "BEGIN;" + ss.str() + "\nCOMMIT;";
+    if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+      std::string m = std::string(argv[i]) + ": " + (err ? err : "?");
+      sqlite3_free(err);
+      sqlite3_close(db);
+      throw std::runtime_error(m);
+    }
+  }
+  sqlite3_stmt* st = nullptr;
+  int rows = 0;
+  if (sqlite3_prepare_v2(db, "SELECT count(*) FROM tuning", -1, &st, nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    rows = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_exec(db, "VACUUM", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  std::printf("flydb: %d tuning rows -> %s\n", rows, out.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "flydb: error: %s\n", e.what());
+  return 1;
+}

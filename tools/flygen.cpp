@@ -1,0 +1,329 @@
+// flygen: expands the variant spaces declared in tuning/*.json into one compile unit per variant.
+//
+//   flygen --tuning DIR --db DIR --out DIR [--all] [--families a,b]
+//
+// Writes OUT/<name>.cu for every selected variant and OUT/manifest.tsv with one line per variant:
+//   name <TAB> family <TAB> source (relative to kernels/) <TAB> params ("k=v;k=v", last: CMake
+//   splits lists at ';')
+// Selection: every space's "defaults" plus every variant named in a db/*.sql dump, or all of them
+// with --all. Unchanged files are not rewritten, so nvcc reruns only for what changed.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// A value of an axis: an integer (bools become 0/1) or a string.
+struct Value {
+  bool is_str = false;
+  long long i = 0;
+  std::string s;
+  std::string text() const { return is_str ? s : std::to_string(i); }
+};
+using Point = std::map<std::string, Value>;
+
+Value to_value(const json& j) {
+  Value v;
+  if (j.is_string()) { v.is_str = true; v.s = j.get<std::string>(); }
+  else if (j.is_boolean()) v.i = j.get<bool>() ? 1 : 0;
+  else if (j.is_number_integer()) v.i = j.get<long long>();
+  else throw std::runtime_error("axis values must be integers, booleans or strings: " + j.dump());
+  return v;
+}
+
+// ---- constraint expressions: a small recursive-descent evaluator ---------------------------
+class Expr {
+ public:
+  Expr(const std::string& src, const Point& p) : s_(src), p_(p) {}
+  long long eval() {
+    Value v = parse_or();
+    skip();
+    if (pos_ != s_.size()) error("unexpected '" + s_.substr(pos_) + "'");
+    if (v.is_str) error("expression is a string");
+    return v.i;
+  }
+
+ private:
+  const std::string& s_;
+  const Point& p_;
+  size_t pos_ = 0;
+  [[noreturn]] void error(const std::string& m) {
+    throw std::runtime_error("constraint \"" + s_ + "\": " + m);
+  }
+  void skip() { while (pos_ < s_.size() && std::isspace((unsigned char)s_[pos_])) ++pos_; }
+  bool eat(const char* tok) {
+    skip();
+    size_t n = std::char_traits<char>::length(tok);
+    if (s_.compare(pos_, n, tok) == 0) { pos_ += n; return true; }
+    return false;
+  }
+  static Value num(long long x) { Value v; v.i = x; return v; }
+  long long need_int(const Value& v) { if (v.is_str) error("string in arithmetic"); return v.i; }
+  Value parse_or() {
+    Value a = parse_and();
+    while (eat("||")) { Value b = parse_and(); a = num(need_int(a) || need_int(b)); }
+    return a;
+  }
+  Value parse_and() {
+    Value a = parse_cmp();
+    while (eat("&&")) { Value b = parse_cmp(); a = num(need_int(a) && need_int(b)); }
+    return a;
+  }
+  Value parse_cmp() {
+    Value a = parse_add();
+    for (;;) {
+      const char* ops[] = {"==", "!=", "<=", ">=", "<", ">"};
+      int which = -1;
+      for (int k = 0; k < 6; ++k) if (eat(ops[k])) { which = k; break; }
+      if (which < 0) return a;
+      Value b = parse_add();
+      if (a.is_str != b.is_str) error("comparing a string with a number");
+      int c = a.is_str ? a.s.compare(b.s) : (a.i < b.i ? -1 : a.i > b.i ? 1 : 0);
+      bool r = which == 0 ? c == 0 : which == 1 ? c != 0 : which == 2 ? c <= 0
+             : which == 3 ? c >= 0 : which == 4 ? c < 0 : c > 0;
+      a = num(r);
+    }
+  }
+  Value parse_add() {
+    Value a = parse_mul();
+    for (;;) {
+      if (eat("+")) a = num(need_int(a) + need_int(parse_mul()));
+      else if (eat("-")) a = num(need_int(a) - need_int(parse_mul()));
+      else return a;
+    }
+  }
+  Value parse_mul() {
+    Value a = parse_unary();
+    for (;;) {
+      if (eat("*")) a = num(need_int(a) * need_int(parse_unary()));
+      else if (eat("/")) { long long d = need_int(parse_unary()); if (!d) error("division by 0"); a = num(need_int(a) / d); }
+      else if (eat("%")) { long long d = need_int(parse_unary()); if (!d) error("modulo by 0"); a = num(need_int(a) % d); }
+      else return a;
+    }
+  }
+  Value parse_unary() {
+    if (eat("!")) return num(!need_int(parse_unary()));
+    if (eat("-")) return num(-need_int(parse_unary()));
+    if (eat("(")) { Value v = parse_or(); if (!eat(")")) error("missing ')'"); return v; }
+    skip();
+    if (pos_ < s_.size() && s_[pos_] == '"') {
+      size_t end = s_.find('"', pos_ + 1);
+      if (end == std::string::npos) error("unterminated string");
+      Value v; v.is_str = true; v.s = s_.substr(pos_ + 1, end - pos_ - 1);
+      pos_ = end + 1;
+      return v;
+    }
+    if (pos_ < s_.size() && std::isdigit((unsigned char)s_[pos_])) {
+      size_t used = 0;
+      long long x = std::stoll(s_.substr(pos_), &used);
+      pos_ += used;
+      return num(x);
+    }
+    size_t start = pos_;
+    while (pos_ < s_.size() && (std::isalnum((unsigned char)s_[pos_]) || s_[pos_] == '_')) ++pos_;
+    if (start == pos_) error("expected a value at '" + s_.substr(start) + "'");
+    std::string id = s_.substr(start, pos_ - start);
+    if (id == "true") return num(1);
+    if (id == "false") return num(0);
+    auto it = p_.find(id);
+    if (it == p_.end()) error("unknown axis '" + id + "'");
+    return it->second;
+  }
+};
+
+std::string upper_ident(std::string s) {
+  for (char& c : s) c = std::isalnum((unsigned char)c) ? (char)std::toupper((unsigned char)c) : '_';
+  return s;
+}
+
+// "gemm_{dtype}_m{bm}" with the point's values substituted. Every axis must appear.
+std::string expand_name(const std::string& pattern, const Point& p) {
+  std::string out;
+  std::set<std::string> used;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '{') { out += pattern[i]; continue; }
+    size_t end = pattern.find('}', i);
+    if (end == std::string::npos) throw std::runtime_error("unterminated '{' in name " + pattern);
+    std::string key = pattern.substr(i + 1, end - i - 1);
+    auto it = p.find(key);
+    if (it == p.end()) throw std::runtime_error("name " + pattern + " uses unknown axis " + key);
+    out += it->second.text();
+    used.insert(key);
+    i = end;
+  }
+  for (auto& [k, v] : p)
+    if (!used.count(k)) throw std::runtime_error("name " + pattern + " does not encode axis " + k);
+  return out;
+}
+
+struct Variant {
+  std::string name, family, params, source;
+  Point point;
+};
+
+bool point_matches(const Point& p, const json& partial) {
+  for (auto& [k, v] : partial.items()) {
+    auto it = p.find(k);
+    if (it == p.end()) throw std::runtime_error("default names unknown axis " + k);
+    if (it->second.text() != to_value(v).text()) return false;
+  }
+  return true;
+}
+
+void write_if_changed(const fs::path& path, const std::string& text) {
+  std::ifstream in(path, std::ios::binary);
+  if (in) {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str() == text) return;
+  }
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::string tuning_dir, db_dir, out_dir, families_arg;
+  bool all = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--tuning") tuning_dir = next();
+    else if (a == "--db") db_dir = next();
+    else if (a == "--out") out_dir = next();
+    else if (a == "--families") families_arg = next();
+    else if (a == "--all") all = true;
+    else throw std::runtime_error("unknown argument " + a);
+  }
+  if (tuning_dir.empty() || out_dir.empty())
+    throw std::runtime_error("usage: flygen --tuning DIR --db DIR --out DIR [--all] [--families a,b]");
+
+  std::set<std::string> families;
+  {
+    std::replace(families_arg.begin(), families_arg.end(), ';', ',');
+    std::stringstream ss(families_arg);
+    std::string f;
+    while (std::getline(ss, f, ',')) if (!f.empty()) families.insert(f);
+  }
+  std::string db_text;
+  if (!db_dir.empty() && fs::exists(db_dir))
+    for (auto& e : fs::directory_iterator(db_dir))
+      if (e.path().extension() == ".sql") db_text += read_file(e.path());
+
+  std::vector<fs::path> files;
+  for (auto& e : fs::directory_iterator(tuning_dir))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+
+  std::vector<Variant> selected;
+  std::set<std::string> seen;
+  size_t total = 0;
+  for (auto& file : files) {
+    json doc = json::parse(read_file(file));
+    std::string family = doc.at("family").get<std::string>();
+    if (!families.empty() && !families.count(family)) continue;
+    for (auto& space : doc.at("spaces")) {
+      std::vector<std::pair<std::string, std::vector<Value>>> axes;
+      for (auto& [k, vals] : space.at("axes").items()) {
+        std::vector<Value> vs;
+        for (auto& v : vals) vs.push_back(to_value(v));
+        if (vs.empty()) throw std::runtime_error(file.string() + ": axis " + k + " is empty");
+        axes.emplace_back(k, vs);
+      }
+      std::vector<std::string> constraints;
+      if (space.contains("constraints"))
+        for (auto& c : space["constraints"]) constraints.push_back(c.get<std::string>());
+      json defaults = space.value("defaults", json::array());
+      std::string pattern = space.at("name").get<std::string>();
+      std::string source = space.at("source").get<std::string>();
+      std::vector<size_t> idx(axes.size(), 0);
+      size_t matched_defaults = 0;
+      for (bool more = !axes.empty(); more;) {
+        Point p;
+        for (size_t a = 0; a < axes.size(); ++a) p[axes[a].first] = axes[a].second[idx[a]];
+        bool ok = true;
+        for (auto& c : constraints) if (!Expr(c, p).eval()) { ok = false; break; }
+        if (ok) {
+          ++total;
+          Variant v;
+          v.name = expand_name(pattern, p);
+          v.family = family;
+          v.source = source;
+          v.point = p;
+          for (auto& [k, val] : axes) {
+            if (!v.params.empty()) v.params += ';';
+            v.params += k + "=" + p[k].text();
+          }
+          bool is_default = false;
+          for (auto& d : defaults) if (point_matches(p, d)) { is_default = true; ++matched_defaults; }
+          bool in_db = db_text.find("'" + v.name + "'") != std::string::npos;
+          if (!seen.insert(v.name).second)
+            throw std::runtime_error("duplicate variant name " + v.name);
+          if (all || is_default || in_db) selected.push_back(v);
+        }
+        // odometer over the axes
+        size_t a = 0;
+        for (; a < axes.size(); ++a) {
+          if (++idx[a] < axes[a].second.size()) break;
+          idx[a] = 0;
+        }
+        more = a < axes.size();
+      }
+      if (matched_defaults < defaults.size())
+        throw std::runtime_error(file.string() + ": a default of " + pattern +
+                                 " matches no variant that passes the constraints");
+    }
+  }
+
+  fs::create_directories(out_dir);
+  std::string manifest;
+  for (auto& v : selected) {
+    std::string cu = "// Generated by tools/flygen from tuning/" + v.family + ".json; do not edit.\n";
+    cu += "#define FLY_VARIANT_NAME \"" + v.name + "\"\n";
+    for (auto& [k, val] : v.point) {
+      if (val.is_str) {
+        cu += "#define FLY_" + upper_ident(k) + "_IS_" + upper_ident(val.s) + " 1\n";
+        cu += "#define FLY_" + upper_ident(k) + "_STR \"" + val.s + "\"\n";
+      } else {
+        cu += "#define FLY_" + upper_ident(k) + " " + std::to_string(val.i) + "\n";
+      }
+    }
+    cu += "#include \"" + v.source + "\"\n";
+    write_if_changed(fs::path(out_dir) / (v.name + ".cu"), cu);
+    manifest += v.name + "\t" + v.family + "\t" + v.source + "\t" + v.params + "\n";
+  }
+  write_if_changed(fs::path(out_dir) / "manifest.tsv", manifest);
+  std::printf("flygen: %zu of %zu variants selected%s\n", selected.size(), total,
+              all ? " (all)" : " (shipped database + defaults)");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "flygen: error: %s\n", e.what());
+  return 1;
+}

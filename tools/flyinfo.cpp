@@ -1,0 +1,35 @@
+// flyinfo: what this build of libflykernels bundles, and what the current machine offers.
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "flykernels/flykernels.h"
+
+int main(int argc, char** argv) {
+  bool verbose = argc > 1 && std::string(argv[1]) == "--verbose";
+  std::printf("libflykernels %s\n", fly_version_string());
+  std::map<std::string, std::vector<std::string>> by_family;
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const char* fam = "?";
+    const char* params = "";
+    fly_variant_info(fly_variant_name(i), &fam, &params);
+    by_family[fam].push_back(std::string(fly_variant_name(i)) + (verbose ? std::string("  [") + params + "]" : ""));
+  }
+  std::printf("bundled kernel variants: %d (sm_90a cubins, zstd-compressed, loaded on first use)\n",
+              fly_variant_count());
+  for (auto& [fam, names] : by_family) {
+    std::printf("  %-8s %zu variants\n", fam.c_str(), names.size());
+    if (verbose)
+      for (auto& n : names) std::printf("      %s\n", n.c_str());
+  }
+  const char* arch = nullptr;
+  fly_status s = fly_device_arch(nullptr, &arch);
+  if (s == FLY_SUCCESS) std::printf("device: %s (kernels available)\n", arch);
+  else std::printf("device: none usable: %s: %s\n", fly_status_string(s), fly_get_last_error());
+  const char* env[] = {"FLYKERNELS_LOG", "FLYKERNELS_TUNING_DB", "FLYKERNELS_CHECK_POINTERS", "FLYKERNELS_LIBCUDA"};
+  for (const char* e : env) std::printf("%-26s %s\n", e, std::getenv(e) ? std::getenv(e) : "(unset)");
+  if (!verbose) std::printf("(flyinfo --verbose lists every variant with its parameters)\n");
+  return 0;
+}

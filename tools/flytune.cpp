@@ -1,0 +1,49 @@
+// flytune: rebuilds the tuning database on this GPU, one family at a time.
+//   flytune <family> [--db FILE] [--dump db/sm_90a.sql] [--suite FILE] [--quick] ...
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "tool_common.hpp"
+
+namespace fly::tools {
+// Each family's tuner lives in tools/flytune_<family>.cpp (weak: a build may leave one out).
+int tune_rmsnorm(const Args&) __attribute__((weak));
+int tune_topk(const Args&) __attribute__((weak));
+int tune_gemm(const Args&) __attribute__((weak));
+}  // namespace fly::tools
+
+int main(int argc, char** argv) try {
+  using namespace fly::tools;
+  struct Entry { const char* name; int (*fn)(const Args&); const char* what; };
+  const Entry entries[] = {
+      {"rmsnorm", tune_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes"},
+      {"topk", tune_topk, "TopK: suite shapes, deterministic off and on"},
+      {"gemm", tune_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts"},
+  };
+  Args args = parse_args(argc, argv);
+  if (args.family.empty() || args.has("help")) {
+    std::printf("usage: flytune <family> [--db FILE] [--dump db/<arch>.sql] [--suite FILE] [--quick]\n"
+                "Times every bundled variant of the family on its workloads (after checking each\n"
+                "against a reference), writes the winners into --db (default flykernels_tuning.sqlite,\n"
+                "usable as FLYKERNELS_TUNING_DB) and, with --dump, into the reviewable SQL dump.\n"
+                "Build with -DFLY_ALL_VARIANTS=ON to tune over the whole variant space.\nfamilies:\n");
+    for (auto& e : entries) std::printf("  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");
+    return args.family.empty() ? 2 : 0;
+  }
+  for (auto& e : entries)
+    if (args.family == e.name) {
+      if (!e.fn) { std::fprintf(stderr, "flytune: family %s is not in this build\n", e.name); return 2; }
+      int count = 0;
+      if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        std::fprintf(stderr, "flytune: no CUDA device: tuning needs the GPU it tunes for\n");
+        return 3;
+      }
+      return e.fn(args);
+    }
+  std::fprintf(stderr, "flytune: unknown family '%s' (try --help)\n", args.family.c_str());
+  return 2;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "\nflytune: error: %s\n", e.what());
+  return 1;
+}

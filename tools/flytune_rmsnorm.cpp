@@ -1,0 +1,76 @@
+// flytune rmsnorm: times every bundled rmsnorm variant on the suite shapes plus an N x M grid.
+#include <fstream>
+
+#include "rmsnorm_check.hpp"
+
+namespace fly::tools {
+
+int tune_rmsnorm(const Args& args) {
+  nlohmann::json space = nlohmann::json::parse(std::ifstream("tuning/rmsnorm.json"));
+  nlohmann::json suite = load_suite(args.get("suite", "suites/rmsnorm.json"));
+  const bool quick = args.has("quick");
+  struct Case { fly_dtype dt; int64_t M, N; };
+  std::vector<Case> cases;
+  for (auto& c : suite["cases"])
+    cases.push_back({parse_dtype(c["dtype"]), c["M"].get<int64_t>(), c["N"].get<int64_t>()});
+  if (!quick) {
+    auto& w = space["workloads"];
+    for (auto& d : w["dtypes"])
+      for (auto& n : w["grid_n"])
+        for (auto& m : w["grid_m"]) {
+          int64_t N = n.get<int64_t>(), M = m.get<int64_t>();
+          if (M * N > (int64_t(1) << 28)) continue;  // keep each grid point under 1 GiB
+          cases.push_back({parse_dtype(d), M, N});
+        }
+  }
+  const double tol = args.has("tolerance") ? std::stod(args.get("tolerance")) : 4.0;
+  cudaStream_t s = 0;
+  std::vector<TuneRow> rows;
+  size_t total = 0;
+  for (auto& c : cases)
+    for (auto& v : bundled_variants("rmsnorm"))
+      if (v.find(std::string("_") + (c.dt == FLY_F16 ? "fp16" : c.dt == FLY_BF16 ? "bf16" : "fp32") + "_") != std::string::npos)
+        ++total;
+  Progress bar(total, "flytune rmsnorm");
+  int rejected = 0;
+  for (auto& c : cases) {
+    const char* dname = c.dt == FLY_F16 ? "fp16" : c.dt == FLY_BF16 ? "bf16" : "fp32";
+    RmsNormProblem prob(c.dt, c.M, c.N, 1234 + uint64_t(c.M * 31 + c.N));
+    std::vector<std::pair<double, std::string>> timed;
+    for (auto& v : bundled_variants("rmsnorm")) {
+      if (v.find(std::string("_") + dname + "_") == std::string::npos) continue;
+      bar.step(std::string(dname) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " " + v);
+      TOOL_FLY(fly_force_variant(v.c_str()));
+      double err = prob.check(s);
+      if (!(err <= tol)) {
+        std::fprintf(stderr, "\nflytune: %s rejected on M=%lld N=%lld: error %.2f units\n", v.c_str(),
+                     (long long)c.M, (long long)c.N, err);
+        ++rejected;
+        continue;
+      }
+      double us = time_median_us([&] { TOOL_FLY(prob.run(s)); }, s, 3, quick ? 7 : 11);
+      timed.emplace_back(us, v);
+    }
+    TOOL_FLY(fly_force_variant(nullptr));
+    if (timed.empty()) continue;
+    std::sort(timed.begin(), timed.end());
+    TuneRow r;
+    r.op = "rmsnorm_fwd";
+    r.dtype = dname;
+    r.layout = "row";
+    r.k0 = c.N;
+    r.k1 = c.M;
+    r.variant = timed[0].second;
+    r.time_us = timed[0].first;
+    if (timed.size() > 1) { r.runner_up = timed[1].second; r.runner_up_us = timed[1].first; }
+    rows.push_back(r);
+  }
+  bar.done();
+  const std::string db = args.get("db", "flykernels_tuning.sqlite");
+  write_tuning_rows(db, args.get("dump", ""), rows);
+  std::printf("flytune rmsnorm: %zu rows written to %s%s%s; %d variant runs rejected by the check\n",
+              rows.size(), db.c_str(), args.has("dump") ? " and " : "", args.get("dump", "").c_str(), rejected);
+  return rejected ? 1 : 0;
+}
+
+}  // namespace fly::tools

@@ -1,0 +1,125 @@
+// Shared helpers of flytune / flybench: arguments, CUDA runtime checks, timing, progress bar,
+// suites and tuning-database rows. Tools link the CUDA runtime; the library itself does not.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "flykernels/flykernels.h"
+
+namespace fly::tools {
+
+struct Args {
+  std::string family;                 // first positional argument
+  std::map<std::string, std::string> opt;  // --key value / --flag (value "1")
+  std::string get(const std::string& k, const std::string& d = "") const {
+    auto it = opt.find(k);
+    return it == opt.end() ? d : it->second;
+  }
+  bool has(const std::string& k) const { return opt.count(k) != 0; }
+  int64_t get_int(const std::string& k, int64_t d) const {
+    return has(k) ? std::stoll(get(k)) : d;
+  }
+};
+Args parse_args(int argc, char** argv);
+
+// Throws std::runtime_error with file:line and the CUDA error string.
+#define TOOL_CUDA(expr)                                                                    \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    if (e_ != cudaSuccess)                                                                 \
+      throw std::runtime_error(std::string(#expr) + ": " + cudaGetErrorString(e_) + " at " + \
+                               __FILE__ + ":" + std::to_string(__LINE__));                 \
+  } while (0)
+// Throws on a non-success fly_status, with fly_get_last_error().
+#define TOOL_FLY(expr)                                                                    \
+  do {                                                                                    \
+    fly_status s_ = (expr);                                                               \
+    if (s_ != FLY_SUCCESS)                                                                \
+      throw std::runtime_error(std::string(#expr) + ": " + fly_status_string(s_) + ": " + \
+                               fly_get_last_error());                                     \
+  } while (0)
+
+// Device buffer owned by RAII.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : bytes(n) { if (n) TOOL_CUDA(cudaMalloc(&ptr, n)); }
+  ~DeviceBuffer() { if (ptr) cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; o.bytes = 0; }
+};
+
+// Row-major 2-D descriptor over `data` with leading stride `ld` (elements).
+fly_tensor tensor2d(void* data, fly_dtype dt, int64_t rows, int64_t cols, int64_t ld);
+fly_tensor tensor1d(void* data, fly_dtype dt, int64_t n);
+size_t dtype_bytes(fly_dtype dt);
+fly_dtype parse_dtype(const std::string& s);  // "fp16" | "bf16" | "fp32"; throws otherwise
+
+// Fills a device buffer with uniform random values in [lo, hi) of dtype dt (host-generated).
+void fill_random(void* dev, size_t count, fly_dtype dt, uint64_t seed, float lo = -1.f,
+                 float hi = 1.f);
+// Host copies converted to double (for references).
+std::vector<double> to_host_double(const void* dev, size_t count, fly_dtype dt);
+
+// Timing: runs fn() `warmup` times, then `reps` times each between CUDA events on `stream`,
+// flushing L2 (writing a 256 MiB buffer) before each timed run unless flush_l2 is false.
+// Returns the median in microseconds. Checks cudaGetLastError after every run.
+double time_median_us(const std::function<void()>& fn, cudaStream_t stream, int warmup = 5,
+                      int reps = 25, bool flush_l2 = true);
+// Measured device-to-device copy bandwidth (bytes read + written per second), cached per run.
+double copy_bandwidth_bytes_per_s();
+
+// One-line progress bar on stderr: "[#####.....] 12/40 topk R=4096 C=4096 k=8".
+class Progress {
+ public:
+  Progress(size_t total, std::string title);
+  void step(const std::string& what);
+  void done();
+ private:
+  size_t total_, n_ = 0;
+  std::string title_;
+  bool tty_;
+};
+
+// Suites live in suites/<name>.json (copied from the shared suites).
+nlohmann::json load_suite(const std::string& path);
+
+// GPU name ("NVIDIA H200") and arch ("sm_90a") of device 0, and today's date (YYYY-MM-DD).
+std::string gpu_name();
+std::string gpu_arch();
+std::string today();
+
+// One tuning result. Columns as in db/schema.sql.
+struct TuneRow {
+  std::string op, dtype, layout;
+  int64_t k0 = 0, k1 = 0, k2 = 0;
+  std::string variant;
+  double time_us = 0;
+  std::string runner_up;
+  double runner_up_us = 0;
+};
+// Writes rows into the SQLite database at `db_path` (created with the schema when missing,
+// replacing rows with the same key) and re-dumps the arch's rows of that op family into
+// `dump_path` (the reviewable db/<arch>.sql file) when it is not empty: rows of other ops in the
+// dump are kept.
+void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
+                       const std::vector<TuneRow>& rows);
+
+// Names of all bundled variants of a family, in the library's order.
+std::vector<std::string> bundled_variants(const std::string& family);
+// Integer parameter of a bundled variant ("tpr" -> 256); -1 when absent.
+int64_t variant_param(const std::string& name, const std::string& key);
+
+}  // namespace fly::tools
