@@ -27,18 +27,33 @@ int tune_rmsnorm(const Args& args) {
   cudaStream_t s = 0;
   std::vector<TuneRow> rows;
   size_t total = 0;
-  for (auto& c : cases)
-    for (auto& v : bundled_variants("rmsnorm"))
-      if (v.find(std::string("_") + (c.dt == FLY_F16 ? "fp16" : c.dt == FLY_BF16 ? "bf16" : "fp32") + "_") != std::string::npos)
-        ++total;
+  // Candidates of one case: its dtype, and a register cache that holds the row's vectors without
+  // leaving most threads idle (cap in [nvec, 4 nvec]); the largest caches when none holds it.
+  auto candidates = [&](const Case& c) {
+    const std::string dname = c.dt == FLY_F16 ? "fp16" : c.dt == FLY_BF16 ? "bf16" : "fp32";
+    const int64_t nvec = std::max<int64_t>(1, c.N / int64_t(16 / dtype_bytes(c.dt)));
+    std::vector<std::string> all, fit;
+    int64_t biggest = 0;
+    for (auto& v : bundled_variants("rmsnorm")) {
+      if (v.find("_" + dname + "_") == std::string::npos) continue;
+      all.push_back(v);
+      const int64_t cap = variant_param(v, "tpr") * variant_param(v, "cache");
+      biggest = std::max(biggest, cap);
+      if (args.has("exhaustive") || (cap >= nvec && cap <= 4 * std::max<int64_t>(nvec, 128))) fit.push_back(v);
+    }
+    if (fit.empty())
+      for (auto& v : all)
+        if (variant_param(v, "tpr") * variant_param(v, "cache") == biggest) fit.push_back(v);
+    return fit;
+  };
+  for (auto& c : cases) total += candidates(c).size();
   Progress bar(total, "flytune rmsnorm");
   int rejected = 0;
   for (auto& c : cases) {
     const char* dname = c.dt == FLY_F16 ? "fp16" : c.dt == FLY_BF16 ? "bf16" : "fp32";
     RmsNormProblem prob(c.dt, c.M, c.N, 1234 + uint64_t(c.M * 31 + c.N));
     std::vector<std::pair<double, std::string>> timed;
-    for (auto& v : bundled_variants("rmsnorm")) {
-      if (v.find(std::string("_") + dname + "_") == std::string::npos) continue;
+    for (auto& v : candidates(c)) {
       bar.step(std::string(dname) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " " + v);
       TOOL_FLY(fly_force_variant(v.c_str()));
       double err = prob.check(s);
@@ -48,7 +63,7 @@ int tune_rmsnorm(const Args& args) {
         ++rejected;
         continue;
       }
-      double us = time_median_us([&] { TOOL_FLY(prob.run(s)); }, s, 3, quick ? 7 : 11);
+      double us = time_median_us([&] { TOOL_FLY(prob.run(s)); }, s, 2, quick ? 5 : 9);
       timed.emplace_back(us, v);
     }
     TOOL_FLY(fly_force_variant(nullptr));

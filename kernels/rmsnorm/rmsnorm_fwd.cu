@@ -1,7 +1,8 @@
 // RMSNorm forward: y = x * rsqrt(mean(x^2) + eps) * w, one row per group of kTpr threads.
 //
 // Variant constants (tools/flygen): FLY_DTYPE_IS_{FP16,BF16,FP32}, FLY_TPR (threads per row),
-// FLY_RPC (rows in flight per CTA), FLY_CACHE (16-byte vectors per thread kept in registers).
+// FLY_RPC (rows in flight per CTA), FLY_CACHE (16-byte vectors per thread kept in registers),
+// FLY_PF (1: load the group's next row while finishing this one).
 //
 // Memory plan: a row whose aligned body fits in kTpr * kCache vectors is read once into
 // registers, reduced, scaled and written (one HBM read + one write per element). Longer rows take
@@ -38,8 +39,8 @@ struct Config {
   // NOTE: the shifted weight stays in registers only when the register budget under
   // __launch_bounds__ (65536 / threads) leaves room for both caches; otherwise each row reloads
   // it (an L1/L2 hit: it is the same N elements for every row).
-  // (about 12 registers per cached vector once the weight is kept unpacked as floats)
-  static constexpr bool kWeightInRegs = 65536 / kThreads >= 12 * kCache + 40;
+  static constexpr bool kPrefetch = FLY_PF != 0;
+  static constexpr bool kWeightInRegs = 65536 / kThreads >= (kPrefetch ? 12 : 8) * kCache + 40;
 };
 
 // Sum over the row group; `red` holds two slots (alternating by row) so one barrier per row
@@ -125,27 +126,33 @@ rmsnorm_fwd(const RmsNormParams p) {
   }
 
   const float inv_n = 1.f / float(N);
-  int parity = 0;
-  for (int64_t r = first_row; r < p.M; r += p.groups, parity ^= 1) {
+  auto load_row = [&](fly::Vec16<T>(&buf)[kCache], int64_t r) {
+    const T* xb = x + r * p.ldx + head;
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      const int j = lane + i * kTpr;
+      if (j < nvec) buf[i].raw = fly::ld16_stream(xb + j * kV);
+      else buf[i].raw = make_uint4(0, 0, 0, 0);
+    }
+  };
+  // One row: sum of squares, reduction, scaled store. With kPrefetch the next row of this group
+  // is loaded into `nxt` before the reduction, so its loads are in flight while this row's
+  // barrier and stores proceed.
+  auto row = [&](fly::Vec16<T>(&cur)[kCache], fly::Vec16<T>(&nxt)[kCache], int64_t r, int parity) {
     const T* xr = x + r * p.ldx;
     T* yr = y + r * p.ldy;
     float ss = 0.f;
-    fly::Vec16<T> xv[kCache];
     if (in_regs) {
-      // All loads first: kCache independent 16-byte loads in flight per thread.
-#pragma unroll
-      for (int i = 0; i < kCache; ++i) {
-        const int j = lane + i * kTpr;
-        if (j < nvec) xv[i].raw = fly::ld16_stream(xr + head + j * kV);
-        else xv[i].raw = make_uint4(0, 0, 0, 0);
-      }
+      if constexpr (!Config::kPrefetch) load_row(cur, r);
 #pragma unroll
       for (int i = 0; i < kCache; ++i)
 #pragma unroll
         for (int e = 0; e < kV; ++e) {
-          const float f = fly::to_float(xv[i].e[e]);
+          const float f = fly::to_float(cur[i].e[e]);
           ss = fmaf(f, f, ss);
         }
+      if constexpr (Config::kPrefetch)
+        if (r + p.groups < p.M) load_row(nxt, r + p.groups);
     } else {
       for (int j = lane; j < nvec; j += kTpr) {
         fly::Vec16<T> v;
@@ -165,6 +172,13 @@ rmsnorm_fwd(const RmsNormParams p) {
     if (lane == 0 && p.rstd) p.rstd[r] = rs;
 
     if (in_regs) {
+      if constexpr (Config::kWeightInRegs) {
+        // NOTE: keeps the weight packed across rows: without this the compiler hoists its
+        // conversion to float out of the row loop, doubling the registers it occupies.
+#pragma unroll
+        for (int i = 0; i < kCache; ++i)
+          asm volatile("" : "+r"(wv[i].raw.x), "+r"(wv[i].raw.y), "+r"(wv[i].raw.z), "+r"(wv[i].raw.w));
+      }
 #pragma unroll
       for (int i = 0; i < kCache; ++i) {
         const int j = lane + i * kTpr;
@@ -174,7 +188,7 @@ rmsnorm_fwd(const RmsNormParams p) {
               Config::kWeightInRegs ? wv[Config::kWeightInRegs ? i : 0] : weight_vec(w, head + j * kV, w_aligned);
 #pragma unroll
           for (int e = 0; e < kV; ++e)
-            o.e[e] = fly::from_float<T>(fly::to_float(xv[i].e[e]) * rs * fly::to_float(wi.e[e]));
+            o.e[e] = fly::from_float<T>(fly::to_float(cur[i].e[e]) * rs * fly::to_float(wi.e[e]));
           fly::st16_stream(yr + head + j * kV, o.raw);
         }
       }
@@ -193,5 +207,23 @@ rmsnorm_fwd(const RmsNormParams p) {
       yr[i] = fly::from_float<T>(fly::to_float(xr[i]) * rs * weight_at(w, i));
     for (int i = tail0 + lane; i < n; i += kTpr)
       yr[i] = fly::from_float<T>(fly::to_float(xr[i]) * rs * weight_at(w, i));
+  };
+
+  // Two buffers (one when not prefetching) used alternately; the loop is unrolled by two so
+  // every register array index stays a compile-time constant.
+  fly::Vec16<T> bufA[kCache];
+  if constexpr (Config::kPrefetch) {
+    fly::Vec16<T> bufB[kCache];
+    if (in_regs && first_row < p.M) load_row(bufA, first_row);
+    for (int64_t r = first_row; r < p.M;) {
+      row(bufA, bufB, r, 0);
+      r += p.groups;
+      if (r >= p.M) break;
+      row(bufB, bufA, r, 1);
+      r += p.groups;
+    }
+  } else {
+    int parity = 0;
+    for (int64_t r = first_row; r < p.M; r += p.groups, parity ^= 1) row(bufA, bufA, r, parity);
   }
 }

@@ -36,18 +36,18 @@ fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dt
 }
 
 // The family default (built in every configuration, see tuning/rmsnorm.json "defaults"): the
-// smallest CTA whose register cache holds the row's vectors.
+// smallest CTA whose register cache holds the row's aligned body (at most N / vec vectors), so
+// each thread keeps as many loads in flight as its cache allows.
 std::string default_variant(fly_dtype dt, int64_t n) {
-  const int64_t vec = 16 / int64_t(dtype_size(dt));
-  const int64_t nvec = (n + vec - 1) / vec;
-  const char* d = dtype_name(dt);
-  struct Choice { int tpr, rpc, cache; };
-  static const Choice kChoices[] = {{32, 4, 4}, {128, 2, 4}, {512, 1, 4}, {1024, 1, 8}};
-  Choice c = kChoices[3];
-  for (auto& k : kChoices)
+  const int64_t nvec = n / (16 / int64_t(dtype_size(dt)));
+  struct Choice { int tpr, rpc, cache, pf; };
+  static const Choice kLadder[] = {{32, 4, 4, 1},  {64, 4, 4, 1},  {128, 2, 4, 1},
+                                   {256, 2, 4, 1}, {512, 1, 4, 1}, {1024, 1, 8, 0}};
+  Choice c = kLadder[5];
+  for (auto& k : kLadder)
     if (nvec <= int64_t(k.tpr) * k.cache) { c = k; break; }
-  return std::string("rmsnorm_") + d + "_t" + std::to_string(c.tpr) + "_r" + std::to_string(c.rpc) +
-         "_c" + std::to_string(c.cache);
+  return std::string("rmsnorm_") + dtype_name(dt) + "_t" + std::to_string(c.tpr) + "_r" + std::to_string(c.rpc) +
+         "_c" + std::to_string(c.cache) + "_p" + std::to_string(c.pf);
 }
 
 int blocks_per_sm(const Driver& d, CUfunction f, int threads) {
