@@ -19,7 +19,9 @@ int bench_rmsnorm(const Args& args) {
     RmsNormProblem prob(dt, M, N, 99 + uint64_t(M + N));
     double err = prob.check(s);
     std::string variant = fly_last_variant(), decision = fly_last_decision();
-    double us = time_median_us([&] { TOOL_FLY(prob.run(s)); }, s, 5, 30);
+    // --no-flush: back-to-back runs without the L2 flush (a memset that leaves dirty lines
+    // behind, whose write-back competes with the kernel's own traffic).
+    double us = time_median_us([&] { TOOL_FLY(prob.run(s)); }, s, 5, 30, !args.has("no-flush"));
     double bw = prob.bytes() / (us * 1e-6);
     std::printf("%-5s %7lld %7lld %10.2f %8.3f %6.1f%% %6.2f  %s (%s)\n", c["dtype"].get<std::string>().c_str(),
                 (long long)M, (long long)N, us, bw / 1e12, 100 * bw / copy_bw, err, variant.c_str(), decision.c_str());

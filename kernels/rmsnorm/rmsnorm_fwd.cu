@@ -172,6 +172,11 @@ rmsnorm_fwd(const RmsNormParams p) {
     if (lane == 0 && p.rstd) p.rstd[r] = rs;
 
     if (in_regs) {
+      // NOTE: the same for the cached row: re-converting to float is cheaper than holding the
+      // unpacked copy from the sum of squares until here (it would double the row's registers).
+#pragma unroll
+      for (int i = 0; i < kCache; ++i)
+        asm volatile("" : "+r"(cur[i].raw.x), "+r"(cur[i].raw.y), "+r"(cur[i].raw.z), "+r"(cur[i].raw.w));
       if constexpr (Config::kWeightInRegs) {
         // NOTE: keeps the weight packed across rows: without this the compiler hoists its
         // conversion to float out of the row loop, doubling the registers it occupies.
