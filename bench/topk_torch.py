@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""FlyKernels TopK vs torch.topk, side by side on suites/topk.json.
+
+Runs `flybench topk --json TMP` (our library's dispatch, deterministic off and on) as a
+subprocess, then times torch.topk on the same cases in this process (median, L2 flushed, with
+torch.use_deterministic_algorithms off and on), prints per-case speedups and geometric means per
+k band (k <= 16, k > 16) for both modes, and saves a PNG bar chart.
+
+usage: bench/topk_torch.py [build/flybench] [--suite suites/topk.json] [--png topk_vs_torch.png]
+                           [--ours-json FILE (skip running flybench)] [--check]
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def time_torch(fn):
+    """Median time in microseconds: triton's do_bench when present (it flushes L2), else events."""
+    try:
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+    except ImportError:
+        import torch
+        cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+        for _ in range(5):
+            fn()
+        times = []
+        for _ in range(25):
+            cache.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            torch.cuda.synchronize()
+            times.append(s.elapsed_time(e) * 1e3)
+        times.sort()
+        return times[len(times) // 2]
+
+
+def geomean(xs):
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("flybench", nargs="?", default="build/flybench")
+    ap.add_argument("--suite", default="suites/topk.json")
+    ap.add_argument("--png", default="topk_vs_torch.png")
+    ap.add_argument("--ours-json", default=None, help="results of an earlier flybench run")
+    ap.add_argument("--check", action="store_true", help="also compare torch's values to a sort")
+    args = ap.parse_args()
+
+    import torch
+
+    suite = json.load(open(args.suite))
+    cases = [(c["R"], c["C"], c["k"]) for c in suite["cases"]]
+
+    if args.ours_json:
+        text = open(args.ours_json).read()
+        try:
+            ours_rows = json.loads(text)
+        except json.JSONDecodeError:  # a run cut short: close the list
+            ours_rows = json.loads(text.rstrip().rstrip(",") + "]")
+    else:
+        with tempfile.TemporaryDirectory() as td:
+            out = os.path.join(td, "ours.json")
+            cmd = [args.flybench, "topk", "--json", out, "--suite", args.suite]
+            print("running:", " ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+            ours_rows = json.load(open(out))
+    if isinstance(ours_rows, dict):  # {"cases": [...]} form
+        ours_rows = ours_rows.get("cases", [])
+    ours = {(r["R"], r["C"], r["k"], bool(r["deterministic"])): r["us"] for r in ours_rows}
+
+    torch.manual_seed(0)
+    results = []  # (R, C, k, det, ours_us, torch_us)
+    for (R, C, k) in cases:
+        x = torch.rand(R, C, device="cuda") * 2 - 1
+        for det in (False, True):
+            torch.use_deterministic_algorithms(det)
+            t = time_torch(lambda: torch.topk(x, k, dim=-1, largest=True, sorted=True))
+            if args.check:
+                v, _ = torch.topk(x, k, dim=-1)
+                ref = torch.sort(x, dim=-1, descending=True).values[:, :k]
+                assert torch.equal(v, ref), (R, C, k)
+            results.append((R, C, k, det, ours.get((R, C, k, det)), t))
+        del x
+    torch.use_deterministic_algorithms(False)
+
+    print(f"{'R':>6} {'C':>8} {'k':>5} {'det':>3} {'ours us':>9} {'torch us':>9} {'speedup':>8}")
+    for (R, C, k, det, o, t) in results:
+        sp = t / o if o else float("nan")
+        print(f"{R:6d} {C:8d} {k:5d} {int(det):3d} {o if o else float('nan'):9.1f} {t:9.1f} {sp:8.2f}x")
+    print()
+    for det in (False, True):
+        for name, pred in (("k<=16", lambda k: k <= 16), ("k>16", lambda k: k > 16)):
+            sps = [t / o for (R, C, k, d, o, t) in results if d == det and pred(k) and o]
+            print(f"geomean speedup det={'on ' if det else 'off'} {name:6s}: {geomean(sps):6.2f}x "
+                  f"over {len(sps)} cases")
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        labels = [f"{R}x{C}\nk={k}" for (R, C, k) in cases]
+        fig, ax = plt.subplots(figsize=(max(12, len(cases) * 0.55), 5))
+        w = 0.4
+        for j, det in enumerate((False, True)):
+            sps = [t / o if o else 0 for (R, C, k, d, o, t) in results if d == det]
+            ax.bar([i + (j - 0.5) * w for i in range(len(cases))], sps, w,
+                   label=f"deterministic {'on' if det else 'off'}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_ylabel("speedup over torch.topk")
+        ax.set_xticks(range(len(cases)))
+        ax.set_xticklabels(labels, rotation=90, fontsize=7)
+        ax.set_title("FlyKernels topk vs torch.topk (FP32, largest, sorted)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=120)
+        print("saved", args.png)
+    except ImportError as e:
+        print("no matplotlib, no chart:", e, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
