@@ -48,12 +48,16 @@ def geomean(xs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("flybench", nargs="?", default="build/flybench")
+    ap.add_argument("flybench_pos", nargs="?", default=None, metavar="flybench")
+    ap.add_argument("--flybench", default="build/flybench")
+    ap.add_argument("--json", default="bench/topk_latest.json", help="where to save the combined results")
     ap.add_argument("--suite", default="suites/topk.json")
-    ap.add_argument("--png", default="topk_vs_torch.png")
+    ap.add_argument("--png", default="bench/topk.png")
     ap.add_argument("--ours-json", default=None, help="results of an earlier flybench run")
     ap.add_argument("--check", action="store_true", help="also compare torch's values to a sort")
     args = ap.parse_args()
+    if args.flybench_pos:
+        args.flybench = args.flybench_pos
 
     import torch
 
@@ -103,6 +107,15 @@ def main():
             print(f"geomean speedup det={'on ' if det else 'off'} {name:6s}: {geomean(sps):6.2f}x "
                   f"over {len(sps)} cases")
 
+    summary = {}
+    for det in (False, True):
+        for name, pred in (("k<=16", lambda k: k <= 16), ("k>16", lambda k: k > 16)):
+            summary[f"det={'on' if det else 'off'} {name}"] = geomean(
+                [t / o for (R, C, k, d, o, t) in results if d == det and pred(k) and o])
+    with open(args.json, "w") as f:
+        json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "geomeans": summary,
+                   "cases": [dict(R=R, C=C, k=k, deterministic=d, us=o, torch_us=t) for (R, C, k, d, o, t) in results]},
+                  f, indent=1)
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: optional tuning build + flytune, then the default build, the whole
+# test suite (CPU + GPU), and every family's benchmark beside its PyTorch baseline.
+#   tools/device_ci.sh "<families to tune, e.g. topk;gemm>" "<families to bench>"
+# Results land in $OUT (logs, tuned dump, charts, JSON).
+set -uo pipefail
+tune=${1:-}
+benches=${2:-rmsnorm topk gemm}
+OUT=${OUT:-/tmp/out}
+export PYTHONUNBUFFERED=1
+if [ -n "$tune" ]; then
+  tools/device_run.sh build-tune -DFLY_ALL_VARIANTS=ON -DFLY_FAMILIES="$tune" -DFLY_BUILD_TESTS=OFF > $OUT/tune-configure.log 2>&1
+  cmake --build build-tune -j16 > $OUT/tune-build.log 2>&1 || { tail -30 $OUT/tune-build.log; exit 1; }
+  for fam in ${tune//;/ }; do
+    echo "== flytune $fam"
+    (time ./build-tune/flytune "$fam" --db $OUT/tuned.sqlite --dump db/sm_90a.sql) 2>&1 | tr '\r' '\n' | grep -v "\] [0-9]*/[0-9]* " | tail -6
+  done
+  cp db/sm_90a.sql $OUT/sm_90a.sql
+fi
+tools/device_run.sh build > $OUT/configure.log 2>&1
+(time cmake --build build -j16) > $OUT/build.log 2>&1 || { grep -E "error" -A5 $OUT/build.log | head -40; exit 1; }
+./build/flyinfo | head -6
+ctest --test-dir build --output-on-failure 2>&1 | tee $OUT/ctest.log | grep -E "Test +#|tests passed|FAILED|failed" | head
+./build/fly_gpu_tests --reporter compact 2>&1 | tail -3 > $OUT/gpu-summary.log; cat $OUT/gpu-summary.log
+for fam in $benches; do
+  echo "== bench $fam"
+  timeout 240 python3 bench/${fam}_torch.py --flybench build/flybench --png $OUT/$fam.png --json $OUT/${fam}_latest.json > $OUT/bench-$fam.log 2>&1
+  tail -${TAIL:-14} $OUT/bench-$fam.log
+done
