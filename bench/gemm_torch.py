@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""FlyKernels GEMM vs cuBLAS (torch.mm) and Inductor's Triton GEMM on the gemm_bf16 suite.
+
+Runs `flybench gemm --json` as a subprocess (same machine, same run), then times torch.mm and
+torch.compile(mode="max-autotune-no-cudagraphs") with only the TRITON GEMM backend on the same
+shapes and layouts, flushing L2 (a 256 MiB write) before every timed call as flybench does.
+Prints per-shape times and the ratio FlyKernels / faster baseline (speedup, > 1 is faster), the
+geometric means, and saves a PNG bar chart.
+
+  python3 bench/gemm_torch.py [--flybench build/flybench] [--suite suites/gemm_bf16.json]
+                              [--layouts nt,nn,tn,tt] [--no-triton] [--png gemm_torch.png]
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+
+def make_operands(M, N, K, layout, dtype):
+    # layout[0]: A row-major ('n') or column-major ('t'); layout[1]: B row-major [K,N] or column-major.
+    a = torch.randn(M, K, device="cuda", dtype=dtype) if layout[0] == "n" else \
+        torch.randn(K, M, device="cuda", dtype=dtype).t()
+    b = torch.randn(K, N, device="cuda", dtype=dtype) if layout[1] == "n" else \
+        torch.randn(N, K, device="cuda", dtype=dtype).t()
+    return a, b
+
+
+def time_us(fn, flush, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(reps):
+        flush.fill_(i & 0xFF)
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1000.0)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flybench", default="build/flybench")
+    ap.add_argument("--suite", default="suites/gemm_bf16.json")
+    ap.add_argument("--layouts", default="nt,nn,tn,tt")
+    ap.add_argument("--no-triton", action="store_true", help="skip the Inductor/Triton baseline")
+    ap.add_argument("--png", default="gemm_torch.png")
+    ap.add_argument("--json", default="", help="also write all numbers here")
+    args = ap.parse_args()
+
+    suite = json.load(open(args.suite))
+    dtype = torch.bfloat16 if suite.get("dtype", "bf16") == "bf16" else torch.float16
+    layouts = [l for l in args.layouts.split(",") if l]
+
+    with tempfile.TemporaryDirectory() as td:
+        path = os.path.join(td, "fly.json")
+        cmd = [args.flybench, "gemm", "--suite", args.suite, "--layouts", ",".join(layouts), "--json", path]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        fly = {(r["layout"], r["M"], r["N"], r["K"]): r for r in json.load(open(path))}
+
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    if not args.no_triton:
+        import torch._inductor.config as icfg
+        icfg.max_autotune_gemm_backends = "TRITON"
+        triton_mm = torch.compile(torch.mm, mode="max-autotune-no-cudagraphs", dynamic=False)
+
+    rows = []
+    print(f"{'layout':6} {'M':>6} {'N':>6} {'K':>6} {'fly_us':>9} {'cublas_us':>9} {'triton_us':>9} {'speedup':>8}")
+    for layout in layouts:
+        for c in suite["cases"]:
+            M, N, K = c["M"], c["N"], c["K"]
+            key = (layout, M, N, K)
+            if key not in fly:
+                continue
+            a, b = make_operands(M, N, K, layout, dtype)
+            reps = 10 if M * N * K > 1e11 else 30
+            cub = time_us(lambda: torch.mm(a, b), flush, reps)
+            tri = float("nan")
+            if not args.no_triton:
+                try:
+                    tri = time_us(lambda: triton_mm(a, b), flush, reps)
+                except Exception as e:  # an autotune failure must not hide the other numbers
+                    print(f"triton failed on {key}: {e}", file=sys.stderr)
+            best = min(x for x in (cub, tri) if not math.isnan(x))
+            fus = fly[key]["us"]
+            sp = best / fus
+            rows.append({"layout": layout, "M": M, "N": N, "K": K, "fly_us": fus, "cublas_us": cub,
+                         "triton_us": tri, "speedup": sp, "variant": fly[key].get("variant", "")})
+            print(f"{layout:6} {M:6d} {N:6d} {K:6d} {fus:9.1f} {cub:9.1f} {tri:9.1f} {sp:7.3f}x", flush=True)
+
+    for layout in layouts:
+        sps = [r["speedup"] for r in rows if r["layout"] == layout]
+        if sps:
+            g = math.exp(sum(math.log(s) for s in sps) / len(sps))
+            print(f"{layout}: geomean speedup over the faster baseline {g:.3f}x, min {min(sps):.3f}x ({len(sps)} shapes)")
+    if args.json:
+        json.dump(rows, open(args.json, "w"), indent=1)
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.35), 4.5))
+        labels = [f"{r['layout']} {r['M']}x{r['N']}x{r['K']}" for r in rows]
+        ax.bar(range(len(rows)), [r["speedup"] for r in rows],
+               color=["tab:green" if r["speedup"] >= 1 else "tab:red" for r in rows])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(labels, rotation=90, fontsize=6)
+        ax.set_ylabel("speedup vs faster of cuBLAS / Triton")
+        ax.set_title(f"FlyKernels GEMM ({suite.get('dtype', 'bf16')}) on {torch.cuda.get_device_name()}")
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=120)
+        print("chart:", args.png)
+    except ImportError:
+        print("matplotlib missing: no chart")
+
+
+if __name__ == "__main__":
+    main()

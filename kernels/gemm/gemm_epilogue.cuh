@@ -1,0 +1,149 @@
+// Epilogues of the sm_90a GEMM.
+//  * store_tile: bias + convert + bounds-checked stores straight from the wgmma accumulators
+//    (persistent path). Accumulator (m64nN layout): thread t of the warpgroup holds rows
+//    16*(t/32) + (t%32)/4 (+8) and column pairs 8*j + 2*(t%4), for j < N/8.
+//  * split-K: each CTA of the cluster parks its fp32 partial tile in its own shared memory; after
+//    a cluster barrier CTA r sums rows slice r over all CTAs through DSMEM and writes C.
+#pragma once
+
+#include <type_traits>
+
+#include "common/sm90.h"
+#include "gemm/gemm_config.cuh"
+#include "gemm/gemm_scheduler.cuh"
+
+namespace fly::gemm {
+
+#if defined(FLY_DTYPE_IS_FP16)
+__device__ __forceinline__ float to_f(Elem v) { return __half2float(v); }
+__device__ __forceinline__ Elem from_f(float v) { return __float2half_rn(v); }
+#else
+__device__ __forceinline__ float to_f(Elem v) { return __bfloat162float(v); }
+__device__ __forceinline__ Elem from_f(float v) { return __float2bfloat16_rn(v); }
+#endif
+
+// Output view: D(i, j) lives at C[i*ldc + j] (no swap) or C[j*ldc + i] (swap).
+struct OutView {
+  using Elem2 = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;
+  Elem* c;
+  const Elem* bias;
+  int64_t ldc;
+  int rows, cols;  // D's extent
+  bool swap, vec;
+  __device__ explicit OutView(const GemmParams& p)
+      : c(static_cast<Elem*>(p.c)), bias(static_cast<const Elem*>(p.bias)), ldc(p.ldc),
+        rows(p.rows), cols(p.cols), swap(p.swap != 0), vec(p.c_vec != 0) {}
+
+  // Two horizontally adjacent D values (i, j), (i, j+1).
+  __device__ __forceinline__ void store_pair(int i, int j, float v0, float v1) const {
+    if (i >= rows || j >= cols) return;
+    if (!swap) {
+      if (bias) {
+        v0 += to_f(bias[j]);
+        if (j + 1 < cols) v1 += to_f(bias[j + 1]);
+      }
+      Elem* dst = c + static_cast<int64_t>(i) * ldc + j;
+      if (vec && j + 1 < cols) {
+        Elem2 pair;
+        pair.x = from_f(v0);
+        pair.y = from_f(v1);
+        *reinterpret_cast<Elem2*>(dst) = pair;
+      } else {
+        dst[0] = from_f(v0);
+        if (j + 1 < cols) dst[1] = from_f(v1);
+      }
+    } else {
+      const float b = bias ? to_f(bias[i]) : 0.f;
+      c[static_cast<int64_t>(j) * ldc + i] = from_f(v0 + b);
+      if (j + 1 < cols) c[static_cast<int64_t>(j + 1) * ldc + i] = from_f(v1 + b);
+    }
+  }
+};
+
+__device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u, int wg,
+                                           const float (&acc)[Config::ACC]) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int i0 = u.tm * Config::BM + wg * 64 + warp * 16 + lane / 4;
+  const int j0 = u.tn * Config::BN + 2 * (lane % 4);
+#pragma unroll
+  for (int j8 = 0; j8 < Config::BN / 8; ++j8) {
+    out.store_pair(i0, j0 + 8 * j8, acc[4 * j8 + 0], acc[4 * j8 + 1]);
+    out.store_pair(i0 + 8, j0 + 8 * j8, acc[4 * j8 + 2], acc[4 * j8 + 3]);
+  }
+}
+
+// ---- split-K through distributed shared memory ------------------------------------------------
+// Partial tile layout (fp32): "outer" rows of "inner" contiguous values, inner = C's contiguous
+// direction (j without swap, i with swap), rows padded by 4 floats against bank conflicts.
+struct PartialLayout {
+  bool swap;
+  __device__ int outer_n() const { return swap ? Config::BN : Config::BM; }
+  __device__ int inner_n() const { return swap ? Config::BM : Config::BN; }
+  __device__ int stride() const { return inner_n() + 4; }
+  __device__ int index(int i, int j) const { return swap ? j * stride() + i : i * stride() + j; }
+};
+
+// Both consumer warpgroups write their halves; the caller syncs the cluster afterwards.
+// NOTE: SWAP is a template parameter so every store is a constant offset from one base address;
+// with a run-time layout the address arithmetic of 2*BN stores spilled accumulators.
+template <bool SWAP>
+__device__ __forceinline__ void park_partial(float* part, int wg, const float (&acc)[Config::ACC]) {
+  const PartialLayout L{SWAP};
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  float* b = part + L.index(wg * 64 + warp * 16 + lane / 4, 2 * (lane % 4));
+#pragma unroll
+  for (int j8 = 0; j8 < Config::BN / 8; ++j8) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (SWAP) {
+        constexpr int S = Config::BM + 4;
+        b[(8 * j8) * S + 8 * h] = acc[4 * j8 + 2 * h];
+        b[(8 * j8 + 1) * S + 8 * h] = acc[4 * j8 + 2 * h + 1];
+      } else {
+        constexpr int S = Config::BN + 4;
+        *reinterpret_cast<float2*>(b + (8 * h) * S + 8 * j8) =
+            make_float2(acc[4 * j8 + 2 * h], acc[4 * j8 + 2 * h + 1]);
+      }
+    }
+  }
+}
+
+// Sums slice `rank` of the outer rows over the cluster's `split` partials and writes C.
+// Runs on the 256 consumer threads (ct = 0..255).
+__device__ __forceinline__ void reduce_partials(const OutView& out, const WorkUnit& u,
+                                                const float* part, const PartialLayout& L,
+                                                int rank, int split, int ct) {
+  const int outer_n = L.outer_n(), inner4 = L.inner_n() / 4;
+  const int o_begin = rank * outer_n / split, o_end = (rank + 1) * outer_n / split;
+  const uint32_t base = sm90::smem_u32(part);
+  // C coordinates of the tile origin: row (m) and column (n) of C.
+  const int crow0 = out.swap ? u.tn * Config::BN : u.tm * Config::BM;
+  const int ccol0 = out.swap ? u.tm * Config::BM : u.tn * Config::BN;
+  const int c_rows = out.swap ? out.cols : out.rows;  // C's M
+  const int c_cols = out.swap ? out.rows : out.cols;  // C's N
+  const int count = (o_end - o_begin) * inner4;
+  for (int e = ct; e < count; e += 256) {
+    const int o = o_begin + e / inner4, in = (e % inner4) * 4;
+    const int crow = crow0 + o, ccol = ccol0 + in;
+    if (crow >= c_rows || ccol >= c_cols) continue;
+    const uint32_t off = static_cast<uint32_t>(o * L.stride() + in) * 4;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r = 0; r < split; ++r) {
+      const float4 v = sm90::ld_cluster_f4(sm90::mapa(base + off, r));
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    float v[4] = {s.x, s.y, s.z, s.w};
+    Elem* dst = out.c + static_cast<int64_t>(crow) * out.ldc + ccol;
+    if (out.vec && ccol + 3 < c_cols) {
+      Elem h[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) h[q] = from_f(v[q] + (out.bias ? to_f(out.bias[ccol + q]) : 0.f));
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(h);
+    } else {
+      for (int q = 0; q < 4 && ccol + q < c_cols; ++q)
+        dst[q] = from_f(v[q] + (out.bias ? to_f(out.bias[ccol + q]) : 0.f));
+    }
+  }
+}
+
+}  // namespace fly::gemm

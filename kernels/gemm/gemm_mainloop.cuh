@@ -1,0 +1,164 @@
+// Mainloop of the sm_90a GEMM: a TMA producer (one thread) fills a STAGES-deep ring of
+// (P tile, Q tile) pairs guarded by full/empty mbarriers; two consumer warpgroups each multiply
+// their 64-row half of P by the whole Q tile with wgmma, one k block (4 x k16) per stage.
+#pragma once
+
+#include "common/sm90.h"
+#include "common/wgmma_ops.h"
+#include "gemm/gemm_config.cuh"
+#include "gemm/gemm_scheduler.cuh"
+
+namespace fly::gemm {
+
+// Ring position: stage index and the parity of the mbarrier phase it is in.
+struct PipeState {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ void advance() {
+    if (++stage == Config::STAGES) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+struct Ring {
+  uint8_t* base;    // 1024-aligned
+  uint64_t* full;   // TMA bytes landed (count 1 + tx)
+  uint64_t* empty;  // both consumer warpgroups of every CTA writing here released it (2 * MC)
+  __device__ uint8_t* p_tile(int s) const { return base + s * Config::STAGE_BYTES; }
+  __device__ uint8_t* q_tile(int s) const { return p_tile(s) + Config::P_BYTES; }
+};
+
+// ---- producer ----------------------------------------------------------------------------------
+// Loads one operand tile. K-major: a single box {64 k, rows}. MN-major: 128B swizzling caps the
+// box's inner extent at 64 elements, so the tile is rows/64 boxes {64 mn, 64 k} of 8 KiB each;
+// that is the layout the MN-major descriptor (LBO = 8 KiB) expects.
+template <int ROWS>
+__device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
+                                             bool kmajor, int row0, int k0) {
+  if (kmajor) {
+    sm90::tma_load_2d(dst, map, bar, k0, row0);
+  } else {
+#pragma unroll
+    for (int c = 0; c < ROWS / 64; ++c)
+      sm90::tma_load_2d(dst + c * 64 * Config::BK * 2, map, bar, row0 + 64 * c, k0);
+  }
+}
+
+// Q tile with multicast (Config::MC == 2): CTA `rank` loads its half of the Q tile's rows (K-major:
+// BN/2 rows; MN-major: BN/128 of the 64-wide chunks) into both CTAs of the cluster.
+__device__ __forceinline__ void load_q_multicast(uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
+                                                 bool kmajor, int row0, int k0, int rank) {
+  constexpr int HALF = Config::BN / 2;
+  const uint16_t both = 0x3;
+  if (kmajor) {
+    sm90::tma_load_2d_multicast(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, both);
+  } else {
+#pragma unroll
+    for (int c = 0; c < HALF / 64; ++c) {
+      const int chunk = rank * (HALF / 64) + c;
+      sm90::tma_load_2d_multicast(dst + chunk * 64 * Config::BK * 2, map, bar, row0 + 64 * chunk, k0, both);
+    }
+  }
+}
+
+__device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& ring) {
+  TileScheduler<Config::MC> sched(p);
+  PipeState ps;
+  WorkUnit u;
+  const bool pk = p.p_kmajor != 0, qk = p.q_kmajor != 0;
+  while (sched.fetch(u)) {
+    for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+      // A fresh barrier counts as having completed the phase before phase 0, so the first pass
+      // over the ring (parity 1) does not block.
+      sm90::mbar_wait(&ring.empty[ps.stage], ps.phase ^ 1);
+      uint64_t* fb = &ring.full[ps.stage];
+      sm90::mbar_arrive_expect_tx(fb, Config::STAGE_BYTES);  // OOB zero-fill bytes count too
+      load_operand<Config::BM>(ring.p_tile(ps.stage), &p.tm_p, fb, pk, u.tm * Config::BM,
+                               kb * Config::BK);
+      if constexpr (Config::MC > 1)
+        load_q_multicast(ring.q_tile(ps.stage), &p.tm_q, fb, qk, u.tn * Config::BN, kb * Config::BK,
+                         sched.rank);
+      else
+        load_operand<Config::BN>(ring.q_tile(ps.stage), &p.tm_q, fb, qk, u.tn * Config::BN,
+                                 kb * Config::BK);
+      ps.advance();
+    }
+  }
+  if constexpr (Config::MC > 1) {
+    // NOTE: producer tail instead of a cluster barrier at exit: wait until every stage has been
+    // released once more. Then all consumer arrivals aimed at this CTA (local and the peer's) have
+    // happened, and all our multicast writes have landed (the consumers waited on them), so this
+    // CTA may exit without its peer touching its shared memory afterwards.
+    for (int i = 0; i < Config::STAGES; ++i) {
+      sm90::mbar_wait(&ring.empty[ps.stage], ps.phase ^ 1);
+      ps.advance();
+    }
+  }
+}
+
+// ---- consumer ----------------------------------------------------------------------------------
+// Descriptor of the k16 slice `kk` (0..3) of a stage's operand. K-major tiles step 32 B inside
+// the swizzle atom; MN-major tiles step two 1 KiB atoms (16 k rows).
+template <bool KMAJOR>
+__device__ __forceinline__ uint64_t operand_desc(const uint8_t* tile, int kk) {
+  const uint32_t a = sm90::smem_u32(tile);
+  if constexpr (KMAJOR) return sm90::make_desc_sw128(a + kk * 32, 16, 1024);
+  else return sm90::make_desc_sw128(a + kk * 2048, 64 * Config::BK * 2, 1024);
+}
+
+// NOTE: wgmma writes the accumulators asynchronously; these empty asm statements pin them so the
+// compiler neither reads nor moves them between issue and wgmma.wait_group.
+__device__ __forceinline__ void fence_acc(float (&acc)[Config::ACC]) {
+#pragma unroll
+  for (int i = 0; i < Config::ACC; ++i) sm90::reg_fence(acc[i]);
+}
+
+// Releases a stage to the producers that write it: this CTA's, and with multicast the peer's too
+// (its Q half lands in our ring).
+__device__ __forceinline__ void release_stage(const Ring& ring, int stage) {
+  if constexpr (Config::MC > 1) {
+#pragma unroll
+    for (int r = 0; r < Config::MC; ++r) sm90::mbar_arrive_cluster(&ring.empty[stage], r);
+  } else {
+    sm90::mbar_arrive(&ring.empty[stage]);
+  }
+}
+
+// Accumulates the unit's k blocks into acc (zeroed here). `wg` is the consumer index (0/1).
+template <int TA, int TB>
+__device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, const WorkUnit& u,
+                                             int wg, float (&acc)[Config::ACC]) {
+  using Mma = sm90::Wgmma<Config::BN, TA, TB, kBF16>;
+  static_assert(Mma::kRegs == Config::ACC, "accumulator count");
+  const bool signal = (threadIdx.x % 128) == 0;
+#pragma unroll
+  for (int i = 0; i < Config::ACC; ++i) acc[i] = 0.f;
+  // The 64-row half of P this warpgroup multiplies: 64 rows x 128 B (K-major) or the wg-th
+  // 64-wide MN chunk (MN-major) are both 8 KiB into the tile.
+  const int p_off = wg * 64 * Config::BK * 2;
+  int prev = -1;
+  for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+    sm90::mbar_wait(&ring.full[ps.stage], ps.phase);
+    fence_acc(acc);
+    sm90::wgmma_fence();
+    const uint8_t* pt = ring.p_tile(ps.stage) + p_off;
+    const uint8_t* qt = ring.q_tile(ps.stage);
+#pragma unroll
+    for (int kk = 0; kk < Config::BK / 16; ++kk)
+      Mma::mma(acc, operand_desc<TA == 0>(pt, kk), operand_desc<TB == 0>(qt, kk), 1);
+    sm90::wgmma_commit();
+    fence_acc(acc);
+    // NOTE: keep one wgmma group in flight; the stage read by the previous group is free now.
+    sm90::wgmma_wait<1>();
+    if (prev >= 0 && signal) release_stage(ring, prev);
+    prev = ps.stage;
+    ps.advance();
+  }
+  sm90::wgmma_wait<0>();
+  fence_acc(acc);
+  if (prev >= 0 && signal) release_stage(ring, prev);
+}
+
+}  // namespace fly::gemm

@@ -1,0 +1,42 @@
+// Parameters of the sm_90a GEMM kernel (kernels/gemm/gemm_sm90.cu), shared by host and device.
+//
+// The kernel computes D[rows, cols] = P[rows, K] * Q[K, cols] (+ bias), FP32 accumulation, and
+// stores D into C. Normally P = A, Q = B and D = C. With swap-AB (small M) P = B^T, Q = A^T and
+// D = C^T, so the large N dimension fills wgmma's 64-row M side and the small M sits on its N side.
+// P and Q each come through a 128B-swizzled TMA tensor map, K-major or MN-major (the kernel picks
+// the wgmma transpose bits from p_kmajor / q_kmajor).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a 64-byte aligned POD): fine on host and device
+#include <stdint.h>
+
+namespace fly::gemm {
+
+struct GemmParams {
+  CUtensorMap tm_p;  // K-major: dims {K, rows}, box {64, BM}; MN-major: dims {rows, K}, box {64, 64}
+  CUtensorMap tm_q;  // K-major: dims {K, cols}, box {64, BN}; MN-major: dims {cols, K}, box {64, 64}
+  void* c;           // C[M, N] row-major, leading stride ldc (elements)
+  const void* bias;  // bias[N] or nullptr
+  int64_t ldc;
+  int32_t rows, cols, k;   // D's shape and the reduction length
+  int32_t p_kmajor, q_kmajor;
+  int32_t swap;            // 1: D[i][j] -> C[j][i]; bias indexed by i
+  int32_t tiles_m, tiles_n;  // tiles of D (BM x BN)
+  int32_t group_m;         // rasterization: tiles visited in column strips group_m tiles tall
+  int32_t split;           // split-K factor == cluster size along x (1: persistent, no split)
+  int32_t kb_per_split;    // 64-wide k blocks per split
+  int32_t c_vec;
+  int32_t mc;              // CTAs per multicast cluster along M (must equal the variant's FLY_MC)           // 1: C base 8-byte aligned and ldc % 4 == 0 (vector stores allowed)
+};
+
+// Constants the host needs to size launches (must match the kernel's Config).
+constexpr int kThreads = 384;  // 1 producer + 2 consumer warpgroups
+constexpr int kBM = 128;
+constexpr int kBK = 64;
+
+inline constexpr int smem_bytes(int bn, int stages) {
+  // stages * (P tile + Q tile) + barriers + 1 KiB for aligning the base to 1024 bytes.
+  return stages * (kBM * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024;
+}
+
+}  // namespace fly::gemm

@@ -1,0 +1,153 @@
+// Host-side planning of one sm_90a GEMM launch: operand roles (swap-AB), TMA tensor maps, tile
+// counts, split-K factor and grid. Shared by src/ops/gemm.cpp and the standalone harness in
+// kernels/gemm/dev/, so both launch the kernel identically. Host-only, header-only.
+#pragma once
+
+#include <cuda.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "gemm/gemm_params.h"
+
+namespace fly::gemm {
+
+// One operand as the caller laid it out. Element (r, k) of the logical [rows, K] matrix (A: m,k;
+// B^T: n,k) lives at data[r*ld + k] when kmajor, else data[r + k*ld].
+struct Operand {
+  const void* data;
+  int64_t rows;
+  int64_t ld;
+  bool kmajor;
+};
+
+struct Problem {
+  int64_t M, N, K;
+  Operand a;   // A as [M, K]
+  Operand bt;  // B^T as [N, K]  (B row-major [K,N] == B^T MN-major)
+  void* c;
+  int64_t ldc;
+  const void* bias;
+  bool bf16;
+};
+
+struct VariantShape {
+  int bn;      // tile N (wgmma N)
+  int stages;  // ring depth
+  bool swap;   // P = B^T, Q = A^T
+  int mc = 1;  // multicast cluster size along M (1 or 2); 2 disables split-K
+};
+
+struct Launch {
+  GemmParams params;
+  unsigned grid;
+  unsigned cluster;  // == params.split
+  unsigned smem;
+};
+
+// The 16-byte rules of TMA for one operand; returns nullptr when fine, else what is broken.
+inline const char* operand_tma_problem(const Operand& o, int64_t k) {
+  if (reinterpret_cast<uintptr_t>(o.data) % 16 != 0) return "base address is not 16-byte aligned";
+  const int64_t outer = o.kmajor ? o.rows : k;  // extent of the strided dimension
+  if (outer > 1 && (o.ld * 2) % 16 != 0) return "leading dimension * 2 bytes is not a multiple of 16";
+  return nullptr;
+}
+
+// encode: CUresult(*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+// const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+// CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) -- the driver's
+// cuTensorMapEncodeTiled, however the caller reaches it.
+template <class Encode>
+CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64_t k, int box_rows,
+                        bool bf16) {
+  const int64_t kk = std::max<int64_t>(k, 1);
+  cuuint64_t dims[2], strides[1];
+  cuuint32_t box[2], estr[2] = {1, 1};
+  if (o.kmajor) {
+    dims[0] = kk;
+    dims[1] = o.rows;
+    box[0] = kBK;
+    box[1] = box_rows;
+    strides[0] = o.rows > 1 ? o.ld * 2 : ((kk * 2 + 15) / 16) * 16;
+  } else {
+    dims[0] = o.rows;
+    dims[1] = kk;
+    box[0] = 64;
+    box[1] = kBK;
+    strides[0] = kk > 1 ? o.ld * 2 : ((o.rows * 2 + 15) / 16) * 16;
+  }
+  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                const_cast<void*>(o.data), dims, strides, box, estr,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// Clusters of s CTAs (one 384-thread, ~200 KiB CTA per SM) resident at once on a 132-SM H100/H200,
+// read with cuOccupancyMaxActiveClusters: a cluster must fit inside one GPC, so big clusters
+// strand SMs (s = 4 fits only 30 clusters = 120 CTAs). Scaled for other SM counts.
+constexpr int kMaxClusters132[9] = {0, 132, 66, 39, 30, 22, 17, 15, 15};
+
+// Split-K factor for a grid of `tiles` tiles: the largest s whose tiles * s CTAs still run in one
+// wave, each slice keeping at least 4 k blocks; 1 when the tiles alone fill half the GPU.
+inline int choose_split(int64_t tiles, int64_t kb_total, int sm_count) {
+  if (tiles * 2 > sm_count) return 1;
+  int best = 1;
+  for (int s = 2; s <= 8; ++s) {
+    const int64_t cap = static_cast<int64_t>(kMaxClusters132[s]) * sm_count / 132;
+    if (tiles <= cap && kb_total >= 4 * s) best = s;
+  }
+  return best;
+}
+
+template <class Encode>
+CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encode encode,
+                   Launch* out, int force_split = 0) {
+  GemmParams& p = out->params;
+  std::memset(&p, 0, sizeof(p));
+  const Operand& P = v.swap ? pr.bt : pr.a;
+  const Operand& Q = v.swap ? pr.a : pr.bt;
+  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, kBM, pr.bf16);
+  if (r != CUDA_SUCCESS) return r;
+  // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}).
+  r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16);
+  if (r != CUDA_SUCCESS) return r;
+  p.c = pr.c;
+  p.bias = pr.bias;
+  p.ldc = pr.ldc;
+  p.rows = static_cast<int32_t>(P.rows);
+  p.cols = static_cast<int32_t>(Q.rows);
+  p.k = static_cast<int32_t>(pr.K);
+  p.p_kmajor = P.kmajor;
+  p.q_kmajor = Q.kmajor;
+  p.swap = v.swap;
+  p.tiles_m = static_cast<int32_t>((P.rows + kBM - 1) / kBM);
+  p.tiles_n = static_cast<int32_t>((Q.rows + v.bn - 1) / v.bn);
+  p.group_m = 8;
+  const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+  const int64_t kb_total = (pr.K + kBK - 1) / kBK;
+  int split = force_split > 0 ? force_split : choose_split(tiles, kb_total, sm_count);
+  if (v.mc > 1) split = 1;  // the cluster is taken by multicast
+  split = std::max(1, std::min(split, 8));
+  int kbps = static_cast<int>((kb_total + split - 1) / split);
+  if (split > 1) split = static_cast<int>((kb_total + kbps - 1) / std::max(kbps, 1));
+  if (split < 1) split = 1;
+  p.split = split;
+  p.kb_per_split = kbps;
+  p.c_vec = (reinterpret_cast<uintptr_t>(pr.c) % 8 == 0) && (pr.ldc % 4 == 0);
+  p.mc = v.mc > 1 ? v.mc : 1;
+  if (p.mc > 1) {
+    const int64_t supers = (p.tiles_m + p.mc - 1) / p.mc * int64_t(p.tiles_n);
+    const int64_t cap = std::max<int64_t>(1, int64_t(kMaxClusters132[p.mc]) * sm_count / 132);
+    out->cluster = static_cast<unsigned>(p.mc);
+    out->grid = static_cast<unsigned>(p.mc * std::min(supers, cap));
+  } else {
+    out->cluster = static_cast<unsigned>(split);
+    out->grid = split > 1 ? static_cast<unsigned>(tiles * split)
+                          : static_cast<unsigned>(std::min<int64_t>(tiles, sm_count));
+  }
+  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages));
+  return CUDA_SUCCESS;
+}
+
+}  // namespace fly::gemm

@@ -1,0 +1,71 @@
+// Work decomposition of the sm_90a GEMM: persistent tiles (grid = #SMs, each CTA walks tiles
+// blockIdx.x, +gridDim.x, ...) or split-K clusters (one CTA per (tile, k-slice); the cluster's
+// CTAs share a tile and reduce through distributed shared memory).
+#pragma once
+
+#include "common/sm90.h"
+#include "gemm/gemm_params.h"
+
+namespace fly::gemm {
+
+struct WorkUnit {
+  int tm, tn;            // tile coordinates in D
+  int kb_begin, kb_end;  // 64-wide k blocks of this unit
+};
+
+// MC > 1 (multicast clusters): the cluster walks "super tiles" of MC vertically adjacent tiles;
+// CTA rank r takes tile row super*MC + r (possibly past the last row: it then only helps load Q
+// and its stores are clipped).
+template <int MC>
+struct TileScheduler {
+  int tiles_m, tiles_n, total, group_m, split, kb_total, kb_per_split;
+  int next, step, rank;
+
+  __device__ explicit TileScheduler(const GemmParams& p) {
+    tiles_m = (p.tiles_m + MC - 1) / MC;  // super-tile rows
+    tiles_n = p.tiles_n;
+    total = tiles_m * tiles_n;
+    group_m = max(1, p.group_m / MC);
+    split = p.split;
+    kb_total = (p.k + kBK - 1) / kBK;
+    kb_per_split = p.kb_per_split;
+    if (split > 1) {
+      rank = static_cast<int>(sm90::cluster_ctarank());
+      next = blockIdx.x / split;
+      step = total;  // exactly one unit per CTA
+    } else if (MC > 1) {
+      rank = static_cast<int>(sm90::cluster_ctarank());
+      next = blockIdx.x / MC;
+      step = gridDim.x / MC;
+    } else {
+      rank = 0;
+      next = blockIdx.x;
+      step = gridDim.x;
+    }
+  }
+
+  // NOTE: grouped rasterization: consecutive tiles walk down a strip of group_m tile-rows before
+  // moving right, so the CTAs running at the same time share P rows and Q columns in L2.
+  __device__ bool fetch(WorkUnit& u) {
+    if (next >= total) return false;
+    const int t = next;
+    next += step;
+    const int per_group = group_m * tiles_n;
+    const int g = t / per_group;
+    const int first_m = g * group_m;
+    const int gsz = min(tiles_m - first_m, group_m);
+    const int r = t - g * per_group;
+    u.tm = (first_m + r % gsz) * MC + (MC > 1 ? rank : 0);
+    u.tn = r / gsz;
+    if (split > 1) {
+      u.kb_begin = min(kb_total, rank * kb_per_split);
+      u.kb_end = min(kb_total, u.kb_begin + kb_per_split);
+    } else {
+      u.kb_begin = 0;
+      u.kb_end = kb_total;
+    }
+    return true;
+  }
+};
+
+}  // namespace fly::gemm

@@ -1,0 +1,96 @@
+// sm_90a GEMM entry: C = A @ B (+bias), BF16/FP16 in/out, FP32 accumulation.
+// One compile per variant (FLY_DTYPE_IS_*, FLY_BN, FLY_STAGES, FLY_MC; see tuning/gemm.json).
+//
+// Block of 384 threads = 3 warpgroups:
+//   wg 0: producer. setmaxnreg.dec; one elected thread issues the TMA loads of the ring.
+//   wg 1, 2: consumers. setmaxnreg.inc; wgmma on rows [0,64) / [64,128) of the BM x BN tile,
+//            then the epilogue.
+// Modes (runtime): split == 1: persistent over tiles (grid <= #SMs); split > 1: the launch has
+// clusters of `split` CTAs along x, one per k slice of a tile, reduced through DSMEM.
+// FLY_MC == 2 (compile time, persistent only): clusters of 2 CTAs share the Q tile by multicast.
+// Layouts (runtime): p_kmajor / q_kmajor pick one of four consumer instantiations (the wgmma
+// transpose bits are immediates), so one kernel serves NN/NT/TN/TT and swap-AB.
+#include "gemm/gemm_config.cuh"
+#include "gemm/gemm_epilogue.cuh"
+#include "gemm/gemm_mainloop.cuh"
+#include "gemm/gemm_scheduler.cuh"
+
+namespace fly::gemm {
+
+template <int TA, int TB>
+__device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& ring, int wg) {
+  TileScheduler<Config::MC> sched(p);
+  PipeState ps;
+  WorkUnit u;
+  const OutView out(p);
+  float acc[Config::ACC];
+  while (sched.fetch(u)) {
+    consumer_mma<TA, TB>(ring, ps, u, wg, acc);
+    if (p.split > 1) {
+      // Both consumer warpgroups must be done reading the ring before it holds partials.
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      float* part = reinterpret_cast<float*>(ring.base);
+      const PartialLayout L{out.swap};
+      if (L.swap) park_partial<true>(part, wg, acc);
+      else park_partial<false>(part, wg, acc);
+      sm90::cluster_sync();  // partials of every CTA visible cluster-wide
+      reduce_partials(out, u, part, L, sched.rank, p.split, threadIdx.x - 128);
+      sm90::cluster_sync();  // nobody leaves while others still read its shared memory
+    } else {
+      store_tile(out, u, wg, acc);
+    }
+  }
+}
+
+}  // namespace fly::gemm
+
+using namespace fly::gemm;
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    fly_gemm_sm90(const __grid_constant__ GemmParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  Ring ring;
+  ring.base = base;
+  ring.full = reinterpret_cast<uint64_t*>(base + Config::RING_BYTES);
+  ring.empty = ring.full + Config::STAGES;
+
+  const int wg = fly::sm90::warp_uniform(threadIdx.x / 128);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Config::STAGES; ++s) {
+      fly::sm90::mbar_init(&ring.full[s], 1);
+      // one arrival per consumer warpgroup of each CTA whose producer writes this stage
+      fly::sm90::mbar_init(&ring.empty[s], 2 * Config::MC);
+    }
+    fly::sm90::fence_barrier_init();
+    fly::sm90::tma_prefetch_desc(&p.tm_p);
+    fly::sm90::tma_prefetch_desc(&p.tm_q);
+  }
+  // Multicast peers signal our barriers: they must be initialized cluster-wide first.
+  const bool multicast = Config::MC > 1 && p.split == 1;
+  if (multicast) fly::sm90::cluster_sync();
+  else __syncthreads();
+
+  if (wg == 0) {
+    fly::sm90::setmaxnreg_dec<Config::PRODUCER_REGS>();
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) producer_loop(p, ring);
+    __syncwarp();
+    if (p.split > 1) {  // match the consumers' two cluster barriers
+      fly::sm90::cluster_sync();
+      fly::sm90::cluster_sync();
+    }
+  } else {
+    fly::sm90::setmaxnreg_inc<Config::CONSUMER_REGS>();
+    const int cw = wg - 1;
+    const int sel = (p.p_kmajor ? 0 : 2) + (p.q_kmajor ? 0 : 1);
+    switch (sel) {
+      case 0: consumer_role<0, 0>(p, ring, cw); break;
+      case 1: consumer_role<0, 1>(p, ring, cw); break;
+      case 2: consumer_role<1, 0>(p, ring, cw); break;
+      default: consumer_role<1, 1>(p, ring, cw); break;
+    }
+  }
+  // Multicast: the producer's tail (producer_loop) keeps the CTA alive until its peer is done
+  // with it; the barrier-free exit lets idle producer threads leave early.
+}

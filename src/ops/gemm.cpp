@@ -1,0 +1,205 @@
+// fly_gemm / fly_gemm_workspace_size: validation, dispatch and launch of the gemm family
+// (kernels/gemm/gemm_sm90.cu; host planning shared with the dev harness in gemm/gemm_plan.h).
+#include <cinttypes>
+#include <string>
+
+#include "core.hpp"
+#include "gemm/gemm_params.h"
+#include "gemm/gemm_plan.h"
+
+namespace fly {
+namespace {
+
+constexpr const char* kFamily = "gemm";
+
+// One validated call: the kernel-facing problem plus what dispatch needs.
+struct GemmCall {
+  gemm::Problem pr{};
+  fly_dtype dt = FLY_DTYPE_INVALID;
+  std::string layout;  // "nt", "nn", "tn", "tt": A row (n) / col (t) major, B row (n) / col (t)
+};
+
+// Row- or column-major view of a [rows, cols] tensor. A size-1 dimension makes one stride
+// irrelevant: such a matrix takes the interpretation whose leading dimension is never used
+// (row-major for a single row, column-major for a single contiguous column), so TMA's 16-byte
+// rule on the leading dimension cannot reject it.
+fly_status matrix_major(const fly_tensor& t, const char* what, bool* row_major, int64_t* ld) {
+  const int64_t r = t.sizes[0], c = t.sizes[1], s0 = t.strides[0], s1 = t.strides[1];
+  if (r <= 1 && (c <= 1 || s1 == 1)) {
+    *row_major = true;
+    *ld = c;
+    return FLY_SUCCESS;
+  }
+  if (c <= 1 && s0 == 1) {
+    *row_major = false;
+    *ld = r;
+    return FLY_SUCCESS;
+  }
+  if ((c <= 1 || s1 == 1) && (r <= 1 || s0 >= c)) {
+    *row_major = true;
+    *ld = s0;
+    return FLY_SUCCESS;
+  }
+  if ((r <= 1 || s0 == 1) && (c <= 1 || s1 >= r)) {
+    *row_major = false;
+    *ld = c > 1 ? s1 : r;
+    return FLY_SUCCESS;
+  }
+  return fail(FLY_ERROR_UNSUPPORTED,
+              "%s: strides {%" PRId64 ", %" PRId64 "} of a [%" PRId64 ", %" PRId64
+              "] matrix are neither row-major nor column-major (with non-overlapping lines)",
+              what, s0, s1, r, c);
+}
+
+fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c,
+                    const fly_tensor* bias, GemmCall* out) {
+  FLY_TRY(check_tensor(a, "a", 2));
+  FLY_TRY(check_tensor(b, "b", 2));
+  FLY_TRY(check_tensor(c, "c", 2));
+  const fly_dtype dt = a->dtype;
+  if (dt != FLY_F16 && dt != FLY_BF16)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (fp16, bf16)", dtype_name(dt));
+  if (b->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(dt));
+  if (c->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: dtype %s does not match a (%s)", dtype_name(c->dtype), dtype_name(dt));
+  const int64_t M = a->sizes[0], K = a->sizes[1], N = b->sizes[1];
+  if (b->sizes[0] != K)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: shape [%" PRId64 ", %" PRId64 "] does not match a [%" PRId64 ", %" PRId64
+                "] (b must be [K, N])", b->sizes[0], b->sizes[1], M, K);
+  if (c->sizes[0] != M || c->sizes[1] != N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
+                c->sizes[0], c->sizes[1], M, N);
+  if (bias) {
+    FLY_TRY(check_tensor(bias, "bias", 1));
+    if (bias->sizes[0] != N)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: expected %" PRId64 " elements, got %" PRId64, N, bias->sizes[0]);
+    if (bias->dtype != dt)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: dtype %s does not match a (%s)", dtype_name(bias->dtype), dtype_name(dt));
+    if (N > 1 && bias->strides[0] != 1)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: stride must be 1, got %" PRId64, bias->strides[0]);
+  }
+  // C: row-major with unit inner stride.
+  if (N > 1 && c->strides[1] != 1)
+    return fail(FLY_ERROR_UNSUPPORTED, "c: inner stride must be 1 (row-major C), got %" PRId64, c->strides[1]);
+  if (M > 1 && c->strides[0] < N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: row stride %" PRId64 " is smaller than N = %" PRId64 " (rows overlap)",
+                c->strides[0], N);
+  bool a_row = true, b_row = true;
+  int64_t lda = 0, ldb = 0;
+  FLY_TRY(matrix_major(*a, "a", &a_row, &lda));
+  FLY_TRY(matrix_major(*b, "b", &b_row, &ldb));
+  const int64_t lim = int64_t(1) << 31;
+  if (M >= lim || N >= lim || K >= lim)
+    return fail(FLY_ERROR_UNSUPPORTED, "a/b: dimensions M=%" PRId64 " N=%" PRId64 " K=%" PRId64 " exceed the kernels' 2^31 limit",
+                M, N, K);
+  out->dt = dt;
+  out->layout = std::string(a_row ? "n" : "t") + (b_row ? "n" : "t");
+  gemm::Problem& p = out->pr;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.a = {a->data, M, lda, a_row};
+  // B^T [N, K]: K-major exactly when B is column-major.
+  p.bt = {b->data, N, ldb, !b_row};
+  p.c = c->data;
+  p.ldc = M > 1 ? c->strides[0] : N;
+  p.bias = bias ? bias->data : nullptr;
+  p.bf16 = dt == FLY_BF16;
+  if (M == 0 || N == 0) return FLY_SUCCESS;  // nothing to check further: no-op
+  if (K == 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported: C would be just the bias");
+  if (const char* why = gemm::operand_tma_problem(p.a, K))
+    return fail(FLY_ERROR_UNSUPPORTED, "a: %s (TMA needs 16-byte aligned rows; lda = %" PRId64 ")", why, lda);
+  if (const char* why = gemm::operand_tma_problem(p.bt, K))
+    return fail(FLY_ERROR_UNSUPPORTED, "b: %s (TMA needs 16-byte aligned rows; ldb = %" PRId64 ")", why, ldb);
+  return FLY_SUCCESS;
+}
+
+struct VariantShapeOf {
+  static gemm::VariantShape of(const Variant& v) {
+    return {int(v.get_int("bn", 128)), int(v.get_int("stages", 4)), v.get_int("swap", 0) == 1,
+            int(v.get_int("mc", 1))};
+  }
+};
+
+// Family default (only names listed in tuning/gemm.json "defaults"): swap-AB for decode-sized M,
+// 128x128 tiles (with split-K) up to M = 128, else 128x256.
+std::string default_variant(fly_dtype dt, int64_t M) {
+  const std::string d = dtype_name(dt);
+  if (M <= 64) return "gemm_" + d + "_bn64_st8_sw1_mc1";
+  if (M <= 128) return "gemm_" + d + "_bn128_st6_sw0_mc1";
+  return "gemm_" + d + "_bn256_st4_sw0_mc1";
+}
+
+}  // namespace
+}  // namespace fly
+
+extern "C" FLY_API fly_status fly_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
+                                                      const fly_tensor* c, size_t* bytes) {
+  using namespace fly;
+  clear_error();
+  if (!bytes) return fail(FLY_ERROR_INVALID_ARGUMENT, "bytes: null pointer");
+  *bytes = 0;
+  GemmCall call;
+  FLY_TRY(validate(a, b, c, nullptr, &call));
+  // Split-K reduces through distributed shared memory inside a cluster: no workspace, ever.
+  return FLY_SUCCESS;
+}
+
+extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c,
+                                       const fly_tensor* bias, void* workspace, size_t workspace_bytes,
+                                       void* stream) {
+  using namespace fly;
+  clear_error();
+  (void)workspace;
+  (void)workspace_bytes;
+  GemmCall call;
+  FLY_TRY(validate(a, b, c, bias, &call));
+  const gemm::Problem& pr = call.pr;
+  if (pr.M == 0 || pr.N == 0) return FLY_SUCCESS;
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_device_pointer(*a, "a"));
+  FLY_TRY(check_device_pointer(*b, "b"));
+  FLY_TRY(check_device_pointer(*c, "c"));
+  if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
+
+  DispatchRequest req;
+  req.key.op = "gemm";
+  req.key.dtype = dtype_name(call.dt);
+  req.key.layout = call.layout;
+  req.key.k[0] = pr.N;
+  req.key.k[1] = pr.K;
+  req.key.k[2] = pr.M;
+  req.family = kFamily;
+  req.key_names[0] = "N";
+  req.key_names[1] = "K";
+  req.key_names[2] = "M";
+  const fly_dtype dt = call.dt;
+  req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
+  const int64_t M = pr.M;
+  req.fallback = [dt, M] { return default_variant(dt, M); };
+  const Variant* v = nullptr;
+  FLY_TRY(choose_variant(*dc, req, &v));
+  CUfunction f = nullptr;
+  FLY_TRY(get_function(*dc, *v, "fly_gemm_sm90", &f));
+  const Driver* d = nullptr;
+  FLY_TRY(driver(&d));
+
+  const gemm::VariantShape vs = VariantShapeOf::of(*v);
+  if (gemm::smem_bytes(vs.bn, vs.stages) > dc->max_smem_optin)
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %d bytes of shared memory, the device allows %d",
+                v->name.c_str(), gemm::smem_bytes(vs.bn, vs.stages), dc->max_smem_optin);
+  gemm::Launch L;
+  const CUresult r = gemm::plan_gemm(pr, vs, dc->sm_count, d->cuTensorMapEncodeTiled, &L);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
+  LaunchConfig cfg;
+  cfg.grid[0] = L.grid;
+  cfg.block[0] = gemm::kThreads;
+  cfg.smem = L.smem;
+  cfg.cluster[0] = L.cluster;
+  return launch1(f, cfg, stream, L.params);
+}

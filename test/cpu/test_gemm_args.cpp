@@ -1,0 +1,182 @@
+// fly_gemm / fly_gemm_workspace_size on bad input: a status and a message naming the argument.
+// Runs without a GPU (validation happens before any device query); valid input is not asserted
+// here (NO_DEVICE on CI, SUCCESS would need real device memory on the GPU machine).
+#include <cstring>
+#include <string>
+
+#include "catch_compat.hpp"
+#include "flykernels/flykernels.h"
+
+namespace {
+
+fly_tensor mat(void* p, fly_dtype dt, int64_t r, int64_t c, int64_t s0, int64_t s1) {
+  fly_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.data = p;
+  t.dtype = dt;
+  t.rank = 2;
+  t.sizes[0] = r;
+  t.sizes[1] = c;
+  t.strides[0] = s0;
+  t.strides[1] = s1;
+  return t;
+}
+fly_tensor vec(void* p, fly_dtype dt, int64_t n, int64_t s = 1) {
+  fly_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.data = p;
+  t.dtype = dt;
+  t.rank = 1;
+  t.sizes[0] = n;
+  t.strides[0] = s;
+  return t;
+}
+void* const kA = reinterpret_cast<void*>(0x100000);
+void* const kB = reinterpret_cast<void*>(0x200000);
+void* const kC = reinterpret_cast<void*>(0x300000);
+void* const kBias = reinterpret_cast<void*>(0x400000);
+
+bool mentions(const char* what) { return std::string(fly_get_last_error()).find(what) != std::string::npos; }
+
+fly_status gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& c, const fly_tensor* bias = nullptr) {
+  return fly_gemm(&a, &b, &c, bias, nullptr, 0, nullptr);
+}
+
+}  // namespace
+
+TEST_CASE("gemm rejects malformed descriptors", "[gemm][args]") {
+  const int64_t M = 64, N = 128, K = 256;
+  fly_tensor a = mat(kA, FLY_BF16, M, K, K, 1), b = mat(kB, FLY_BF16, K, N, N, 1);
+  fly_tensor c = mat(kC, FLY_BF16, M, N, N, 1), bias = vec(kBias, FLY_BF16, N);
+
+  SECTION("null descriptors") {
+    CHECK(fly_gemm(nullptr, &b, &c, nullptr, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("a"));
+    CHECK(fly_gemm(&a, nullptr, &c, nullptr, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("b"));
+    CHECK(fly_gemm(&a, &b, nullptr, nullptr, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("c"));
+  }
+  SECTION("null data") {
+    a.data = nullptr;
+    CHECK(gemm(a, b, c) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("a"));
+    a.data = kA;
+    c.data = nullptr;
+    CHECK(gemm(a, b, c) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("c"));
+  }
+  SECTION("wrong rank") {
+    a.rank = 3;
+    CHECK(gemm(a, b, c) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("a"));
+    a.rank = 2;
+    fly_tensor bias2 = mat(kBias, FLY_BF16, 1, N, N, 1);
+    CHECK(gemm(a, b, c, &bias2) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("bias"));
+  }
+  SECTION("dtypes") {
+    fly_tensor a32 = a, b32 = b, c32 = c;
+    a32.dtype = b32.dtype = c32.dtype = FLY_F32;
+    CHECK(gemm(a32, b32, c32) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("a: dtype fp32"));
+    b.dtype = FLY_F16;
+    CHECK(gemm(a, b, c) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("b: dtype"));
+    b.dtype = FLY_BF16;
+    c.dtype = FLY_F16;
+    CHECK(gemm(a, b, c) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("c: dtype"));
+    c.dtype = FLY_BF16;
+    bias.dtype = FLY_F16;
+    CHECK(gemm(a, b, c, &bias) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("bias: dtype"));
+  }
+  SECTION("shapes") {
+    fly_tensor b2 = mat(kB, FLY_BF16, K + 1, N, N, 1);
+    CHECK(gemm(a, b2, c) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("b: shape"));
+    fly_tensor c2 = mat(kC, FLY_BF16, M, N + 1, N + 1, 1);
+    CHECK(gemm(a, b, c2) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("c: shape"));
+    fly_tensor c3 = mat(kC, FLY_BF16, M + 1, N, N, 1);
+    CHECK(gemm(a, b, c3) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("c: shape"));
+    fly_tensor bias2 = vec(kBias, FLY_BF16, N - 1);
+    CHECK(gemm(a, b, c, &bias2) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("bias: expected"));
+    fly_tensor bias3 = vec(kBias, FLY_BF16, N, 2);
+    CHECK(gemm(a, b, c, &bias3) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("bias: stride"));
+  }
+  SECTION("negative sizes and strides") {
+    a.sizes[0] = -1;
+    CHECK(gemm(a, b, c) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("a"));
+    a.sizes[0] = M;
+    b.strides[0] = -N;
+    CHECK(gemm(a, b, c) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("b"));
+  }
+  SECTION("overlapping C rows") {
+    fly_tensor c2 = mat(kC, FLY_BF16, M, N, N - 1, 1);
+    CHECK(gemm(a, b, c2) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("c: row stride"));
+  }
+  SECTION("workspace query validates too") {
+    size_t bytes = 123;
+    CHECK(fly_gemm_workspace_size(&a, &b, &c, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("bytes"));
+    fly_tensor b2 = mat(kB, FLY_BF16, K + 1, N, N, 1);
+    CHECK(fly_gemm_workspace_size(&a, &b2, &c, &bytes) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("b: shape"));
+    CHECK(fly_gemm_workspace_size(&a, &b, &c, &bytes) == FLY_SUCCESS);
+    CHECK(bytes == 0);
+  }
+}
+
+TEST_CASE("gemm reports inputs the kernels cannot take as UNSUPPORTED", "[gemm][args]") {
+  const int64_t M = 64, N = 128, K = 256;
+  fly_tensor a = mat(kA, FLY_BF16, M, K, K, 1), b = mat(kB, FLY_BF16, K, N, N, 1);
+  fly_tensor c = mat(kC, FLY_BF16, M, N, N, 1);
+
+  SECTION("leading dimension breaking TMA's 16-byte rule") {
+    fly_tensor a2 = mat(kA, FLY_BF16, M, K, K + 1, 1);  // row-major, lda*2 = 514 bytes
+    CHECK(gemm(a2, b, c) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("a: leading dimension"));
+    fly_tensor b2 = mat(kB, FLY_BF16, K, N, 1, K + 3);  // column-major B, ldb = K + 3
+    CHECK(gemm(a, b2, c) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("b: leading dimension"));
+  }
+  SECTION("base address not 16-byte aligned") {
+    a.data = reinterpret_cast<char*>(kA) + 2;
+    CHECK(gemm(a, b, c) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("a: base address"));
+    a.data = kA;
+    b.data = reinterpret_cast<char*>(kB) + 8;
+    CHECK(gemm(a, b, c) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("b: base address"));
+  }
+  SECTION("strides neither row- nor column-major") {
+    fly_tensor a2 = mat(kA, FLY_BF16, M, K, 2 * K, 2);
+    CHECK(gemm(a2, b, c) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("a: strides"));
+    fly_tensor b2 = mat(kB, FLY_BF16, K, N, 0, 1);  // broadcast rows
+    CHECK(gemm(a, b2, c) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("b: strides"));
+  }
+  SECTION("column-major C") {
+    fly_tensor c2 = mat(kC, FLY_BF16, M, N, 1, M);
+    CHECK(gemm(a, b, c2) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("c: inner stride"));
+  }
+  SECTION("empty reduction") {
+    fly_tensor a0 = mat(kA, FLY_BF16, M, 0, 0, 1), b0 = mat(kB, FLY_BF16, 0, N, N, 1);
+    CHECK(gemm(a0, b0, c) == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("K = 0"));
+  }
+  SECTION("empty output is a no-op") {
+    fly_tensor a0 = mat(nullptr, FLY_BF16, 0, K, K, 1), c0 = mat(nullptr, FLY_BF16, 0, N, N, 1);
+    CHECK(gemm(a0, b, c0) == FLY_SUCCESS);
+  }
+}

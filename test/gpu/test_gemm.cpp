@@ -1,0 +1,222 @@
+// fly_gemm on the GPU against a CPU reference: all four layouts (A, B each row- or column-major),
+// ragged and tiny sizes, padded leading dimensions, bias, BF16 and FP16, split-K / swap-AB
+// shapes, and every bundled gemm variant forced at least once. C is poisoned with 0xFF bytes
+// (NaN) first, so any element the kernel fails to write fails the check, and the padding
+// between rows must stay untouched.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "flykernels/flykernels.h"
+
+namespace {
+
+// Exact encodings of small dyadic values (k/8, |k| <= 32) in both 16-bit formats, and decoding.
+uint16_t enc(float v, fly_dtype dt) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (dt == FLY_BF16) return uint16_t(u >> 16);
+  if (v == 0.f) return uint16_t((u >> 16) & 0x8000);
+  const uint32_t sign = (u >> 16) & 0x8000;
+  const int e = int((u >> 23) & 0xFF) - 127 + 15;
+  return uint16_t(sign | (uint32_t(e) << 10) | ((u >> 13) & 0x3FF));
+}
+float dec(uint16_t h, fly_dtype dt) {
+  uint32_t u;
+  if (dt == FLY_BF16) {
+    u = uint32_t(h) << 16;
+  } else {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    if (e == 0x1F) u = sign | 0x7F800000 | (m << 13);
+    else if (e == 0) {
+      float f = std::ldexp(float(m), -24);
+      return (h & 0x8000) ? -f : f;
+    } else u = sign | ((e - 15 + 127) << 23) | (m << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { REQUIRE(cudaMalloc(&p, bytes ? bytes : 16) == cudaSuccess); }
+  ~Dev() { cudaFree(p); }
+};
+
+fly_tensor mat(void* p, fly_dtype dt, int64_t r, int64_t c, int64_t s0, int64_t s1) {
+  fly_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.data = p;
+  t.dtype = dt;
+  t.rank = 2;
+  t.sizes[0] = r;
+  t.sizes[1] = c;
+  t.strides[0] = s0;
+  t.strides[1] = s1;
+  return t;
+}
+
+int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
+
+struct Case {
+  int64_t M, N, K;
+  bool a_row, b_row;  // layout: A row-major (n) / column-major (t); B likewise
+  int64_t pad;        // extra elements on every leading dimension (A, B and C)
+  bool bias;
+  fly_dtype dt;
+};
+
+std::string describe(const Case& c) {
+  return std::string(c.dt == FLY_BF16 ? "bf16 " : "fp16 ") + (c.a_row ? "n" : "t") + (c.b_row ? "n" : "t") +
+         " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+         " pad=" + std::to_string(c.pad) + (c.bias ? " bias" : "");
+}
+
+// Runs one case through fly_gemm and checks every element (and that padding is untouched).
+// Returns fly_gemm's status; checks values only on success.
+fly_status run_case(const Case& cs, uint64_t seed = 1) {
+  INFO(describe(cs));
+  const int64_t M = cs.M, N = cs.N, K = cs.K;
+  const fly_dtype dt = cs.dt;
+  // Leading dimensions: the contiguous extent rounded to 8 elements (TMA's 16-byte rule) + pad.
+  const int64_t lda = round8(cs.a_row ? K : M) + cs.pad, ldb = round8(cs.b_row ? N : K) + cs.pad;
+  const int64_t ldc = N + cs.pad;
+  const int64_t a_lines = cs.a_row ? M : K, b_lines = cs.b_row ? K : N;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> d(-4, 4);
+  std::vector<float> A(static_cast<size_t>(M * K)), B(static_cast<size_t>(K * N)), bias(static_cast<size_t>(N));
+  for (auto& v : A) v = d(rng) / 8.f;
+  for (auto& v : B) v = d(rng) / 8.f;
+  for (auto& v : bias) v = d(rng) / 4.f;
+  std::vector<uint16_t> ha(static_cast<size_t>(lda * a_lines), 0), hb(static_cast<size_t>(ldb * b_lines), 0),
+      hbias(static_cast<size_t>(N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) ha[size_t(cs.a_row ? m * lda + k : k * lda + m)] = enc(A[size_t(m * K + k)], dt);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) hb[size_t(cs.b_row ? k * ldb + n : n * ldb + k)] = enc(B[size_t(k * N + n)], dt);
+  for (int64_t n = 0; n < N; ++n) hbias[size_t(n)] = enc(bias[size_t(n)], dt);
+  Dev da(ha.size() * 2), db(hb.size() * 2), dc(size_t(M * ldc) * 2), dbias(size_t(N) * 2);
+  REQUIRE(cudaMemcpy(da.p, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(db.p, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(dbias.p, hbias.data(), hbias.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemset(dc.p, 0xFF, size_t(M * ldc) * 2) == cudaSuccess);
+  fly_tensor ta = cs.a_row ? mat(da.p, dt, M, K, lda, 1) : mat(da.p, dt, M, K, 1, lda);
+  fly_tensor tb = cs.b_row ? mat(db.p, dt, K, N, ldb, 1) : mat(db.p, dt, K, N, 1, ldb);
+  fly_tensor tc = mat(dc.p, dt, M, N, ldc, 1);
+  fly_tensor tbias;
+  std::memset(&tbias, 0, sizeof tbias);
+  tbias.data = dbias.p;
+  tbias.dtype = dt;
+  tbias.rank = 1;
+  tbias.sizes[0] = N;
+  tbias.strides[0] = 1;
+  size_t ws = 1;
+  REQUIRE(fly_gemm_workspace_size(&ta, &tb, &tc, &ws) == FLY_SUCCESS);
+  Dev dws(ws);
+  const fly_status st = fly_gemm(&ta, &tb, &tc, cs.bias ? &tbias : nullptr, dws.p, ws, nullptr);
+  INFO(fly_get_last_error());
+  if (st != FLY_SUCCESS) return st;
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  INFO("variant " << fly_last_variant() << " (" << fly_last_decision() << ")");
+  std::vector<uint16_t> hc(static_cast<size_t>(M * ldc));
+  REQUIRE(cudaMemcpy(hc.data(), dc.p, hc.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  const double rel = dt == FLY_BF16 ? 1.0 / 128 : 1.0 / 1024;
+  int64_t bad = 0, first_m = -1, first_n = -1;
+  double first_got = 0, first_want = 0;
+  std::vector<double> row(static_cast<size_t>(N));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) row[size_t(n)] = cs.bias ? bias[size_t(n)] : 0.0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double av = A[size_t(m * K + k)];
+      if (av == 0) continue;
+      const float* brow = &B[size_t(k * N)];
+      for (int64_t n = 0; n < N; ++n) row[size_t(n)] += av * brow[n];
+    }
+    for (int64_t n = 0; n < ldc; ++n) {
+      const uint16_t h = hc[size_t(m * ldc + n)];
+      bool ok;
+      double got = dec(h, dt), want = 0;
+      if (n < N) {
+        want = row[size_t(n)];
+        ok = std::fabs(got - want) <= rel * std::fabs(want) + 1e-6;
+      } else {
+        ok = h == 0xFFFF;  // padding stays poisoned
+      }
+      if (!ok && bad++ == 0) { first_m = m; first_n = n; first_got = got; first_want = want; }
+    }
+  }
+  INFO("first mismatch at (" << first_m << ", " << first_n << "): got " << first_got << ", want " << first_want);
+  CHECK(bad == 0);
+  return st;
+}
+
+const bool kRow = true, kCol = false;
+
+}  // namespace
+
+TEST_CASE("gemm matches the reference in all four layouts", "[gemm][gpu]") {
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  for (fly_dtype dt : {FLY_BF16, FLY_F16})
+    for (bool ar : {kRow, kCol})
+      for (bool br : {kRow, kCol}) {
+        CHECK(run_case({256, 512, 320, ar, br, 0, false, dt}) == FLY_SUCCESS);
+        CHECK(run_case({1000, 129, 200, ar, br, 8, true, dt}) == FLY_SUCCESS);
+      }
+}
+
+TEST_CASE("gemm handles edge sizes, padding and bias", "[gemm][gpu]") {
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  const int64_t sizes[] = {1, 7, 17, 129, 1000};
+  for (bool ar : {kRow, kCol})
+    for (bool br : {kRow, kCol})
+      for (int64_t m : sizes)
+        for (int64_t n : {int64_t(1), int64_t(17), int64_t(129), int64_t(1000)}) {
+          int64_t k = (m * 7 + n) % 3 == 0 ? 7 : (m + n) % 2 ? 129 : 1000;
+          if (m * n * k > 200000000) k = 129;  // keep the CPU reference quick
+          CHECK(run_case({m, n, k, ar, br, (m + n) % 2 ? 8 : 0, (m + n) % 3 != 0, FLY_BF16}) == FLY_SUCCESS);
+        }
+}
+
+TEST_CASE("gemm small-M (split-K / swap-AB) and K tails", "[gemm][gpu]") {
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  for (int64_t m : {1, 16, 64, 100, 128})
+    CHECK(run_case({m, 1024, 2048, kRow, kCol, 0, true, FLY_BF16}) == FLY_SUCCESS);
+  CHECK(run_case({64, 4096, 1000, kCol, kRow, 0, true, FLY_F16}) == FLY_SUCCESS);
+  CHECK(run_case({300, 600, 1, kRow, kRow, 0, false, FLY_BF16}) == FLY_SUCCESS);
+  CHECK(run_case({33, 70, 65, kCol, kCol, 8, true, FLY_BF16}) == FLY_SUCCESS);
+}
+
+TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
+  int forced = 0;
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const char* name = fly_variant_name(i);
+    const char *family = nullptr, *params = nullptr;
+    REQUIRE(fly_variant_info(name, &family, &params) == FLY_SUCCESS);
+    if (std::string(family) != "gemm") continue;
+    const fly_dtype dt = std::string(params).find("dtype=fp16") != std::string::npos ? FLY_F16 : FLY_BF16;
+    INFO("forced variant " << name);
+    REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+    CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
+    CHECK(run_case({40, 520, 512, kCol, kRow, 8, false, dt}, 8) == FLY_SUCCESS);
+    CHECK(std::string(fly_last_variant()) == name);
+    ++forced;
+  }
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  CHECK(forced >= 6);
+}
+
+TEST_CASE("gemm refuses misaligned leading dimensions on the device path", "[gemm][gpu]") {
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  Dev a(64 * 129 * 2), b(129 * 64 * 2), c(64 * 64 * 2);
+  fly_tensor ta = mat(a.p, FLY_BF16, 64, 129, 129, 1), tb = mat(b.p, FLY_BF16, 129, 64, 64, 1);
+  fly_tensor tc = mat(c.p, FLY_BF16, 64, 64, 64, 1);
+  CHECK(fly_gemm(&ta, &tb, &tc, nullptr, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(std::string(fly_get_last_error()).find("a: leading dimension") != std::string::npos);
+}
