@@ -13,7 +13,8 @@ if [ -n "$tune" ]; then
   cmake --build build-tune -j16 > $OUT/tune-build.log 2>&1 || { tail -30 $OUT/tune-build.log; exit 1; }
   for fam in ${tune//;/ }; do
     echo "== flytune $fam"
-    (time ./build-tune/flytune "$fam" --db $OUT/tuned.sqlite --dump db/sm_90a.sql) 2>&1 | tr '\r' '\n' | grep -v "\] [0-9]*/[0-9]* " | tail -6
+    targs=""; [ "$fam" = gemm ] && targs="${GEMM_TUNE_ARGS:-}"
+    (time ./build-tune/flytune "$fam" --db $OUT/tuned.sqlite --dump db/sm_90a.sql $targs) 2>&1 | tr '\r' '\n' | grep -v "\] [0-9]*/[0-9]* " | tail -6
   done
   cp db/sm_90a.sql $OUT/sm_90a.sql
 fi
@@ -24,6 +25,7 @@ ctest --test-dir build --output-on-failure 2>&1 | tee $OUT/ctest.log | grep -E "
 ./build/fly_gpu_tests --reporter compact 2>&1 | tail -3 > $OUT/gpu-summary.log; cat $OUT/gpu-summary.log
 for fam in $benches; do
   echo "== bench $fam"
-  timeout 240 python3 bench/${fam}_torch.py --flybench build/flybench --png $OUT/$fam.png --json $OUT/${fam}_latest.json > $OUT/bench-$fam.log 2>&1
+  extra=""; [ "$fam" = gemm ] && extra="${GEMM_BENCH_ARGS:---no-triton}"
+  timeout 300 python3 bench/${fam}_torch.py --flybench build/flybench --png $OUT/$fam.png --json $OUT/${fam}_latest.json $extra > $OUT/bench-$fam.log 2>&1
   tail -${TAIL:-14} $OUT/bench-$fam.log
 done
