@@ -2,13 +2,14 @@
 // requested layout, checks every bundled gemm variant of the dtype on sampled elements against a
 // double-precision reference, times it, and writes the winner per (dtype, layout, N, K, M).
 //   flytune gemm [--db FILE] [--dump db/sm_90a.sql] [--suite FILE] [--layouts nt,nn,tn,tt]
-//                [--dtype bf16] [--quick]
+//                [--dtype bf16] [--quick] [--max-minutes X]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -126,12 +127,22 @@ int tune_gemm(const Args& args) {
     if (v.find(std::string("_") + dname + "_") != std::string::npos) variants.push_back(v);
   if (variants.empty()) throw std::runtime_error(std::string("no bundled gemm variant for ") + dname);
 
+  // NOTE: each finished key is written to --db at once and --max-minutes stops cleanly, so a
+  // run cut short (a lease, a timeout) keeps what it measured.
+  const std::string db = args.get("db", "flykernels_tuning.sqlite");
+  const double max_seconds = args.has("max-minutes") ? 60.0 * std::stod(args.get("max-minutes")) : 1e30;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool out_of_time = false;
   cudaStream_t s = 0;
   Progress bar(shapes.size() * layouts.size() * variants.size(), "flytune gemm");
   std::vector<TuneRow> rows;
   int rejected = 0;
   for (auto& layout : layouts)
     for (auto& [N, K, M] : shapes) {
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > max_seconds) {
+        out_of_time = true;
+        break;
+      }
       GemmBuffers buf(dt, M, N, K, layout, 1000 + uint64_t(M + N + K));
       std::vector<std::pair<double, std::string>> timed;
       const std::string what = layout + " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
@@ -163,9 +174,11 @@ int tune_gemm(const Args& args) {
       r.time_us = timed[0].first;
       if (timed.size() > 1) { r.runner_up = timed[1].second; r.runner_up_us = timed[1].first; }
       rows.push_back(r);
+      write_tuning_rows(db, "", {r});
     }
   bar.done();
-  const std::string db = args.get("db", "flykernels_tuning.sqlite");
+  if (out_of_time)
+    std::fprintf(stderr, "flytune gemm: --max-minutes reached after %zu keys; writing what was measured\n", rows.size());
   write_tuning_rows(db, args.get("dump", ""), rows);
   std::printf("flytune gemm: %zu rows written to %s%s%s; %d variant runs rejected by the check\n", rows.size(),
               db.c_str(), args.has("dump") ? " and " : "", args.get("dump", "").c_str(), rejected);
