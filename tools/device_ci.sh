@@ -22,7 +22,7 @@ tools/device_run.sh build > $OUT/configure.log 2>&1
 (time cmake --build build -j16) > $OUT/build.log 2>&1 || { grep -E "error" -A5 $OUT/build.log | head -40; exit 1; }
 ./build/flyinfo | head -6
 ctest --test-dir build --output-on-failure 2>&1 | tee $OUT/ctest.log | grep -E "Test +#|tests passed|FAILED|failed" | head
-./build/fly_gpu_tests --reporter compact 2>&1 | tail -3 > $OUT/gpu-summary.log; cat $OUT/gpu-summary.log
+./build/test/fly_gpu_tests 2>&1 | tail -3 > $OUT/gpu-summary.log; cat $OUT/gpu-summary.log
 for fam in $benches; do
   echo "== bench $fam"
   extra=""; [ "$fam" = gemm ] && extra="${GEMM_BENCH_ARGS:---no-triton}"

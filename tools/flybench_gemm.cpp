@@ -11,72 +11,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "tool_common.hpp"
+#include "gemm_check.hpp"
 
 namespace fly::tools {
-namespace {
-
-float bits_to_float(uint16_t h, fly_dtype dt) {
-  if (dt == FLY_BF16) { __nv_bfloat16 b; std::memcpy(&b, &h, 2); return __bfloat162float(b); }
-  __half x; std::memcpy(&x, &h, 2); return __half2float(x);
-}
-
-struct Bufs {
-  fly_dtype dt;
-  int64_t M, N, K;
-  bool a_row, b_row;
-  DeviceBuffer a, b, c;
-  Bufs(fly_dtype dt_, int64_t M_, int64_t N_, int64_t K_, const std::string& layout)
-      : dt(dt_), M(M_), N(N_), K(K_), a_row(layout[0] == 'n'), b_row(layout[1] == 'n'),
-        a(size_t(M_ * K_) * 2), b(size_t(K_ * N_) * 2), c(size_t(M_ * N_) * 2) {
-    fill_random(a.ptr, size_t(M * K), dt, 11 + uint64_t(M), -1.f, 1.f);
-    fill_random(b.ptr, size_t(K * N), dt, 17 + uint64_t(N), -1.f, 1.f);
-  }
-  fly_status run(cudaStream_t s) const {
-    fly_tensor ta = tensor2d(a.ptr, dt, M, K, K), tb = tensor2d(b.ptr, dt, K, N, N);
-    if (!a_row) { ta.strides[0] = 1; ta.strides[1] = M; }
-    if (!b_row) { tb.strides[0] = 1; tb.strides[1] = K; }
-    fly_tensor tc = tensor2d(c.ptr, dt, M, N, N);
-    return fly_gemm(&ta, &tb, &tc, nullptr, nullptr, 0, s);
-  }
-  // Spot check of 8 elements against a double reference; true when all are within tolerance.
-  bool spot_check() const {
-    std::vector<uint16_t> ar(static_cast<size_t>(K)), bc(static_cast<size_t>(K));
-    const uint16_t* ap = static_cast<const uint16_t*>(a.ptr);
-    const uint16_t* bp = static_cast<const uint16_t*>(b.ptr);
-    for (int i = 0; i < 8; ++i) {
-      const int64_t m = (i * 2654435761ull) % uint64_t(M), n = (i * 40503ull + 7) % uint64_t(N);
-      if (a_row) TOOL_CUDA(cudaMemcpy(ar.data(), ap + m * K, size_t(K) * 2, cudaMemcpyDeviceToHost));
-      else TOOL_CUDA(cudaMemcpy2D(ar.data(), 2, ap + m, size_t(M) * 2, 2, size_t(K), cudaMemcpyDeviceToHost));
-      if (!b_row) TOOL_CUDA(cudaMemcpy(bc.data(), bp + n * K, size_t(K) * 2, cudaMemcpyDeviceToHost));
-      else TOOL_CUDA(cudaMemcpy2D(bc.data(), 2, bp + n, size_t(N) * 2, 2, size_t(K), cudaMemcpyDeviceToHost));
-      uint16_t hc;
-      TOOL_CUDA(cudaMemcpy(&hc, static_cast<const uint16_t*>(c.ptr) + m * N + n, 2, cudaMemcpyDeviceToHost));
-      double ref = 0, mag = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = double(bits_to_float(ar[size_t(k)], dt)) * bits_to_float(bc[size_t(k)], dt);
-        ref += p;
-        mag += std::fabs(p);
-      }
-      const double tol = (dt == FLY_BF16 ? 1.0 / 128 : 1.0 / 1024) * std::fabs(ref) + 1e-5 * mag + 1e-6;
-      if (!(std::fabs(bits_to_float(hc, dt) - ref) <= tol)) return false;
-    }
-    return true;
-  }
-};
-
-}  // namespace
-
 int bench_gemm(const Args& args) {
   nlohmann::json suite = load_suite(args.get("suite", "suites/gemm_bf16.json"));
   const fly_dtype dt = parse_dtype(args.get("dtype", suite.value("dtype", std::string("bf16"))));
-  std::vector<std::string> layouts;
-  {
-    std::stringstream ss(args.get("layouts", "nt,nn,tn,tt"));
-    std::string l;
-    while (std::getline(ss, l, ','))
-      if (!l.empty()) layouts.push_back(l);
-  }
+  const std::vector<std::string> layouts = split_list(args.get("layouts", "nt,nn,tn,tt"));
   cudaStream_t s = 0;
   const double copy_bw = copy_bandwidth_bytes_per_s();  // bytes read + written per second
   std::printf("flybench gemm on %s (%s): copy bandwidth %.2f TB/s\n", gpu_name().c_str(),
@@ -88,10 +29,8 @@ int bench_gemm(const Args& args) {
   for (auto& layout : layouts)
     for (auto& c : suite["cases"]) {
       const int64_t M = c["M"], N = c["N"], K = c["K"];
-      Bufs buf(dt, M, N, K, layout);
-      TOOL_FLY(buf.run(s));
-      TOOL_CUDA(cudaStreamSynchronize(s));
-      const bool good = buf.spot_check();
+      GemmBuffers buf(dt, M, N, K, layout, 11 + uint64_t(M + N));
+      const bool good = buf.check(s, uint64_t(M * 7 + N)) <= 1.0;
       ok = ok && good;
       const std::string variant = fly_last_variant(), decision = fly_last_decision();
       const double us = time_median_us([&] { TOOL_FLY(buf.run(s)); }, s, 3, 20);

@@ -6,37 +6,19 @@
 
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
+#include "test_tensors.hpp"
 
 namespace {
 
-fly_tensor mat(void* p, fly_dtype dt, int64_t r, int64_t c, int64_t s0, int64_t s1) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p;
-  t.dtype = dt;
-  t.rank = 2;
-  t.sizes[0] = r;
-  t.sizes[1] = c;
-  t.strides[0] = s0;
-  t.strides[1] = s1;
-  return t;
-}
-fly_tensor vec(void* p, fly_dtype dt, int64_t n, int64_t s = 1) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p;
-  t.dtype = dt;
-  t.rank = 1;
-  t.sizes[0] = n;
-  t.strides[0] = s;
-  return t;
-}
+using fly_test::mat;
+using fly_test::vec;
+using fly_test::mentions;
+
 void* const kA = reinterpret_cast<void*>(0x100000);
 void* const kB = reinterpret_cast<void*>(0x200000);
 void* const kC = reinterpret_cast<void*>(0x300000);
 void* const kBias = reinterpret_cast<void*>(0x400000);
 
-bool mentions(const char* what) { return std::string(fly_get_last_error()).find(what) != std::string::npos; }
 
 fly_status gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& c, const fly_tensor* bias = nullptr) {
   return fly_gemm(&a, &b, &c, bias, nullptr, 0, nullptr);

@@ -7,38 +7,20 @@
 
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
+#include "test_tensors.hpp"
 
 namespace {
 
-fly_tensor mat(void* p, fly_dtype dt, int64_t m, int64_t n, int64_t ld) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p;
-  t.dtype = dt;
-  t.rank = 2;
-  t.sizes[0] = m;
-  t.sizes[1] = n;
-  t.strides[0] = ld;
-  t.strides[1] = 1;
-  return t;
-}
-fly_tensor vec(void* p, fly_dtype dt, int64_t n) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p;
-  t.dtype = dt;
-  t.rank = 1;
-  t.sizes[0] = n;
-  t.strides[0] = 1;
-  return t;
-}
+using fly_test::mat;
+using fly_test::vec;
+using fly_test::mentions;
+
 // Fake, well-aligned addresses: validation must reject before anything touches them.
 void* const kX = reinterpret_cast<void*>(0x10000);
 void* const kY = reinterpret_cast<void*>(0x20000);
 void* const kW = reinterpret_cast<void*>(0x30000);
 void* const kR = reinterpret_cast<void*>(0x40000);
 
-bool mentions(const char* what) { return std::string(fly_get_last_error()).find(what) != std::string::npos; }
 
 }  // namespace
 

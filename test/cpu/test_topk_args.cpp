@@ -5,28 +5,19 @@
 
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
+#include "test_tensors.hpp"
 
 namespace {
 
-fly_tensor mat(void* p, fly_dtype dt, int64_t m, int64_t n, int64_t ld) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p;
-  t.dtype = dt;
-  t.rank = 2;
-  t.sizes[0] = m;
-  t.sizes[1] = n;
-  t.strides[0] = ld;
-  t.strides[1] = 1;
-  return t;
-}
+using fly_test::mat;
+using fly_test::mentions;
+
 // Fake, well-aligned addresses: validation must reject before anything touches them.
 void* const kX = reinterpret_cast<void*>(0x100000);
 void* const kV = reinterpret_cast<void*>(0x200000);
 void* const kI = reinterpret_cast<void*>(0x300000);
 void* const kW = reinterpret_cast<void*>(0x400000);
 
-bool mentions(const char* what) { return std::string(fly_get_last_error()).find(what) != std::string::npos; }
 
 }  // namespace
 

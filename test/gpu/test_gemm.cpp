@@ -14,8 +14,11 @@
 
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
+#include "test_tensors.hpp"
 
 namespace {
+
+using fly_test::mat;
 
 // Exact encodings of small dyadic values (k/8, |k| <= 32) in both 16-bit formats, and decoding.
 uint16_t enc(float v, fly_dtype dt) {
@@ -50,18 +53,6 @@ struct Dev {
   ~Dev() { cudaFree(p); }
 };
 
-fly_tensor mat(void* p, fly_dtype dt, int64_t r, int64_t c, int64_t s0, int64_t s1) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p;
-  t.dtype = dt;
-  t.rank = 2;
-  t.sizes[0] = r;
-  t.sizes[1] = c;
-  t.strides[0] = s0;
-  t.strides[1] = s1;
-  return t;
-}
 
 int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
 

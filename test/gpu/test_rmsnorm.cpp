@@ -14,8 +14,12 @@
 
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
+#include "test_tensors.hpp"
 
 namespace {
+
+using fly_test::mat;
+using fly_test::vec;
 
 #define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
 
@@ -32,19 +36,6 @@ void store(std::vector<uint8_t>& h, size_t i, fly_dtype dt, float f) {
   else { __nv_bfloat16 v = __float2bfloat16(f); std::memcpy(&h[i * 2], &v, 2); }
 }
 
-fly_tensor mat(void* p, fly_dtype dt, int64_t m, int64_t n, int64_t ld) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p; t.dtype = dt; t.rank = 2;
-  t.sizes[0] = m; t.sizes[1] = n; t.strides[0] = ld; t.strides[1] = 1;
-  return t;
-}
-fly_tensor vec(void* p, fly_dtype dt, int64_t n) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p; t.dtype = dt; t.rank = 1; t.sizes[0] = n; t.strides[0] = 1;
-  return t;
-}
 
 struct Case {
   fly_dtype dt;

@@ -14,8 +14,11 @@
 #include "../../kernels/topk/topk_reference.h"
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
+#include "test_tensors.hpp"
 
 namespace {
+
+using fly_test::mat;
 
 #define TK_CUDA(x) REQUIRE((x) == cudaSuccess)
 
@@ -31,18 +34,6 @@ struct DevMem {
   DevMem& operator=(const DevMem&) = delete;
 };
 
-fly_tensor mat(void* p, fly_dtype dt, int64_t m, int64_t n, int64_t ld) {
-  fly_tensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = p;
-  t.dtype = dt;
-  t.rank = 2;
-  t.sizes[0] = m;
-  t.sizes[1] = n;
-  t.strides[0] = ld;
-  t.strides[1] = 1;
-  return t;
-}
 
 enum Data { kUniform = 0, kTies = 1, kSpecials = 2, kAllEqual = 3 };
 const char* data_name(int d) {
