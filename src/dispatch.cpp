@@ -173,6 +173,16 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
   return FLY_SUCCESS;
 }
 
+void reload_environment_overlay() {
+  DispatchState& s = state();
+  std::unique_lock<std::shared_mutex> lock(s.mu);
+  s.overlay_initialized = false;
+  s.overlay.reset();
+  s.overlay_status = FLY_SUCCESS;
+  s.overlay_error.clear();
+  s.cache.clear();
+}
+
 fly_status set_overlay(const char* path) {
   DispatchState& s = state();
   std::shared_ptr<TuningDb> db;

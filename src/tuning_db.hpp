@@ -42,5 +42,7 @@ double key_distance(const int64_t a[3], const int64_t b[3]);
 
 // Clears the per-shape dispatch cache (tests; fly_set_tuning_db does it too).
 void clear_dispatch_cache();
+// Forgets the overlay so the next dispatch reads FLYKERNELS_TUNING_DB again (tests).
+void reload_environment_overlay();
 
 }  // namespace fly

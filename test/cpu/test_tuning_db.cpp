@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -230,4 +231,34 @@ TEST_CASE("the embedded database loads", "[db]") {
   REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
   CHECK(v->name == a);
   CHECK(std::string(fly_last_decision()) == "default");
+}
+
+TEST_CASE("FLYKERNELS_TUNING_DB: a broken file fails dispatch loudly, a good one overlays", "[db][dispatch][env]") {
+  const std::string a = some_bf16_variant();
+  if (a.empty()) { WARN("SKIPPED: no rmsnorm bf16 variant in this build"); return; }
+  fly::DeviceCtx dc;
+  dc.arch = "sm_90a";
+  fly::DispatchRequest req;
+  req.family = "rmsnorm";
+  req.key = key(2999, 555);
+  req.fallback = [&] { return a; };
+  const fly::Variant* v = nullptr;
+
+  setenv("FLYKERNELS_TUNING_DB", "/nonexistent/tuning.sqlite", 1);
+  fly::reload_environment_overlay();
+  CHECK(fly::choose_variant(dc, req, &v) == FLY_ERROR_DATABASE);
+  CHECK(std::string(fly_get_last_error()).find("FLYKERNELS_TUNING_DB") != std::string::npos);
+  CHECK(std::string(fly_get_last_error()).find("/nonexistent/tuning.sqlite") != std::string::npos);
+
+  TempDb t(row("rmsnorm_fwd", "bf16", 2999, 555, 0, a));
+  setenv("FLYKERNELS_TUNING_DB", t.path.c_str(), 1);
+  fly::reload_environment_overlay();
+  REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+  CHECK(v->name == a);
+  CHECK(std::string(fly_last_decision()) == "overlay:exact");
+
+  unsetenv("FLYKERNELS_TUNING_DB");
+  fly::reload_environment_overlay();
+  REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+  CHECK(std::string(fly_last_decision()) != "overlay:exact");
 }
