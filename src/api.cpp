@@ -2,13 +2,6 @@
 #include "core.hpp"
 #include "tuning_db.hpp"
 
-namespace fly {
-fly_status set_overlay(const char* path);
-fly_status set_forced(const char* name);
-const char* last_variant();
-const char* last_decision();
-}  // namespace fly
-
 extern "C" {
 
 FLY_API void fly_version(int* major, int* minor, int* patch) {

@@ -40,6 +40,8 @@ const char* dtype_name(fly_dtype dt);  // "fp16", "bf16", "fp32", ... ("invalid"
 // overflow of the byte extent. `what` names the argument in the message ("x", "weight", ...).
 fly_status check_tensor(const fly_tensor* t, const char* what, int rank);
 int64_t numel(const fly_tensor& t);
+// A rank-1 tensor of exactly n elements of dtype dt with unit stride (any stride when n <= 1).
+fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dtype dt);
 // Bytes from data to one past the furthest element (0 when numel == 0).
 int64_t extent_bytes(const fly_tensor& t);
 
@@ -111,6 +113,8 @@ class ScopedContext {
 // and buffers that are too small). Call after ScopedContext::enter. Skipped when
 // FLYKERNELS_CHECK_POINTERS=0.
 fly_status check_device_pointer(const fly_tensor& t, const char* what);
+// The same for a raw byte range (workspace buffers).
+fly_status check_device_bytes(const void* data, int64_t bytes, const char* what);
 
 // ---- variants: the archive's directory is the registry ------------------------------------
 struct Variant {

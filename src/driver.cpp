@@ -157,29 +157,32 @@ fly_status ScopedContext::enter(void* stream, const DeviceCtx** out) {
 }
 
 fly_status check_device_pointer(const fly_tensor& t, const char* what) {
+  return check_device_bytes(t.data, extent_bytes(t), what);
+}
+
+fly_status check_device_bytes(const void* data, int64_t bytes, const char* what) {
   static const bool enabled = [] {
     const char* e = std::getenv("FLYKERNELS_CHECK_POINTERS");
     return !(e && std::strcmp(e, "0") == 0);
   }();
-  int64_t bytes = extent_bytes(t);
-  if (!enabled || bytes == 0) return FLY_SUCCESS;
+  if (!enabled || bytes <= 0) return FLY_SUCCESS;
   const Driver* d = nullptr;
   FLY_TRY(driver(&d));
   CUdeviceptr base = 0;
   size_t size = 0;
-  CUdeviceptr p = reinterpret_cast<CUdeviceptr>(t.data);
+  CUdeviceptr p = reinterpret_cast<CUdeviceptr>(data);
   if (d->cuMemGetAddressRange(&base, &size, p) != CUDA_SUCCESS) {
     // Not a device allocation: host memory mapped into the device's address space is fine.
     CUdeviceptr dp = 0;
     if (d->cuPointerGetAttribute(&dp, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p) == CUDA_SUCCESS)
       return FLY_SUCCESS;
     return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "%s: %p is not device memory accessible from this context", what, t.data);
+                "%s: %p is not device memory accessible from this context", what, data);
   }
   if (p + CUdeviceptr(bytes) > base + size)
     return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "%s: the tensor spans %lld bytes from %p but its allocation ends %lld bytes after it",
-                what, (long long)bytes, t.data, (long long)(base + size - p));
+                "%s: spans %lld bytes from %p but its allocation ends %lld bytes after it",
+                what, (long long)bytes, data, (long long)(base + size - p));
   return FLY_SUCCESS;
 }
 

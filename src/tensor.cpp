@@ -81,4 +81,16 @@ fly_status check_tensor(const fly_tensor* t, const char* what, int rank) {
   return FLY_SUCCESS;
 }
 
+
+fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dtype dt) {
+  FLY_TRY(check_tensor(t, what, 1));
+  if (t->sizes[0] != n)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: expected %" PRId64 " elements, got %" PRId64, what, n, t->sizes[0]);
+  if (t->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s, expected %s", what, dtype_name(t->dtype), dtype_name(dt));
+  if (n > 1 && t->strides[0] != 1)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: stride must be 1, got %" PRId64, what, t->strides[0]);
+  return FLY_SUCCESS;
+}
+
 }  // namespace fly

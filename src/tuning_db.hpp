@@ -45,4 +45,11 @@ void clear_dispatch_cache();
 // Forgets the overlay so the next dispatch reads FLYKERNELS_TUNING_DB again (tests).
 void reload_environment_overlay();
 
+// Dispatch controls behind the C ABI (src/api.cpp): overlay database, forced variant, and this
+// thread's last decision.
+fly_status set_overlay(const char* path);
+fly_status set_forced(const char* name);
+const char* last_variant();
+const char* last_decision();
+
 }  // namespace fly

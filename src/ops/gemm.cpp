@@ -70,15 +70,7 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
   if (c->sizes[0] != M || c->sizes[1] != N)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "c: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
                 c->sizes[0], c->sizes[1], M, N);
-  if (bias) {
-    FLY_TRY(check_tensor(bias, "bias", 1));
-    if (bias->sizes[0] != N)
-      return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: expected %" PRId64 " elements, got %" PRId64, N, bias->sizes[0]);
-    if (bias->dtype != dt)
-      return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: dtype %s does not match a (%s)", dtype_name(bias->dtype), dtype_name(dt));
-    if (N > 1 && bias->strides[0] != 1)
-      return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: stride must be 1, got %" PRId64, bias->strides[0]);
-  }
+  if (bias) FLY_TRY(check_vector(bias, "bias", N, dt));
   // C: row-major with unit inner stride.
   if (N > 1 && c->strides[1] != 1)
     return fail(FLY_ERROR_UNSUPPORTED, "c: inner stride must be 1 (row-major C), got %" PRId64, c->strides[1]);

@@ -24,17 +24,6 @@ fly_status check_rows(const fly_tensor& t, const char* what) {
   return FLY_SUCCESS;
 }
 
-fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dtype dt) {
-  FLY_TRY(check_tensor(t, what, 1));
-  if (t->sizes[0] != n)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: expected %" PRId64 " elements, got %" PRId64, what, n, t->sizes[0]);
-  if (t->dtype != dt)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s, expected %s", what, dtype_name(t->dtype), dtype_name(dt));
-  if (n > 1 && t->strides[0] != 1)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: stride must be 1, got %" PRId64, what, t->strides[0]);
-  return FLY_SUCCESS;
-}
-
 // The family default (built in every configuration, see tuning/rmsnorm.json "defaults"): the
 // smallest CTA whose register cache holds the row's aligned body (at most N / vec vectors), so
 // each thread keeps as many loads in flight as its cache allows.

@@ -145,15 +145,7 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
   FLY_TRY(check_device_pointer(*x, "x"));
   FLY_TRY(check_device_pointer(*values, "values"));
   FLY_TRY(check_device_pointer(*indices, "indices"));
-  if (need > 0) {
-    fly_tensor w{};
-    w.data = workspace;
-    w.dtype = FLY_U8;
-    w.rank = 1;
-    w.sizes[0] = need;
-    w.strides[0] = 1;
-    FLY_TRY(check_device_pointer(w, "workspace"));
-  }
+  if (need > 0) FLY_TRY(check_device_bytes(workspace, need, "workspace"));
 
   DispatchRequest req;
   req.key.op = "topk";
