@@ -3,7 +3,7 @@
 
 Runs `flybench gemm --json` as a subprocess (same machine, same run), then times torch.mm and
 torch.compile(mode="max-autotune-no-cudagraphs") with only the TRITON GEMM backend on the same
-shapes and layouts, flushing L2 (a 256 MiB write) before every timed call as flybench does.
+shapes and layouts, flushing L2 (reading 256 MiB, bench/timing.py) before every timed call as flybench does.
 Prints per-shape times and the ratio FlyKernels / faster baseline (speedup, > 1 is faster), the
 geometric means, and saves a PNG bar chart.
 
@@ -19,6 +19,8 @@ import sys
 import tempfile
 
 import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import time_us  # noqa: E402
 
 
 def make_operands(M, N, K, layout, dtype):
@@ -30,30 +32,14 @@ def make_operands(M, N, K, layout, dtype):
     return a, b
 
 
-def time_us(fn, flush, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for i in range(reps):
-        flush.fill_(i & 0xFF)
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1000.0)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flybench", default="build/flybench")
     ap.add_argument("--suite", default="suites/gemm_bf16.json")
     ap.add_argument("--layouts", default="nt,nn,tn,tt")
     ap.add_argument("--no-triton", action="store_true", help="skip the Inductor/Triton baseline")
+    ap.add_argument("--triton-layouts", default="nt",
+                    help="layouts that also get the Triton baseline (its autotuning costs ~30 s a shape)")
     ap.add_argument("--png", default="gemm_torch.png")
     ap.add_argument("--json", default="", help="also write all numbers here")
     args = ap.parse_args()
@@ -69,7 +55,6 @@ def main():
         subprocess.run(cmd, check=True)
         fly = {(r["layout"], r["M"], r["N"], r["K"]): r for r in json.load(open(path))}
 
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     if not args.no_triton:
         import torch._inductor.config as icfg
         icfg.max_autotune_gemm_backends = "TRITON"
@@ -85,11 +70,11 @@ def main():
                 continue
             a, b = make_operands(M, N, K, layout, dtype)
             reps = 10 if M * N * K > 1e11 else 30
-            cub = time_us(lambda: torch.mm(a, b), flush, reps)
+            cub = time_us(lambda: torch.mm(a, b), reps)
             tri = float("nan")
-            if not args.no_triton:
+            if not args.no_triton and layout in args.triton_layouts.split(","):
                 try:
-                    tri = time_us(lambda: triton_mm(a, b), flush, reps)
+                    tri = time_us(lambda: triton_mm(a, b), reps)
                 except Exception as e:  # an autotune failure must not hide the other numbers
                     print(f"triton failed on {key}: {e}", file=sys.stderr)
             best = min(x for x in (cub, tri) if not math.isnan(x))

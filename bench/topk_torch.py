@@ -17,28 +17,13 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import time_us  # noqa: E402
+
 
 def time_torch(fn):
-    """Median time in microseconds: triton's do_bench when present (it flushes L2), else events."""
-    try:
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
-    except ImportError:
-        import torch
-        cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-        for _ in range(5):
-            fn()
-        times = []
-        for _ in range(25):
-            cache.zero_()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e) * 1e3)
-        times.sort()
-        return times[len(times) // 2]
+    """Median time in microseconds (bench/timing.py: events, L2 flushed by a read)."""
+    return time_us(fn, reps=100)
 
 
 def geomean(xs):

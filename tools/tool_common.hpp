@@ -74,10 +74,13 @@ void fill_random(void* dev, size_t count, fly_dtype dt, uint64_t seed, float lo 
 std::vector<double> to_host_double(const void* dev, size_t count, fly_dtype dt);
 
 // Timing: runs fn() `warmup` times, then `reps` times each between CUDA events on `stream`,
-// flushing L2 (writing a 256 MiB buffer) before each timed run unless flush_l2 is false.
+// flushing L2 before each timed run unless flush_l2 is false: a kernel reads a 256 MiB buffer,
+// which leaves the L2 clean (FLYBENCH_FLUSH=write: a memset instead; see l2_flush_method).
 // Returns the median in microseconds. Checks cudaGetLastError after every run.
 double time_median_us(const std::function<void()>& fn, cudaStream_t stream, int warmup = 5,
                       int reps = 25, bool flush_l2 = true);
+// How the L2 is flushed, for reports.
+const char* l2_flush_method();
 // Measured device-to-device copy bandwidth (bytes read + written per second), cached per run.
 double copy_bandwidth_bytes_per_s();
 

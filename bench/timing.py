@@ -1,0 +1,43 @@
+"""Timing shared by bench/*_torch.py, matching tools/tool_common.cpp (flybench's side):
+CUDA events around each call, warm-up, median; before every timed call the L2 is flushed by
+READING a 256 MiB buffer (a sum), which leaves the L2 clean. A memset flush (triton's do_bench)
+leaves ~50 MB of dirty lines whose write-back the timed kernel would pay for.
+FLYBENCH_FLUSH=write switches both sides back to a memset flush, for comparison."""
+import os
+
+import torch
+
+_buf = None
+
+
+def flush_method():
+    return "write" if os.environ.get("FLYBENCH_FLUSH") == "write" else "read"
+
+
+def flush_l2(i=0):
+    global _buf
+    if _buf is None:
+        _buf = torch.zeros(64 << 20, dtype=torch.int32, device="cuda")  # 256 MiB
+    if flush_method() == "write":
+        _buf.fill_(i & 0xFF)
+    else:
+        _buf.sum()
+
+
+def time_us(fn, reps=50, warmup=5):
+    """Median microseconds of fn() over `reps` timed calls, each after an L2 flush."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(reps):
+        flush_l2(i)
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1000.0)
+    ts.sort()
+    return ts[len(ts) // 2]
