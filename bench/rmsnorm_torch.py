@@ -53,7 +53,9 @@ def main():
     key = {(r["dtype"], r["M"], r["N"]): r for r in rows}
     big = key.get(("bf16", 8192, 4096))
     if big:
-        print(f"bf16 8192x4096: {big['tbps']:.3f} TB/s = {100 * big['copy_fraction']:.1f}% of copy bandwidth")
+        print(f"bf16 8192x4096: {big['tbps']:.3f} TB/s = {100 * big['copy_fraction']:.1f}% of copy bandwidth"
+              + (f"; a cudaMemcpy of the same bytes takes {big['same_size_copy_us']:.2f} us"
+                 f" ({100 * big['same_size_copy_us'] / big['us']:.1f}% of our time)" if 'same_size_copy_us' in big else ""))
     for (dt, M, N), r in sorted(key.items()):
         if N % 2 == 1 and N > 1000:
             nb = key.get((dt, M, N - 1))

@@ -1,6 +1,6 @@
 // flygen: expands the variant spaces declared in tuning/*.json into one compile unit per variant.
 //
-//   flygen --tuning DIR --db DIR --out DIR [--all] [--families a,b]
+//   flygen --tuning DIR --db DIR --out DIR [--all [--match REGEX]] [--families a,b]
 //
 // Writes OUT/<name>.cu for every selected variant and OUT/manifest.tsv with one line per variant:
 //   name <TAB> family <TAB> source (relative to kernels/) <TAB> params ("k=v;k=v", last: CMake
@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -207,7 +208,7 @@ std::string read_file(const fs::path& p) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string tuning_dir, db_dir, out_dir, families_arg;
+  std::string tuning_dir, db_dir, out_dir, families_arg, match_arg;
   bool all = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -220,11 +221,14 @@ int main(int argc, char** argv) try {
     else if (a == "--out") out_dir = next();
     else if (a == "--families") families_arg = next();
     else if (a == "--all") all = true;
+    else if (a == "--match") match_arg = next();
     else throw std::runtime_error("unknown argument " + a);
   }
   if (tuning_dir.empty() || out_dir.empty())
-    throw std::runtime_error("usage: flygen --tuning DIR --db DIR --out DIR [--all] [--families a,b]");
+    throw std::runtime_error("usage: flygen --tuning DIR --db DIR --out DIR [--all [--match REGEX]] [--families a,b]");
 
+  // --match: with --all, only the variants whose name matches (defaults and DB rows stay).
+  const std::regex match_re(match_arg.empty() ? std::string(".") : match_arg);
   std::set<std::string> families;
   {
     std::replace(families_arg.begin(), families_arg.end(), ';', ',');
@@ -286,7 +290,8 @@ int main(int argc, char** argv) try {
           bool in_db = db_text.find("'" + v.name + "'") != std::string::npos;
           if (!seen.insert(v.name).second)
             throw std::runtime_error("duplicate variant name " + v.name);
-          if (all || is_default || in_db) selected.push_back(v);
+          const bool wanted = all && (match_arg.empty() || std::regex_search(v.name, match_re));
+          if (wanted || is_default || in_db) selected.push_back(v);
         }
         // odometer over the axes
         size_t a = 0;

@@ -2,7 +2,7 @@
 // requested layout, checks every bundled gemm variant of the dtype on sampled elements against a
 // double-precision reference, times it, and writes the winner per (dtype, layout, N, K, M).
 //   flytune gemm [--db FILE] [--dump db/sm_90a.sql] [--suite FILE] [--layouts nt,nn,tn,tt]
-//                [--dtype bf16] [--quick] [--max-minutes X]
+//                [--dtype bf16] [--quick] [--max-minutes X] [--variants REGEX]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <chrono>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -43,9 +44,12 @@ int tune_gemm(const Args& args) {
         shapes.insert({p.first, p.second, M});
       }
 
+  // --variants REGEX: tune only the bundled variants whose name matches.
+  const std::regex only(args.get("variants", "."));
   std::vector<std::string> variants;
   for (auto& v : bundled_variants("gemm"))
-    if (v.find(std::string("_") + dname + "_") != std::string::npos) variants.push_back(v);
+    if (v.find(std::string("_") + dname + "_") != std::string::npos && std::regex_search(v, only))
+      variants.push_back(v);
   if (variants.empty()) throw std::runtime_error(std::string("no bundled gemm variant for ") + dname);
 
   // NOTE: each finished key is written to --db at once and --max-minutes stops cleanly, so a

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 namespace fly::tools {
 
@@ -79,17 +80,32 @@ fly_tensor tensor1d(void* data, fly_dtype dt, int64_t n) {
 }
 
 void fill_random(void* dev, size_t count, fly_dtype dt, uint64_t seed, float lo, float hi) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  size_t es = dtype_bytes(dt);
+  // NOTE: counter-based (splitmix64 of seed and index) and spread over the host's cores, so a
+  // 235M-element GEMM operand fills in tens of milliseconds instead of seconds (mt19937 was the
+  // tuner's bottleneck); the values depend only on (seed, index), not on the thread count.
+  const size_t es = dtype_bytes(dt);
+  if (dt != FLY_F32 && dt != FLY_F16 && dt != FLY_BF16) throw std::runtime_error("fill_random: unsupported dtype");
   std::vector<uint8_t> host(count * es);
-  for (size_t i = 0; i < count; ++i) {
-    float f = dist(rng);
-    if (dt == FLY_F32) std::memcpy(&host[i * 4], &f, 4);
-    else if (dt == FLY_F16) { __half h = __float2half(f); std::memcpy(&host[i * 2], &h, 2); }
-    else if (dt == FLY_BF16) { __nv_bfloat16 b = __float2bfloat16(f); std::memcpy(&host[i * 2], &b, 2); }
-    else throw std::runtime_error("fill_random: unsupported dtype");
-  }
+  auto work = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 1;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      const float u = float(z >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+      const float f = lo + (hi - lo) * u;
+      if (dt == FLY_F32) std::memcpy(&host[i * 4], &f, 4);
+      else if (dt == FLY_F16) { __half h = __float2half(f); std::memcpy(&host[i * 2], &h, 2); }
+      else { __nv_bfloat16 b = __float2bfloat16(f); std::memcpy(&host[i * 2], &b, 2); }
+    }
+  };
+  const size_t nthreads = count < (size_t(1) << 20) ? 1 : std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  const size_t chunk = (count + nthreads - 1) / nthreads;
+  for (size_t t = 1; t < nthreads; ++t)
+    pool.emplace_back(work, std::min(count, t * chunk), std::min(count, (t + 1) * chunk));
+  work(0, std::min(count, chunk));
+  for (auto& th : pool) th.join();
   TOOL_CUDA(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
 }
 

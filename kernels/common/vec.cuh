@@ -27,15 +27,28 @@ template <class T> struct Vec16 {
 };
 
 // Read-once data: stream through L1 without allocating (x of a norm is read exactly once).
+// FLY_LD_L2_256B: also ask the L2 to fetch the whole 256-byte block (measured per build, see
+// bench/RESULTS.md); FLY_ST_WB: plain write-back stores instead of evict-first.
 __device__ __forceinline__ uint4 ld16_stream(const void* p) {
   uint4 v;
+#if defined(FLY_LD_L2_256B)
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
   return v;
 }
 __device__ __forceinline__ uint4 ld16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 // Write-once data: evict-first.
-__device__ __forceinline__ void st16_stream(void* p, uint4 v) { __stcs(reinterpret_cast<uint4*>(p), v); }
+__device__ __forceinline__ void st16_stream(void* p, uint4 v) {
+#if defined(FLY_ST_WB)
+  *reinterpret_cast<uint4*>(p) = v;
+#else
+  __stcs(reinterpret_cast<uint4*>(p), v);
+#endif
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
