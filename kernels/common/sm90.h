@@ -119,6 +119,16 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t saddr, uint32_t lbo
   return d;
 }
 
+// 1-D bulk copy global -> shared (no tensor map), completion counted in bytes on `bar`. The
+// addresses must be 16-byte aligned and `bytes` a multiple of 16.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
 // ---- fences ---------------------------------------------------------------------------------------
 // Generic-proxy shared-memory writes followed by async-proxy (TMA/wgmma) reads need this.
 __device__ __forceinline__ void fence_proxy_async_smem() {

@@ -2,7 +2,8 @@
 //
 // Variant constants (tools/flygen): FLY_DTYPE_IS_{FP16,BF16,FP32}, FLY_TPR (threads per row),
 // FLY_RPC (rows in flight per CTA), FLY_CACHE (16-byte vectors per thread kept in registers),
-// FLY_PF (1: load the group's next row while finishing this one).
+// FLY_PF (1: load the group's next row into registers while finishing this one; 2, 3: a ring of
+// that many row slots in shared memory per group, filled by cp.async.bulk (TMA) ahead of use).
 //
 // Memory plan: a row whose aligned body fits in kTpr * kCache vectors is read once into
 // registers, reduced, scaled and written (one HBM read + one write per element). Longer rows take
@@ -10,6 +11,7 @@
 // has a scalar head up to its first 16-byte boundary, a vector body and a scalar tail. Rows of
 // one alignment class share the weight's shifted view, which each thread loads once into
 // registers, because the grid walks rows class by class.
+#include "common/sm90.h"
 #include "common/vec.cuh"
 #include "rmsnorm/rmsnorm_params.h"
 
@@ -39,7 +41,10 @@ struct Config {
   // NOTE: the shifted weight stays in registers only when the register budget under
   // __launch_bounds__ (65536 / threads) leaves room for both caches; otherwise each row reloads
   // it (an L1/L2 hit: it is the same N elements for every row).
-  static constexpr bool kPrefetch = FLY_PF != 0;
+  static constexpr bool kPrefetch = FLY_PF == 1;
+  // NOTE: the ring keeps kRing rows per group in flight without registers: the register-prefetch
+  // variants need twice the row cache (~120 registers, one CTA per SM) for one row ahead.
+  static constexpr int kRing = FLY_PF >= 2 ? FLY_PF : 0;
   static constexpr bool kWeightInRegs = 65536 / kThreads >= (kPrefetch ? 12 : 8) * kCache + 40;
 };
 
@@ -213,6 +218,103 @@ rmsnorm_fwd(const RmsNormParams p) {
     for (int i = tail0 + lane; i < n; i += kTpr)
       yr[i] = fly::from_float<T>(fly::to_float(xr[i]) * rs * weight_at(w, i));
   };
+
+  if constexpr (Config::kRing > 0) if (in_regs && p.vec_io) {
+    // Ring path (the launcher picks ring variants only when vec_io holds and every row's body
+    // fits the register cache; otherwise the p0 path below runs). The group's leader streams rows r, r + groups, ... into kRing slots of
+    // the row's 16-byte-aligned span; all threads wait on the slot's mbarrier, copy their
+    // vectors into registers, and after the group's reduction barrier (every thread has read
+    // the slot) the leader refills it with the row kRing steps ahead.
+    extern __shared__ __align__(16) uint8_t ring_smem[];
+    __shared__ uint64_t full_bar[Config::kRpc][Config::kRing > 0 ? Config::kRing : 1];
+    uint8_t* slots = ring_smem + size_t(group) * Config::kRing * p.stage_bytes;
+    uint64_t* bars = full_bar[group];
+    const bool leader = lane == 0;
+    const int delta = int(row0 & 15);            // every row of this class starts delta bytes into its span
+    const int body_off = delta + head * int(sizeof(T));  // 16-byte aligned (0 or 16)
+    auto issue = [&](int64_t r, int slot) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(x + r * p.ldx);
+      const uintptr_t a0 = a & ~uintptr_t(15);
+      const uintptr_t a1 = (a + uintptr_t(n) * sizeof(T) + 15) & ~uintptr_t(15);
+      fly::sm90::mbar_arrive_expect_tx(&bars[slot], uint32_t(a1 - a0));
+      fly::sm90::bulk_load(slots + size_t(slot) * p.stage_bytes, reinterpret_cast<const void*>(a0),
+                           uint32_t(a1 - a0), &bars[slot]);
+    };
+    if (leader) {
+      for (int i = 0; i < Config::kRing; ++i) fly::sm90::mbar_init(&bars[i], 1);
+      fly::sm90::fence_barrier_init();
+      for (int i = 0; i < Config::kRing; ++i)
+        if (first_row + int64_t(i) * p.groups < p.M) issue(first_row + int64_t(i) * p.groups, i);
+    }
+    if constexpr (Config::kWarps == 1) __syncwarp();
+    else fly::named_barrier(1 + group, kTpr);  // barriers initialised before anyone waits
+
+    fly::Vec16<T> cur[kCache];
+    int slot = 0;
+    uint32_t phase = 0;
+    int parity = 0;
+    for (int64_t r = first_row; r < p.M; r += p.groups, parity ^= 1) {
+      fly::sm90::mbar_wait(&bars[slot], phase);
+      const uint8_t* st = slots + size_t(slot) * p.stage_bytes;
+#pragma unroll
+      for (int i = 0; i < kCache; ++i) {
+        const int j = lane + i * kTpr;
+        if (j < nvec) cur[i].raw = *reinterpret_cast<const uint4*>(st + body_off + j * 16);
+        else cur[i].raw = make_uint4(0, 0, 0, 0);
+      }
+      // Head and tail hold fewer than kV <= kTpr elements each: one per lane at most.
+      const bool has_h = lane < head, has_t = tail0 + lane < n;
+      const float hv = has_h ? fly::to_float(*reinterpret_cast<const T*>(st + delta + lane * int(sizeof(T)))) : 0.f;
+      const float tv = has_t ? fly::to_float(*reinterpret_cast<const T*>(st + delta + (tail0 + lane) * int(sizeof(T)))) : 0.f;
+      float ss = fmaf(hv, hv, tv * tv);
+#pragma unroll
+      for (int i = 0; i < kCache; ++i)
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          const float f = fly::to_float(cur[i].e[e]);
+          ss = fmaf(f, f, ss);
+        }
+      const float total = group_sum(ss, red, lane, group, parity);
+      if constexpr (Config::kWarps == 1) __syncwarp();  // group_sum has no barrier for one warp
+      if (leader) {
+        const int64_t rn = r + int64_t(Config::kRing) * p.groups;
+        if (rn < p.M) {
+          fly::sm90::fence_proxy_async_smem();  // our generic reads of the slot before TMA rewrites it
+          issue(rn, slot);
+        }
+      }
+      if (++slot == Config::kRing) { slot = 0; phase ^= 1; }
+
+      const float rs = rsqrtf(total * inv_n + p.eps);
+      if (leader && p.rstd) p.rstd[r] = rs;
+      T* yr = y + r * p.ldy;
+      // Keep the row and the weight packed until here (see the same pins in `row` below).
+#pragma unroll
+      for (int i = 0; i < kCache; ++i)
+        asm volatile("" : "+r"(cur[i].raw.x), "+r"(cur[i].raw.y), "+r"(cur[i].raw.z), "+r"(cur[i].raw.w));
+      if constexpr (Config::kWeightInRegs) {
+#pragma unroll
+        for (int i = 0; i < kCache; ++i)
+          asm volatile("" : "+r"(wv[i].raw.x), "+r"(wv[i].raw.y), "+r"(wv[i].raw.z), "+r"(wv[i].raw.w));
+      }
+#pragma unroll
+      for (int i = 0; i < kCache; ++i) {
+        const int j = lane + i * kTpr;
+        if (j < nvec) {
+          fly::Vec16<T> o;
+          const fly::Vec16<T> wi =
+              Config::kWeightInRegs ? wv[Config::kWeightInRegs ? i : 0] : weight_vec(w, head + j * kV, w_aligned);
+#pragma unroll
+          for (int e = 0; e < kV; ++e)
+            o.e[e] = fly::from_float<T>(fly::to_float(cur[i].e[e]) * rs * fly::to_float(wi.e[e]));
+          fly::st16_stream(yr + head + j * kV, o.raw);
+        }
+      }
+      if (has_h) yr[lane] = fly::from_float<T>(hv * rs * weight_at(w, lane));
+      if (has_t) yr[tail0 + lane] = fly::from_float<T>(tv * rs * weight_at(w, tail0 + lane));
+    }
+    return;
+  }
 
   // Two buffers (one when not prefetching) used alternately; the loop is unrolled by two so
   // every register array index stays a compile-time constant.

@@ -39,16 +39,36 @@ std::string default_variant(fly_dtype dt, int64_t n) {
          "_c" + std::to_string(c.cache) + "_p" + std::to_string(c.pf);
 }
 
-int blocks_per_sm(const Driver& d, CUfunction f, int threads) {
+constexpr int64_t kMaxSmem = 227 * 1024;  // dynamic shared memory a block may have on sm_90
+
+int blocks_per_sm(const Driver& d, CUfunction f, int threads, unsigned smem) {
   static std::mutex mu;
-  static std::map<CUfunction, int> cache;
+  static std::map<std::pair<CUfunction, unsigned>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(f);
+  auto it = cache.find({f, smem});
   if (it != cache.end()) return it->second;
   int n = 1;
-  if (d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, threads, 0) != CUDA_SUCCESS || n < 1) n = 1;
-  cache[f] = n;
+  // The occupancy query counts dynamic shared memory only up to the function's current limit.
+  // NOTE: raised to the maximum, never to `smem`: launch() raises the limit monotonically and
+  // skips functions it has raised before, so lowering it here could fail a later launch.
+  if (smem > 48 * 1024) d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(kMaxSmem));
+  if (d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, threads, smem) != CUDA_SUCCESS || n < 1) n = 1;
+  cache[{f, smem}] = n;
   return n;
+}
+
+// Ring variants (pf >= 2) keep `pf` row spans per row group in shared memory; they run when x and
+// y share their alignment (16-byte vectors serve both), every row's body fits the register cache,
+// and the slots fit the 227 KiB a block may have.
+int64_t ring_smem(const Variant& v, int64_t n, int64_t es) {
+  const int64_t pf = v.get_int("pf", 0);
+  if (pf < 2) return 0;
+  return v.get_int("rpc") * pf * rmsnorm_ring_stage_bytes(n, es);
+}
+bool ring_fits(const Variant& v, int64_t n, int64_t es, bool vec_io) {
+  if (v.get_int("pf", 0) < 2) return true;
+  const int64_t per_vec = 16 / es;
+  return vec_io && n / per_vec <= v.get_int("tpr") * v.get_int("cache") && ring_smem(v, n, es) <= kMaxSmem;
 }
 
 }  // namespace
@@ -98,7 +118,15 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   req.key_names[0] = "N";
   req.key_names[1] = "M";
   req.key_names[2] = "-";
-  req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
+  // x and y rows share their 16-byte alignment: vector loads and stores serve both.
+  const int64_t es = int64_t(dtype_size(dt));
+  const int64_t ldx = M > 1 ? x->strides[0] : N, ldy = M > 1 ? y->strides[0] : N;
+  const uintptr_t xa = reinterpret_cast<uintptr_t>(x->data), ya = reinterpret_cast<uintptr_t>(y->data);
+  const bool vec_io = ((xa - ya) % 16 == 0) && (((ldx - ldy) * es) % 16 == 0);
+  req.cache_tag = vec_io ? "vec" : "scalar";
+  req.supports = [dt, N, es, vec_io](const Variant& v) {
+    return v.get("dtype") == dtype_name(dt) && ring_fits(v, N, es, vec_io);
+  };
   req.fallback = [dt, N] { return default_variant(dt, N); };
   const Variant* v = nullptr;
   FLY_TRY(choose_variant(*dc, req, &v));
@@ -108,8 +136,6 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   FLY_TRY(driver(&d));
 
   const int tpr = int(v->get_int("tpr")), rpc = int(v->get_int("rpc"));
-  const int64_t es = int64_t(dtype_size(dt));
-  const int64_t ldx = M > 1 ? x->strides[0] : N, ldy = M > 1 ? y->strides[0] : N;
   RmsNormParams p{};
   p.x = x->data;
   p.w = weight ? weight->data : nullptr;
@@ -120,17 +146,19 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   p.ldx = ldx;
   p.ldy = ldy;
   p.eps = float(eps);
-  const uintptr_t xa = reinterpret_cast<uintptr_t>(x->data), ya = reinterpret_cast<uintptr_t>(y->data);
-  p.vec_io = ((xa - ya) % 16 == 0) && (((ldx - ldy) * es) % 16 == 0);
+  p.vec_io = vec_io;
+  p.stage_bytes = int32_t(rmsnorm_ring_stage_bytes(N, es));
+  const unsigned smem = unsigned(ring_smem(*v, N, es));
   // Alignment classes: row r starts at xa + r * ldx * es, periodic modulo 16 bytes.
   const int64_t row_bytes_mod = (ldx * es) % 16;
   p.period = p.vec_io ? int32_t(16 / std::gcd<int64_t>(row_bytes_mod == 0 ? 16 : row_bytes_mod, 16)) : 1;
-  const int64_t resident = int64_t(dc->sm_count) * blocks_per_sm(*d, f, tpr * rpc) * rpc;
+  const int64_t resident = int64_t(dc->sm_count) * blocks_per_sm(*d, f, tpr * rpc, smem) * rpc;
   int64_t groups = std::min<int64_t>(M, resident);
   groups = (groups + p.period - 1) / p.period * p.period;
   p.groups = int32_t(groups);
   LaunchConfig cfg;
   cfg.grid[0] = unsigned((groups + rpc - 1) / rpc);
   cfg.block[0] = unsigned(tpr * rpc);
+  cfg.smem = smem;
   return launch1(f, cfg, stream, p);
 }

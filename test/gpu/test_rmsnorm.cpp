@@ -203,6 +203,48 @@ TEST_CASE("every bundled rmsnorm variant is correct", "[rmsnorm][gpu][variants]"
   }
 }
 
+// Ring variants (pf >= 2) stream each row's 16-byte-aligned span into shared memory with TMA:
+// rows at every alignment class, spans that reach into the neighbouring rows, rows shorter than
+// one vector, rings that wrap many times (M >> rows in flight), and no weight.
+TEST_CASE("every bundled shared-memory ring rmsnorm variant is correct on unaligned rows",
+          "[rmsnorm][gpu][variants][ring]") {
+  auto names = rmsnorm_variants();
+  int tested = 0;
+  for (auto& name : names) {
+    if (name.find("_p2") == std::string::npos && name.find("_p3") == std::string::npos) continue;
+    ++tested;
+    const fly_dtype dt = name.find("_fp16_") != std::string::npos ? FLY_F16
+                       : name.find("_bf16_") != std::string::npos ? FLY_BF16 : FLY_F32;
+    DYNAMIC_SECTION(name) {
+      Case odd{dt, 37, 4097};        // contiguous: 4 or 8 alignment classes
+      odd.force = name.c_str();
+      Case tiny{dt, 300, 7};         // rows shorter than a vector: head only
+      tiny.force = name.c_str();
+      Case off{dt, 29, 1000};        // both bases unaligned the same way, padded rows
+      off.x_off = off.y_off = 3;
+      off.ldx = off.ldy = 1005;
+      off.weight = false;
+      off.force = name.c_str();
+      Case many{dt, 3000, 250};      // the ring wraps many times per group
+      many.force = name.c_str();
+      for (const Case* c : {&odd, &tiny, &off, &many}) {
+        // A ring variant whose cache cannot hold the row refuses it (UNSUPPORTED), like any other.
+        const int64_t per_vec = 16 / int64_t(esize(dt));
+        const std::string tag = "_t";
+        const size_t t0 = name.find(tag) + tag.size();
+        const int64_t tpr = std::stoll(name.substr(t0));
+        const int64_t rpc = std::stoll(name.substr(name.find("_r", t0) + 2));
+        const int64_t cache = std::stoll(name.substr(name.find("_c", t0) + 2));
+        const int64_t pf = std::stoll(name.substr(name.find("_p", t0) + 2));
+        const int64_t slot = (c->N * int64_t(esize(dt)) + 15) / 16 * 16 + 16;
+        if (c->N / per_vec > tpr * cache || rpc * pf * slot > 227 * 1024) continue;
+        run_case(*c, nullptr, false);
+      }
+    }
+  }
+  if (tested == 0) WARN("no ring variant bundled in this build: nothing to test here");
+}
+
 TEST_CASE("rms_norm rejects host memory and short buffers on the GPU", "[rmsnorm][gpu][args]") {
   std::vector<float> host(64 * 64);
   void* dev;
