@@ -219,26 +219,24 @@ rmsnorm_fwd(const RmsNormParams p) {
       yr[i] = fly::from_float<T>(fly::to_float(xr[i]) * rs * weight_at(w, i));
   };
 
-  if constexpr (Config::kRing > 0) if (in_regs && p.vec_io) {
-    // Ring path (the launcher picks ring variants only when vec_io holds and every row's body
-    // fits the register cache; otherwise the p0 path below runs). The group's leader streams rows r, r + groups, ... into kRing slots of
-    // the row's 16-byte-aligned span; all threads wait on the slot's mbarrier, copy their
-    // vectors into registers, and after the group's reduction barrier (every thread has read
-    // the slot) the leader refills it with the row kRing steps ahead.
+  if constexpr (Config::kRing > 0) if (in_regs && p.vec_io && p.stage_bytes > 0) {
+    // Ring path (the launcher sets stage_bytes > 0 only when x and y share their alignment, every
+    // row's body fits the register cache and the slots fit shared memory; otherwise the p0 path
+    // below runs). The group's leader streams the 16-byte-aligned bodies of rows r, r + groups,
+    // ... into kRing slots with cp.async.bulk; all threads wait on the slot's mbarrier and copy
+    // their vectors into registers; after the group's reduction barrier (every thread has read
+    // the slot) the leader refills it with the row kRing steps ahead. Head and tail elements
+    // (fewer than one vector each) come from global memory, so no byte outside the row is read.
     extern __shared__ __align__(16) uint8_t ring_smem[];
     __shared__ uint64_t full_bar[Config::kRpc][Config::kRing > 0 ? Config::kRing : 1];
     uint8_t* slots = ring_smem + size_t(group) * Config::kRing * p.stage_bytes;
     uint64_t* bars = full_bar[group];
     const bool leader = lane == 0;
-    const int delta = int(row0 & 15);            // every row of this class starts delta bytes into its span
-    const int body_off = delta + head * int(sizeof(T));  // 16-byte aligned (0 or 16)
+    const uint32_t body_bytes = uint32_t(nvec) * 16u;
     auto issue = [&](int64_t r, int slot) {
-      const uintptr_t a = reinterpret_cast<uintptr_t>(x + r * p.ldx);
-      const uintptr_t a0 = a & ~uintptr_t(15);
-      const uintptr_t a1 = (a + uintptr_t(n) * sizeof(T) + 15) & ~uintptr_t(15);
-      fly::sm90::mbar_arrive_expect_tx(&bars[slot], uint32_t(a1 - a0));
-      fly::sm90::bulk_load(slots + size_t(slot) * p.stage_bytes, reinterpret_cast<const void*>(a0),
-                           uint32_t(a1 - a0), &bars[slot]);
+      fly::sm90::mbar_arrive_expect_tx(&bars[slot], body_bytes);
+      if (body_bytes)
+        fly::sm90::bulk_load(slots + size_t(slot) * p.stage_bytes, x + r * p.ldx + head, body_bytes, &bars[slot]);
     };
     if (leader) {
       for (int i = 0; i < Config::kRing; ++i) fly::sm90::mbar_init(&bars[i], 1);
@@ -254,18 +252,20 @@ rmsnorm_fwd(const RmsNormParams p) {
     uint32_t phase = 0;
     int parity = 0;
     for (int64_t r = first_row; r < p.M; r += p.groups, parity ^= 1) {
+      // Head and tail hold fewer than kV <= kTpr elements each: one per lane at most, loaded
+      // before the wait so their latency overlaps it.
+      const T* xr = x + r * p.ldx;
+      const bool has_h = lane < head, has_t = tail0 + lane < n;
+      const float hv = has_h ? fly::to_float(xr[lane]) : 0.f;
+      const float tv = has_t ? fly::to_float(xr[tail0 + lane]) : 0.f;
       fly::sm90::mbar_wait(&bars[slot], phase);
       const uint8_t* st = slots + size_t(slot) * p.stage_bytes;
 #pragma unroll
       for (int i = 0; i < kCache; ++i) {
         const int j = lane + i * kTpr;
-        if (j < nvec) cur[i].raw = *reinterpret_cast<const uint4*>(st + body_off + j * 16);
+        if (j < nvec) cur[i].raw = *reinterpret_cast<const uint4*>(st + j * 16);
         else cur[i].raw = make_uint4(0, 0, 0, 0);
       }
-      // Head and tail hold fewer than kV <= kTpr elements each: one per lane at most.
-      const bool has_h = lane < head, has_t = tail0 + lane < n;
-      const float hv = has_h ? fly::to_float(*reinterpret_cast<const T*>(st + delta + lane * int(sizeof(T)))) : 0.f;
-      const float tv = has_t ? fly::to_float(*reinterpret_cast<const T*>(st + delta + (tail0 + lane) * int(sizeof(T)))) : 0.f;
       float ss = fmaf(hv, hv, tv * tv);
 #pragma unroll
       for (int i = 0; i < kCache; ++i)

@@ -15,10 +15,11 @@ struct RmsNormParams {
   int32_t period;
   int32_t groups;  // row groups in the grid (a multiple of period)
   int32_t vec_io;  // 1: x and y rows share their alignment, so 16-byte vectors serve both
-  // Ring variants (FLY_PF >= 2): bytes of one shared-memory row slot, the row's 16-byte-aligned
-  // span: round_up(N * sizeof(T), 16) + 16 (a row may start anywhere inside a 16-byte block).
+  // Ring variants (FLY_PF >= 2): bytes of one shared-memory row slot (it holds the row's
+  // 16-byte-aligned body), or 0: the ring cannot be used for this call and the kernel runs its
+  // register path (as pf = 0).
   int32_t stage_bytes;
 };
 
 // Shared memory of a ring variant: rpc groups x ring slots of stage_bytes.
-inline int64_t rmsnorm_ring_stage_bytes(int64_t n, int64_t es) { return (n * es + 15) / 16 * 16 + 16; }
+inline int64_t rmsnorm_ring_stage_bytes(int64_t n, int64_t es) { return n * es / 16 * 16 + 16; }

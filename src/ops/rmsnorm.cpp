@@ -57,16 +57,17 @@ int blocks_per_sm(const Driver& d, CUfunction f, int threads, unsigned smem) {
   return n;
 }
 
-// Ring variants (pf >= 2) keep `pf` row spans per row group in shared memory; they run when x and
-// y share their alignment (16-byte vectors serve both), every row's body fits the register cache,
-// and the slots fit the 227 KiB a block may have.
+// Ring variants (pf >= 2) keep `pf` row bodies per row group in shared memory; the ring is used
+// when x and y share their alignment (16-byte vectors serve both), every row's body fits the
+// register cache, and the slots fit the 227 KiB a block may have. Otherwise the variant runs
+// its register path (stage_bytes = 0), so every variant takes every shape.
 int64_t ring_smem(const Variant& v, int64_t n, int64_t es) {
   const int64_t pf = v.get_int("pf", 0);
   if (pf < 2) return 0;
   return v.get_int("rpc") * pf * rmsnorm_ring_stage_bytes(n, es);
 }
-bool ring_fits(const Variant& v, int64_t n, int64_t es, bool vec_io) {
-  if (v.get_int("pf", 0) < 2) return true;
+bool ring_usable(const Variant& v, int64_t n, int64_t es, bool vec_io) {
+  if (v.get_int("pf", 0) < 2) return false;
   const int64_t per_vec = 16 / es;
   return vec_io && n / per_vec <= v.get_int("tpr") * v.get_int("cache") && ring_smem(v, n, es) <= kMaxSmem;
 }
@@ -123,10 +124,7 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   const int64_t ldx = M > 1 ? x->strides[0] : N, ldy = M > 1 ? y->strides[0] : N;
   const uintptr_t xa = reinterpret_cast<uintptr_t>(x->data), ya = reinterpret_cast<uintptr_t>(y->data);
   const bool vec_io = ((xa - ya) % 16 == 0) && (((ldx - ldy) * es) % 16 == 0);
-  req.cache_tag = vec_io ? "vec" : "scalar";
-  req.supports = [dt, N, es, vec_io](const Variant& v) {
-    return v.get("dtype") == dtype_name(dt) && ring_fits(v, N, es, vec_io);
-  };
+  req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
   req.fallback = [dt, N] { return default_variant(dt, N); };
   const Variant* v = nullptr;
   FLY_TRY(choose_variant(*dc, req, &v));
@@ -147,8 +145,9 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   p.ldy = ldy;
   p.eps = float(eps);
   p.vec_io = vec_io;
-  p.stage_bytes = int32_t(rmsnorm_ring_stage_bytes(N, es));
-  const unsigned smem = unsigned(ring_smem(*v, N, es));
+  const bool ring = ring_usable(*v, N, es, vec_io);
+  p.stage_bytes = ring ? int32_t(rmsnorm_ring_stage_bytes(N, es)) : 0;
+  const unsigned smem = ring ? unsigned(ring_smem(*v, N, es)) : 0u;
   // Alignment classes: row r starts at xa + r * ldx * es, periodic modulo 16 bytes.
   const int64_t row_bytes_mod = (ldx * es) % 16;
   p.period = p.vec_io ? int32_t(16 / std::gcd<int64_t>(row_bytes_mod == 0 ? 16 : row_bytes_mod, 16)) : 1;
