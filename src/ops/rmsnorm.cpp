@@ -39,7 +39,14 @@ std::string default_variant(fly_dtype dt, int64_t n) {
          "_c" + std::to_string(c.cache) + "_p" + std::to_string(c.pf);
 }
 
-constexpr int64_t kMaxSmem = 227 * 1024;  // dynamic shared memory a block may have on sm_90
+constexpr int64_t kMaxSmem = 227 * 1024;  // shared memory a block may opt in to on sm_90
+
+// Dynamic shared memory the function may have: the opt-in maximum less its static shared memory.
+int64_t dynamic_smem_limit(const Driver& d, CUfunction f) {
+  int stat = 0;
+  if (d.cuFuncGetAttribute(&stat, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) != CUDA_SUCCESS) stat = 1024;
+  return kMaxSmem - stat;
+}
 
 int blocks_per_sm(const Driver& d, CUfunction f, int threads, unsigned smem) {
   static std::mutex mu;
@@ -51,25 +58,22 @@ int blocks_per_sm(const Driver& d, CUfunction f, int threads, unsigned smem) {
   // The occupancy query counts dynamic shared memory only up to the function's current limit.
   // NOTE: raised to the maximum, never to `smem`: launch() raises the limit monotonically and
   // skips functions it has raised before, so lowering it here could fail a later launch.
-  if (smem > 48 * 1024) d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(kMaxSmem));
+  if (smem > 48 * 1024)
+    d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(dynamic_smem_limit(d, f)));
   if (d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, threads, smem) != CUDA_SUCCESS || n < 1) n = 1;
   cache[{f, smem}] = n;
   return n;
 }
 
-// Ring variants (pf >= 2) keep `pf` row bodies per row group in shared memory; the ring is used
-// when x and y share their alignment (16-byte vectors serve both), every row's body fits the
-// register cache, and the slots fit the 227 KiB a block may have. Otherwise the variant runs
-// its register path (stage_bytes = 0), so every variant takes every shape.
 int64_t ring_smem(const Variant& v, int64_t n, int64_t es) {
   const int64_t pf = v.get_int("pf", 0);
   if (pf < 2) return 0;
   return v.get_int("rpc") * pf * rmsnorm_ring_stage_bytes(n, es);
 }
-bool ring_usable(const Variant& v, int64_t n, int64_t es, bool vec_io) {
+bool ring_usable(const Variant& v, int64_t n, int64_t es, bool vec_io, int64_t smem_limit) {
   if (v.get_int("pf", 0) < 2) return false;
   const int64_t per_vec = 16 / es;
-  return vec_io && n / per_vec <= v.get_int("tpr") * v.get_int("cache") && ring_smem(v, n, es) <= kMaxSmem;
+  return vec_io && n / per_vec <= v.get_int("tpr") * v.get_int("cache") && ring_smem(v, n, es) <= smem_limit;
 }
 
 }  // namespace
@@ -145,7 +149,7 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   p.ldy = ldy;
   p.eps = float(eps);
   p.vec_io = vec_io;
-  const bool ring = ring_usable(*v, N, es, vec_io);
+  const bool ring = ring_usable(*v, N, es, vec_io, dynamic_smem_limit(*d, f));
   p.stage_bytes = ring ? int32_t(rmsnorm_ring_stage_bytes(N, es)) : 0;
   const unsigned smem = ring ? unsigned(ring_smem(*v, N, es)) : 0u;
   // Alignment classes: row r starts at xa + r * ldx * es, periodic modulo 16 bytes.
