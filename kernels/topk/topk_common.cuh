@@ -97,6 +97,21 @@ __device__ __forceinline__ uint32_t warp_slot(bool want, uint32_t* counter) {
   return base + __popc(b & ((1u << lane) - 1u));
 }
 
+// Gather step shared by the radix and split paths: composite c (key above index) goes to the
+// candidate buffer when its selected bits beat the final bucket (`sure`: always in the top k) or
+// equal it (`tie`: in while the bucket's k - kk slots last). All 32 lanes must call it.
+__device__ __forceinline__ void gather_candidate(uint64_t c, bool valid, uint64_t prefix, uint64_t mask,
+                                                 uint32_t* sure_counter, uint32_t* tie_counter,
+                                                 uint64_t* buf, uint32_t k) {
+  const uint64_t m = c & mask;
+  const bool sure = valid && m > prefix;
+  const bool tie = valid && m == prefix;
+  const uint32_t s = warp_slot(sure, sure_counter);
+  if (sure) buf[s] = c;
+  const uint32_t s2 = warp_slot(tie, tie_counter);
+  if (tie && s2 < k) buf[s2] = c;
+}
+
 // Digit selection of one radix pass, by one full warp over a 256-bin histogram: the digit d with
 // count(> d) < kk <= count(>= d). Lane l owns bins 255-8l .. 248-8l (descending).
 struct DigitChoice {

@@ -117,14 +117,7 @@ __device__ __forceinline__ void radix_body(const TopkParams& p) {
   for (int i = (int)k + tid; i < p.kpad; i += NT) buf[i] = 0;  // padding sorts last
   __syncthreads();
   radix_for_each_key<NT>(xr, cache, use_cache, C, largest, [&](int i, uint32_t key, bool valid) {
-    uint64_t c = composite(key, (uint32_t)i);
-    uint64_t m = c & mask;
-    bool sure = valid && m > prefix;
-    bool tie = valid && m == prefix;
-    uint32_t s = warp_slot(sure, &st->sure);
-    if (sure) buf[s] = c;
-    uint32_t s2 = warp_slot(tie, &st->tie);
-    if (tie && s2 < k) buf[s2] = c;
+    gather_candidate(composite(key, (uint32_t)i), valid, prefix, mask, &st->sure, &st->tie, buf, k);
   });
   __syncthreads();
   bitonic_sort_desc<NT>(buf, p.kpad);

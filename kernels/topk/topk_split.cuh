@@ -81,14 +81,7 @@ __device__ __forceinline__ void split_gather_body(const TopkParams& p) {
   const int lo = (int)blockIdx.x * p.chunk;
   const int hi = min(p.C, lo + p.chunk);
   walk_row<NT, 4>(p.x + row * p.ldx, lo, hi, (int)threadIdx.x, [&](int i, float v, bool valid) {
-    uint64_t c = composite(to_key(v, largest), (uint32_t)i);
-    uint64_t m = c & mask;
-    bool sure = valid && m > prefix;
-    bool tie = valid && m == prefix;
-    uint32_t s = warp_slot(sure, &st->sure);
-    if (sure) buf[s] = c;
-    uint32_t s2 = warp_slot(tie, &st->tie);
-    if (tie && s2 < k) buf[s2] = c;
+    gather_candidate(composite(to_key(v, largest), (uint32_t)i), valid, prefix, mask, &st->sure, &st->tie, buf, k);
   });
 }
 
