@@ -1,0 +1,135 @@
+// tools/flygen, the build's variant generator, run as the build runs it: axis expansion under
+// constraints, selection (defaults + database names; --all; --all --match), the generated compile
+// units, and refusal of broken spaces.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "catch_compat.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int rc;
+  std::string out;
+};
+
+Run run_flygen(const std::string& args) {
+  const std::string cmd = std::string(FLY_FLYGEN_PATH) + " " + args + " 2>&1";
+  Run r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
+  r.rc = pclose(p);
+  return r;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A scratch tree: tuning/demo.json (a:{1,2,3} x b:{x,y}, constraint a*2 <= 4, so 4 variants),
+// db/ with one row naming demo_2_x.
+struct Tree {
+  fs::path root;
+  explicit Tree(const std::string& family_json, const std::string& db_sql = "") {
+    root = fs::temp_directory_path() / ("flygen_test_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(counter()++));
+    fs::remove_all(root);
+    fs::create_directories(root / "tuning");
+    fs::create_directories(root / "db");
+    std::ofstream(root / "tuning" / "demo.json") << family_json;
+    if (!db_sql.empty()) std::ofstream(root / "db" / "sm_90a.sql") << db_sql;
+  }
+  ~Tree() { fs::remove_all(root); }
+  std::string args(const std::string& extra) const {
+    return "--tuning " + (root / "tuning").string() + " --db " + (root / "db").string() + " --out " +
+           (root / "gen").string() + " " + extra;
+  }
+  static int& counter() { static int c = 0; return c; }
+};
+
+const char* kSpace = R"({
+  "family": "demo",
+  "spaces": [{
+    "source": "demo/demo.cu",
+    "name": "demo_{a}_{b}",
+    "axes": {"a": [1, 2, 3], "b": ["x", "y"]},
+    "constraints": ["a * 2 <= 4"],
+    "defaults": [{"a": 1, "b": "y"}]
+  }]
+})";
+const char* kDb = "INSERT OR REPLACE INTO tuning VALUES ('sm_90a','demo','x','-',1,0,0,'demo_2_x',1.0,'',0,'g','d');\n";
+
+}  // namespace
+
+TEST_CASE("flygen selects the defaults and the database's variants by default", "[flygen]") {
+  Tree t(kSpace, kDb);
+  Run r = run_flygen(t.args(""));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("2 of 4 variants selected") != std::string::npos);
+  CHECK(fs::exists(t.root / "gen" / "demo_1_y.cu"));
+  CHECK(fs::exists(t.root / "gen" / "demo_2_x.cu"));
+  CHECK(!fs::exists(t.root / "gen" / "demo_3_x.cu"));  // a = 3 breaks the constraint
+  const std::string cu = slurp(t.root / "gen" / "demo_2_x.cu");
+  CHECK(cu.find("#define FLY_A 2") != std::string::npos);
+  CHECK(cu.find("#define FLY_B_IS_X 1") != std::string::npos);
+  CHECK(cu.find("#include \"demo/demo.cu\"") != std::string::npos);
+  const std::string manifest = slurp(t.root / "gen" / "manifest.tsv");
+  CHECK(manifest.find("demo_2_x\tdemo\tdemo/demo.cu\ta=2;b=x") != std::string::npos);
+}
+
+TEST_CASE("flygen --all expands the space; --match narrows it but keeps defaults and DB rows", "[flygen]") {
+  Tree t(kSpace, kDb);
+  Run all = run_flygen(t.args("--all"));
+  INFO(all.out);
+  REQUIRE(all.rc == 0);
+  CHECK(all.out.find("4 of 4 variants selected") != std::string::npos);
+
+  Tree m(kSpace, kDb);
+  Run match = run_flygen(m.args("--all --match _y$"));
+  INFO(match.out);
+  REQUIRE(match.rc == 0);
+  // demo_1_y and demo_2_y match; demo_2_x stays (database); demo_1_x is left out.
+  CHECK(match.out.find("3 of 4 variants selected") != std::string::npos);
+  CHECK(fs::exists(m.root / "gen" / "demo_2_y.cu"));
+  CHECK(fs::exists(m.root / "gen" / "demo_2_x.cu"));
+  CHECK(!fs::exists(m.root / "gen" / "demo_1_x.cu"));
+}
+
+TEST_CASE("flygen refuses broken spaces with a message", "[flygen]") {
+  SECTION("a default that no variant satisfies") {
+    std::string bad = kSpace;
+    bad.replace(bad.find("{\"a\": 1, \"b\": \"y\"}"), std::string("{\"a\": 1, \"b\": \"y\"}").size(),
+                "{\"a\": 3, \"b\": \"y\"}");
+    Tree t(bad);
+    Run r = run_flygen(t.args(""));
+    CHECK(r.rc != 0);
+    CHECK(r.out.find("matches no variant") != std::string::npos);
+  }
+  SECTION("a name that does not encode every axis") {
+    std::string bad = kSpace;
+    bad.replace(bad.find("demo_{a}_{b}"), std::string("demo_{a}_{b}").size(), "demo_{a}");
+    Tree t(bad);
+    Run r = run_flygen(t.args(""));
+    CHECK(r.rc != 0);
+    CHECK(r.out.find("does not encode axis b") != std::string::npos);
+  }
+  SECTION("an unknown argument") {
+    Tree t(kSpace);
+    Run r = run_flygen(t.args("--bogus"));
+    CHECK(r.rc != 0);
+    CHECK(r.out.find("unknown argument --bogus") != std::string::npos);
+  }
+}
