@@ -140,6 +140,34 @@ rmsnorm_fwd(const RmsNormParams p) {
       else buf[i].raw = make_uint4(0, 0, 0, 0);
     }
   };
+  // Scales the cached row body by rs and the weight and stores it to yr's body.
+  auto store_cached = [&](fly::Vec16<T>(&cur)[kCache], float rs, T* yr) {
+    // NOTE: re-converting the packed row to float is cheaper than holding the unpacked copy from
+    // the sum of squares until here (it would double the row's registers); this pin keeps it packed.
+#pragma unroll
+    for (int i = 0; i < kCache; ++i)
+      asm volatile("" : "+r"(cur[i].raw.x), "+r"(cur[i].raw.y), "+r"(cur[i].raw.z), "+r"(cur[i].raw.w));
+    if constexpr (Config::kWeightInRegs) {
+      // NOTE: keeps the weight packed across rows: without this the compiler hoists its
+      // conversion to float out of the row loop, doubling the registers it occupies.
+#pragma unroll
+      for (int i = 0; i < kCache; ++i)
+        asm volatile("" : "+r"(wv[i].raw.x), "+r"(wv[i].raw.y), "+r"(wv[i].raw.z), "+r"(wv[i].raw.w));
+    }
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      const int j = lane + i * kTpr;
+      if (j < nvec) {
+        fly::Vec16<T> o;
+        const fly::Vec16<T> wi =
+            Config::kWeightInRegs ? wv[Config::kWeightInRegs ? i : 0] : weight_vec(w, head + j * kV, w_aligned);
+#pragma unroll
+        for (int e = 0; e < kV; ++e)
+          o.e[e] = fly::from_float<T>(fly::to_float(cur[i].e[e]) * rs * fly::to_float(wi.e[e]));
+        fly::st16_stream(yr + head + j * kV, o.raw);
+      }
+    }
+  };
   // One row: sum of squares, reduction, scaled store. With kPrefetch the next row of this group
   // is loaded into `nxt` before the reduction, so its loads are in flight while this row's
   // barrier and stores proceed.
@@ -177,31 +205,7 @@ rmsnorm_fwd(const RmsNormParams p) {
     if (lane == 0 && p.rstd) p.rstd[r] = rs;
 
     if (in_regs) {
-      // NOTE: the same for the cached row: re-converting to float is cheaper than holding the
-      // unpacked copy from the sum of squares until here (it would double the row's registers).
-#pragma unroll
-      for (int i = 0; i < kCache; ++i)
-        asm volatile("" : "+r"(cur[i].raw.x), "+r"(cur[i].raw.y), "+r"(cur[i].raw.z), "+r"(cur[i].raw.w));
-      if constexpr (Config::kWeightInRegs) {
-        // NOTE: keeps the weight packed across rows: without this the compiler hoists its
-        // conversion to float out of the row loop, doubling the registers it occupies.
-#pragma unroll
-        for (int i = 0; i < kCache; ++i)
-          asm volatile("" : "+r"(wv[i].raw.x), "+r"(wv[i].raw.y), "+r"(wv[i].raw.z), "+r"(wv[i].raw.w));
-      }
-#pragma unroll
-      for (int i = 0; i < kCache; ++i) {
-        const int j = lane + i * kTpr;
-        if (j < nvec) {
-          fly::Vec16<T> o;
-          const fly::Vec16<T> wi =
-              Config::kWeightInRegs ? wv[Config::kWeightInRegs ? i : 0] : weight_vec(w, head + j * kV, w_aligned);
-#pragma unroll
-          for (int e = 0; e < kV; ++e)
-            o.e[e] = fly::from_float<T>(fly::to_float(cur[i].e[e]) * rs * fly::to_float(wi.e[e]));
-          fly::st16_stream(yr + head + j * kV, o.raw);
-        }
-      }
+      store_cached(cur, rs, yr);
     } else {
       for (int j = lane; j < nvec; j += kTpr) {
         fly::Vec16<T> v, o;
@@ -288,28 +292,7 @@ rmsnorm_fwd(const RmsNormParams p) {
       const float rs = rsqrtf(total * inv_n + p.eps);
       if (leader && p.rstd) p.rstd[r] = rs;
       T* yr = y + r * p.ldy;
-      // Keep the row and the weight packed until here (see the same pins in `row` below).
-#pragma unroll
-      for (int i = 0; i < kCache; ++i)
-        asm volatile("" : "+r"(cur[i].raw.x), "+r"(cur[i].raw.y), "+r"(cur[i].raw.z), "+r"(cur[i].raw.w));
-      if constexpr (Config::kWeightInRegs) {
-#pragma unroll
-        for (int i = 0; i < kCache; ++i)
-          asm volatile("" : "+r"(wv[i].raw.x), "+r"(wv[i].raw.y), "+r"(wv[i].raw.z), "+r"(wv[i].raw.w));
-      }
-#pragma unroll
-      for (int i = 0; i < kCache; ++i) {
-        const int j = lane + i * kTpr;
-        if (j < nvec) {
-          fly::Vec16<T> o;
-          const fly::Vec16<T> wi =
-              Config::kWeightInRegs ? wv[Config::kWeightInRegs ? i : 0] : weight_vec(w, head + j * kV, w_aligned);
-#pragma unroll
-          for (int e = 0; e < kV; ++e)
-            o.e[e] = fly::from_float<T>(fly::to_float(cur[i].e[e]) * rs * fly::to_float(wi.e[e]));
-          fly::st16_stream(yr + head + j * kV, o.raw);
-        }
-      }
+      store_cached(cur, rs, yr);
       if (has_h) yr[lane] = fly::from_float<T>(hv * rs * weight_at(w, lane));
       if (has_t) yr[tail0 + lane] = fly::from_float<T>(tv * rs * weight_at(w, tail0 + lane));
     }
