@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 namespace fly {
@@ -56,7 +57,24 @@ std::vector<uint8_t> build_archive(const std::vector<ArchiveInput>& inputs, int 
   if (!cctx) throw std::runtime_error("archive: ZSTD_createCCtx failed");
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+  // Identical images (variants that differ only in launch parameters) share one payload.
+  struct Stored { uint64_t offset, compressed; const std::vector<uint8_t>* image; };
+  std::map<std::pair<uint64_t, size_t>, std::vector<Stored>> stored;
   for (auto& in : inputs) {
+    const uint64_t sum = fnv1a64(in.image.data(), in.image.size());
+    const Stored* same = nullptr;
+    for (auto& st : stored[{sum, in.image.size()}])
+      if (*st.image == in.image) same = &st;
+    if (same) {
+      put_str(dir, in.name);
+      put_str(dir, in.family);
+      put_str(dir, in.params);
+      put_u64(dir, same->offset);
+      put_u64(dir, same->compressed);
+      put_u64(dir, in.image.size());
+      put_u64(dir, sum);
+      continue;
+    }
     std::vector<uint8_t> buf(ZSTD_compressBound(in.image.size()));
     size_t c = ZSTD_compress2(cctx, buf.data(), buf.size(), in.image.data(), in.image.size());
     if (ZSTD_isError(c)) {
@@ -66,10 +84,11 @@ std::vector<uint8_t> build_archive(const std::vector<ArchiveInput>& inputs, int 
     put_str(dir, in.name);
     put_str(dir, in.family);
     put_str(dir, in.params);
+    stored[{sum, in.image.size()}].push_back({out.size(), c, &in.image});
     put_u64(dir, out.size());
     put_u64(dir, c);
     put_u64(dir, in.image.size());
-    put_u64(dir, fnv1a64(in.image.data(), in.image.size()));
+    put_u64(dir, sum);
     out.insert(out.end(), buf.begin(), buf.begin() + c);
   }
   ZSTD_freeCCtx(cctx);

@@ -3,7 +3,8 @@
 // Layout (little-endian):
 //   header   "FLYARC01" | u32 version (1) | u32 entry count | u64 directory offset
 //            | u64 directory size | u64 FNV-1a-64 of the directory bytes
-//   data     one zstd frame per entry (with zstd's own content checksum)
+//   data     one zstd frame per distinct image (with zstd's own content checksum); entries whose
+//            images are identical (launch-axis variants of one cubin) point at the same frame
 //   directory, per entry: u16 len + name | u16 len + family | u16 len + params
 //            | u64 offset | u64 compressed size | u64 raw size | u64 FNV-1a-64 of the raw image
 // Everything is bounds-checked on read: a truncated or corrupt archive is an error, never a crash.

@@ -2,11 +2,18 @@
 //
 //   flygen --tuning DIR --db DIR --out DIR [--all [--match REGEX]] [--families a,b]
 //
-// Writes OUT/<name>.cu for every selected variant and OUT/manifest.tsv with one line per variant:
-//   name <TAB> family <TAB> source (relative to kernels/) <TAB> params ("k=v;k=v", last: CMake
-//   splits lists at ';')
+// Writes OUT/<image>.cu for every compile unit the selected variants need and OUT/manifest.tsv
+// with one line per variant:
+//   name <TAB> family <TAB> source (relative to kernels/) <TAB> image <TAB> params ("k=v;k=v",
+//   last: CMake splits lists at ';')
 // Selection: every space's "defaults" plus every variant named in a db/*.sql dump, or all of them
 // with --all. Unchanged files are not rewritten, so nvcc reruns only for what changed.
+//
+// Launch axes: a space may declare "launch_axes" (values the launcher reads from the variant's
+// params, not compiled in) and a "launch_suffix" pattern that encodes them. A variant whose launch
+// values are all the first of their axis keeps the plain name and is its own image; the others
+// are named <name><suffix> and share that image (one cubin, one archive payload). Defaults that
+// do not mention a launch axis mean its first value.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -173,7 +180,8 @@ std::string expand_name(const std::string& pattern, const Point& p) {
 
 struct Variant {
   std::string name, family, params, source;
-  Point point;
+  std::string image;  // compile unit (cubin) name: the name over the compile axes only
+  Point point;        // compile axes only: what the generated unit defines
 };
 
 bool point_matches(const Point& p, const json& partial) {
@@ -261,6 +269,20 @@ int main(int argc, char** argv) try {
         if (vs.empty()) throw std::runtime_error(file.string() + ": axis " + k + " is empty");
         axes.emplace_back(k, vs);
       }
+      // Launch axes join the odometer after the compile axes; `n_compile` marks the boundary.
+      const size_t n_compile = axes.size();
+      json launch = space.value("launch_axes", json::object());
+      for (auto& [k, vals] : launch.items()) {
+        std::vector<Value> vs;
+        for (auto& v : vals) vs.push_back(to_value(v));
+        if (vs.empty()) throw std::runtime_error(file.string() + ": launch axis " + k + " is empty");
+        for (size_t a = 0; a < axes.size(); ++a)
+          if (axes[a].first == k) throw std::runtime_error(file.string() + ": axis " + k + " is both compiled and launched");
+        axes.emplace_back(k, vs);
+      }
+      const std::string suffix = space.value("launch_suffix", std::string());
+      if (axes.size() > n_compile && suffix.empty())
+        throw std::runtime_error(file.string() + ": launch_axes need a launch_suffix that encodes them");
       std::vector<std::string> constraints;
       if (space.contains("constraints"))
         for (auto& c : space["constraints"]) constraints.push_back(c.get<std::string>());
@@ -277,16 +299,32 @@ int main(int argc, char** argv) try {
         if (ok) {
           ++total;
           Variant v;
-          v.name = expand_name(pattern, p);
+          Point compile, launched;
+          bool first_launch = true;
+          for (size_t a = 0; a < axes.size(); ++a) {
+            const auto& key = axes[a].first;
+            if (a < n_compile) compile[key] = p[key];
+            else {
+              launched[key] = p[key];
+              if (idx[a] != 0) first_launch = false;
+            }
+          }
+          v.image = expand_name(pattern, compile);
+          v.name = first_launch ? v.image : v.image + expand_name(suffix, launched);
           v.family = family;
           v.source = source;
-          v.point = p;
+          v.point = compile;
           for (auto& [k, val] : axes) {
             if (!v.params.empty()) v.params += ';';
             v.params += k + "=" + p[k].text();
           }
           bool is_default = false;
-          for (auto& d : defaults) if (point_matches(p, d)) { is_default = true; ++matched_defaults; }
+          for (auto& d : defaults) {
+            bool launch_ok = true;  // a default that does not mention a launch axis means its first value
+            for (size_t a = n_compile; a < axes.size(); ++a)
+              if (!d.contains(axes[a].first) && idx[a] != 0) launch_ok = false;
+            if (launch_ok && point_matches(p, d)) { is_default = true; ++matched_defaults; }
+          }
           bool in_db = db_text.find("'" + v.name + "'") != std::string::npos;
           if (!seen.insert(v.name).second)
             throw std::runtime_error("duplicate variant name " + v.name);
@@ -309,9 +347,12 @@ int main(int argc, char** argv) try {
 
   fs::create_directories(out_dir);
   std::string manifest;
+  std::set<std::string> images;
   for (auto& v : selected) {
+    manifest += v.name + "\t" + v.family + "\t" + v.source + "\t" + v.image + "\t" + v.params + "\n";
+    if (!images.insert(v.image).second) continue;  // one compile unit per image
     std::string cu = "// Generated by tools/flygen from tuning/" + v.family + ".json; do not edit.\n";
-    cu += "#define FLY_VARIANT_NAME \"" + v.name + "\"\n";
+    cu += "#define FLY_VARIANT_NAME \"" + v.image + "\"\n";
     for (auto& [k, val] : v.point) {
       if (val.is_str) {
         cu += "#define FLY_" + upper_ident(k) + "_IS_" + upper_ident(val.s) + " 1\n";
@@ -321,12 +362,11 @@ int main(int argc, char** argv) try {
       }
     }
     cu += "#include \"" + v.source + "\"\n";
-    write_if_changed(fs::path(out_dir) / (v.name + ".cu"), cu);
-    manifest += v.name + "\t" + v.family + "\t" + v.source + "\t" + v.params + "\n";
+    write_if_changed(fs::path(out_dir) / (v.image + ".cu"), cu);
   }
   write_if_changed(fs::path(out_dir) / "manifest.tsv", manifest);
-  std::printf("flygen: %zu of %zu variants selected%s\n", selected.size(), total,
-              all ? " (all)" : " (shipped database + defaults)");
+  std::printf("flygen: %zu of %zu variants selected%s, %zu compile units\n", selected.size(), total,
+              all ? " (all)" : " (shipped database + defaults)", images.size());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "flygen: error: %s\n", e.what());

@@ -28,12 +28,14 @@ int main(int argc, char** argv) try {
     if (line.empty()) continue;
     std::stringstream ss(line);
     fly::ArchiveInput in;
-    std::string source;
+    std::string source, image;
     std::getline(ss, in.name, '\t');
     std::getline(ss, in.family, '\t');
     std::getline(ss, source, '\t');
+    std::getline(ss, image, '\t');
     std::getline(ss, in.params, '\t');
-    std::string path = cubins + "/" + in.name + ".cubin";
+    if (image.empty()) throw std::runtime_error("manifest line without an image: " + line);
+    std::string path = cubins + "/" + image + ".cubin";
     std::ifstream f(path, std::ios::binary);
     if (!f) throw std::runtime_error("missing cubin " + path);
     in.image.assign(std::istreambuf_iterator<char>(f), {});
@@ -45,7 +47,7 @@ int main(int argc, char** argv) try {
   std::ofstream o(out, std::ios::binary);
   o.write(reinterpret_cast<const char*>(ar.data()), std::streamsize(ar.size()));
   if (!o) throw std::runtime_error("cannot write " + out);
-  std::printf("flypack: %zu variants, %zu KiB of cubins -> %zu KiB archive\n", inputs.size(),
+  std::printf("flypack: %zu variants, %zu KiB of images -> %zu KiB archive (identical images stored once)\n", inputs.size(),
               raw / 1024, ar.size() / 1024);
   return 0;
 } catch (const std::exception& e) {

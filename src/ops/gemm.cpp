@@ -115,6 +115,20 @@ struct VariantShapeOf {
   }
 };
 
+// Variants with a forced split-K factor (launch axis "split" > 0, tuning/gemm.json) are offered
+// only where split-K makes sense: the tiles times the split fit in about two waves of the GPU and
+// K gives every slice at least two 64-wide k blocks. Other shapes go to the other variants.
+bool split_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
+  const int64_t split = v.get_int("split", 0);
+  if (split <= 0) return true;
+  if (v.get_int("mc", 1) > 1) return false;
+  const gemm::VariantShape vs = VariantShapeOf::of(v);
+  const int64_t p_rows = vs.swap ? pr.N : pr.M, q_rows = vs.swap ? pr.M : pr.N;
+  const int64_t tiles = ((p_rows + gemm::kBM - 1) / gemm::kBM) * ((q_rows + vs.bn - 1) / vs.bn);
+  const int64_t kb = (pr.K + gemm::kBK - 1) / gemm::kBK;
+  return tiles * split <= 2 * int64_t(sm_count) && kb >= 2 * split;
+}
+
 // Family default (only names listed in tuning/gemm.json "defaults"): swap-AB for decode-sized M,
 // 128x128 tiles (with split-K) up to M = 128, else 128x256.
 std::string default_variant(fly_dtype dt, int64_t M) {
@@ -171,7 +185,11 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   req.key_names[1] = "K";
   req.key_names[2] = "M";
   const fly_dtype dt = call.dt;
-  req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
+  const int sms = dc->sm_count;
+  const gemm::Problem prob = pr;
+  req.supports = [dt, sms, prob](const Variant& v) {
+    return v.get("dtype") == dtype_name(dt) && split_fits(v, prob, sms);
+  };
   const int64_t M = pr.M;
   req.fallback = [dt, M] { return default_variant(dt, M); };
   const Variant* v = nullptr;
@@ -186,7 +204,8 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
     return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %d bytes of shared memory, the device allows %d",
                 v->name.c_str(), gemm::smem_bytes(vs.bn, vs.stages), dc->max_smem_optin);
   gemm::Launch L;
-  const CUresult r = gemm::plan_gemm(pr, vs, dc->sm_count, d->cuTensorMapEncodeTiled, &L);
+  const CUresult r = gemm::plan_gemm(pr, vs, dc->sm_count, d->cuTensorMapEncodeTiled, &L,
+                                     int(v->get_int("split", 0)));
   if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
   LaunchConfig cfg;
   cfg.grid[0] = L.grid;

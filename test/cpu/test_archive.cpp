@@ -98,3 +98,27 @@ TEST_CASE("the embedded archive lists variants with families and parameters", "[
   CHECK(fly_variant_info("nope", &fam, &params) == FLY_ERROR_INVALID_ARGUMENT);
   CHECK(fly_variant_info(nullptr, &fam, &params) == FLY_ERROR_INVALID_ARGUMENT);
 }
+
+TEST_CASE("identical images are stored once and extract under every name", "[archive]") {
+  auto in = sample_inputs();
+  fly::ArchiveInput alias = in[1];
+  alias.name = "v1_alias";
+  alias.params = "a=1;b=x;split=4";
+  in.push_back(alias);
+  std::vector<uint8_t> with_alias = fly::build_archive(in, 3);
+  in.pop_back();
+  std::vector<uint8_t> without = fly::build_archive(in, 3);
+  CHECK(with_alias.size() < without.size() + 200);  // a directory entry, not another payload
+  fly::Archive a;
+  std::string err;
+  REQUIRE(a.open(with_alias.data(), with_alias.size(), &err));
+  REQUIRE(a.entries().size() == 4);
+  CHECK(a.entries()[3].name == "v1_alias");
+  CHECK(a.entries()[3].params == "a=1;b=x;split=4");
+  CHECK(a.entries()[3].offset == a.entries()[1].offset);
+  std::vector<uint8_t> img1, img3;
+  REQUIRE(a.extract(1, &img1, &err));
+  REQUIRE(a.extract(3, &img3, &err));
+  CHECK(img1 == img3);
+  CHECK(img3 == alias.image);
+}

@@ -87,7 +87,7 @@ TEST_CASE("flygen selects the defaults and the database's variants by default", 
   CHECK(cu.find("#define FLY_B_IS_X 1") != std::string::npos);
   CHECK(cu.find("#include \"demo/demo.cu\"") != std::string::npos);
   const std::string manifest = slurp(t.root / "gen" / "manifest.tsv");
-  CHECK(manifest.find("demo_2_x\tdemo\tdemo/demo.cu\ta=2;b=x") != std::string::npos);
+  CHECK(manifest.find("demo_2_x\tdemo\tdemo/demo.cu\tdemo_2_x\ta=2;b=x") != std::string::npos);
 }
 
 TEST_CASE("flygen --all expands the space; --match narrows it but keeps defaults and DB rows", "[flygen]") {
@@ -108,6 +108,45 @@ TEST_CASE("flygen --all expands the space; --match narrows it but keeps defaults
   CHECK(!fs::exists(m.root / "gen" / "demo_1_x.cu"));
 }
 
+// Launch axes: one compile unit per compile point; variants off the axes' first values get the
+// suffix and share that unit; a default that does not name a launch axis means its first value.
+const char* kLaunchSpace = R"({
+  "family": "demo",
+  "spaces": [{
+    "source": "demo/demo.cu",
+    "name": "demo_{a}",
+    "axes": {"a": [1, 2]},
+    "launch_axes": {"s": [0, 4, 8]},
+    "launch_suffix": "_s{s}",
+    "constraints": ["s == 0 || a == 1"],
+    "defaults": [{"a": 2}]
+  }]
+})";
+
+TEST_CASE("flygen launch axes share one compile unit per compile point", "[flygen]") {
+  Tree t(kLaunchSpace);
+  Run r = run_flygen(t.args("--all"));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  // a=1: s in {0,4,8}; a=2: s=0 only.
+  CHECK(r.out.find("4 of 4 variants selected (all), 2 compile units") != std::string::npos);
+  CHECK(fs::exists(t.root / "gen" / "demo_1.cu"));
+  CHECK(fs::exists(t.root / "gen" / "demo_2.cu"));
+  CHECK(!fs::exists(t.root / "gen" / "demo_1_s4.cu"));
+  const std::string cu = slurp(t.root / "gen" / "demo_1.cu");
+  CHECK(cu.find("FLY_S") == std::string::npos);  // launch values are not compiled in
+  const std::string manifest = slurp(t.root / "gen" / "manifest.tsv");
+  CHECK(manifest.find("demo_1\tdemo\tdemo/demo.cu\tdemo_1\ta=1;s=0\n") != std::string::npos);
+  CHECK(manifest.find("demo_1_s4\tdemo\tdemo/demo.cu\tdemo_1\ta=1;s=4\n") != std::string::npos);
+  CHECK(manifest.find("demo_1_s8\tdemo\tdemo/demo.cu\tdemo_1\ta=1;s=8\n") != std::string::npos);
+
+  Tree d(kLaunchSpace);
+  Run def = run_flygen(d.args(""));
+  INFO(def.out);
+  REQUIRE(def.rc == 0);
+  CHECK(def.out.find("1 of 4 variants selected") != std::string::npos);  // demo_2 (s = 0) only
+}
+
 TEST_CASE("flygen refuses broken spaces with a message", "[flygen]") {
   SECTION("a default that no variant satisfies") {
     std::string bad = kSpace;
@@ -125,6 +164,14 @@ TEST_CASE("flygen refuses broken spaces with a message", "[flygen]") {
     Run r = run_flygen(t.args(""));
     CHECK(r.rc != 0);
     CHECK(r.out.find("does not encode axis b") != std::string::npos);
+  }
+  SECTION("launch axes without a suffix that names them") {
+    std::string bad = kLaunchSpace;
+    bad.replace(bad.find("\"launch_suffix\": \"_s{s}\","), std::string("\"launch_suffix\": \"_s{s}\",").size(), "");
+    Tree t(bad);
+    Run r = run_flygen(t.args(""));
+    CHECK(r.rc != 0);
+    CHECK(r.out.find("launch_suffix") != std::string::npos);
   }
   SECTION("an unknown argument") {
     Tree t(kSpace);
