@@ -39,16 +39,15 @@ std::string default_variant(fly_dtype dt, int64_t n) {
          "_c" + std::to_string(c.cache) + "_p" + std::to_string(c.pf);
 }
 
-constexpr int64_t kMaxSmem = 227 * 1024;  // shared memory a block may opt in to on sm_90
-
-// Dynamic shared memory the function may have: the opt-in maximum less its static shared memory.
-int64_t dynamic_smem_limit(const Driver& d, CUfunction f) {
+// Dynamic shared memory the function may have: the device's opt-in maximum per block less the
+// function's static shared memory.
+int64_t dynamic_smem_limit(const Driver& d, const DeviceCtx& dc, CUfunction f) {
   int stat = 0;
   if (d.cuFuncGetAttribute(&stat, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) != CUDA_SUCCESS) stat = 1024;
-  return kMaxSmem - stat;
+  return int64_t(dc.max_smem_optin) - stat;
 }
 
-int blocks_per_sm(const Driver& d, CUfunction f, int threads, unsigned smem) {
+int blocks_per_sm(const Driver& d, const DeviceCtx& dc, CUfunction f, int threads, unsigned smem) {
   static std::mutex mu;
   static std::map<std::pair<CUfunction, unsigned>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -59,7 +58,7 @@ int blocks_per_sm(const Driver& d, CUfunction f, int threads, unsigned smem) {
   // NOTE: raised to the maximum, never to `smem`: launch() raises the limit monotonically and
   // skips functions it has raised before, so lowering it here could fail a later launch.
   if (smem > 48 * 1024)
-    d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(dynamic_smem_limit(d, f)));
+    d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(dynamic_smem_limit(d, dc, f)));
   if (d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, threads, smem) != CUDA_SUCCESS || n < 1) n = 1;
   cache[{f, smem}] = n;
   return n;
@@ -149,13 +148,13 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   p.ldy = ldy;
   p.eps = float(eps);
   p.vec_io = vec_io;
-  const bool ring = ring_usable(*v, N, es, vec_io, dynamic_smem_limit(*d, f));
+  const bool ring = ring_usable(*v, N, es, vec_io, dynamic_smem_limit(*d, *dc, f));
   p.stage_bytes = ring ? int32_t(rmsnorm_ring_stage_bytes(N, es)) : 0;
   const unsigned smem = ring ? unsigned(ring_smem(*v, N, es)) : 0u;
   // Alignment classes: row r starts at xa + r * ldx * es, periodic modulo 16 bytes.
   const int64_t row_bytes_mod = (ldx * es) % 16;
   p.period = p.vec_io ? int32_t(16 / std::gcd<int64_t>(row_bytes_mod == 0 ? 16 : row_bytes_mod, 16)) : 1;
-  const int64_t resident = int64_t(dc->sm_count) * blocks_per_sm(*d, f, tpr * rpc, smem) * rpc;
+  const int64_t resident = int64_t(dc->sm_count) * blocks_per_sm(*d, *dc, f, tpr * rpc, smem) * rpc;
   int64_t groups = std::min<int64_t>(M, resident);
   groups = (groups + p.period - 1) / p.period * p.period;
   p.groups = int32_t(groups);
