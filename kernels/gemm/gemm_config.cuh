@@ -16,6 +16,9 @@
 #ifndef FLY_MC
 #define FLY_MC 1
 #endif
+#ifndef FLY_EPI
+#define FLY_EPI 0
+#endif
 
 namespace fly::gemm {
 
@@ -39,7 +42,14 @@ struct Config {
   static constexpr int Q_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = P_BYTES + Q_BYTES;
   static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
-  static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES);
+  // EPI = 1: the persistent path stages each tile in shared memory and writes C with coalesced
+  // 16-byte stores; 0: stores straight from the accumulators.
+  static constexpr int EPI = FLY_EPI;
+  // NOTE: with BN = 256 the staging code spills the 128 accumulators under the 168-register
+  // compile budget (tuning/gemm.json offers epi = 1 only for bn <= 128).
+  static_assert(EPI == 0 || BN <= 128, "shared-memory epilogue: BN <= 128");
+  static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN);
+  static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI);
   static constexpr int ACC = BN / 2;  // fp32 accumulators per consumer thread (64 x BN / 128)
   // Register split: producer warpgroup keeps 40, consumers get 232 (40*128 + 232*256 <= 64K).
   static constexpr int PRODUCER_REGS = 40;

@@ -2,6 +2,8 @@
 //  * store_tile: bias + convert + bounds-checked stores straight from the wgmma accumulators
 //    (persistent path). Accumulator (m64nN layout): thread t of the warpgroup holds rows
 //    16*(t/32) + (t%32)/4 (+8) and column pairs 8*j + 2*(t%4), for j < N/8.
+//  * store_tile_smem (Config::EPI == 1, persistent path): each consumer warpgroup stages its
+//    64 x BN block in shared memory laid out as C's block, then writes C in 16-byte row chunks.
 //  * split-K: each CTA of the cluster parks its fp32 partial tile in its own shared memory; after
 //    a cluster barrier CTA r sums rows slice r over all CTAs through DSMEM and writes C.
 #pragma once
@@ -69,6 +71,80 @@ __device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u
   for (int j8 = 0; j8 < Config::BN / 8; ++j8) {
     out.store_pair(i0, j0 + 8 * j8, acc[4 * j8 + 0], acc[4 * j8 + 1]);
     out.store_pair(i0 + 8, j0 + 8 * j8, acc[4 * j8 + 2], acc[4 * j8 + 3]);
+  }
+}
+
+// ---- shared-memory epilogue (Config::EPI == 1) ---------------------------------------------------
+// The warpgroup writes its 64 x BN block of D (biased, converted) into its staging tile in C's
+// orientation (rows of C; with SWAP, C = D^T, so the tile is BN rows of 64), with rows padded by 8
+// elements so the accumulator layout's stores hit distinct banks; then its 128 threads copy the tile
+// to C in 16-byte chunks along C's rows: full sectors instead of the 4-byte pair stores of
+// store_tile. Ragged edges and a C that is not 16-byte aligned take element stores. Named barrier
+// 2 + wg (128 threads) orders the tile's reuse across tiles and its writes before its reads.
+template <bool SWAP>
+__device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUnit& u, int wg,
+                                                const float (&acc)[Config::ACC], uint8_t* stage) {
+  using Elem2 = OutView::Elem2;
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  Elem* s = reinterpret_cast<Elem*>(stage);
+  const int bar = 2 + wg;
+  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the previous tile's reads are done
+  const int i_base = u.tm * Config::BM + wg * 64;  // D row of the block's first row
+  const int j_base = u.tn * Config::BN;            // D column of the block's first column
+  const int r0 = warp * 16 + lane / 4;             // this thread's local D rows: r0, r0 + 8
+  const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
+  if constexpr (!SWAP) {
+    constexpr int LD = Config::BN + 8;
+#pragma unroll
+    for (int j8 = 0; j8 < Config::BN / 8; ++j8) {
+      const int c = c0 + 8 * j8, j = j_base + c;
+      const float b0 = out.bias && j < out.cols ? to_f(out.bias[j]) : 0.f;
+      const float b1 = out.bias && j + 1 < out.cols ? to_f(out.bias[j + 1]) : 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        Elem2 pr;
+        pr.x = from_f(acc[4 * j8 + 2 * h] + b0);
+        pr.y = from_f(acc[4 * j8 + 2 * h + 1] + b1);
+        *reinterpret_cast<Elem2*>(s + (r0 + 8 * h) * LD + c) = pr;
+      }
+    }
+  } else {
+    constexpr int LD = 64 + 8;
+    float b[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = i_base + r0 + 8 * h;
+      b[h] = out.bias && i < out.rows ? to_f(out.bias[i]) : 0.f;
+    }
+#pragma unroll
+    for (int j8 = 0; j8 < Config::BN / 8; ++j8) {
+      const int c = c0 + 8 * j8;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        s[c * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h] + b[h]);
+        s[(c + 1) * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h + 1] + b[h]);
+      }
+    }
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the tile is complete
+  constexpr int NROWS = SWAP ? Config::BN : 64;  // C rows of the block
+  constexpr int NCOLS = SWAP ? 64 : Config::BN;  // C columns of the block
+  constexpr int LDS = NCOLS + 8;
+  constexpr int CHUNKS = NCOLS / 8;
+  const int crow0 = SWAP ? j_base : i_base, ccol0 = SWAP ? i_base : j_base;
+  const int c_rows = SWAP ? out.cols : out.rows, c_cols = SWAP ? out.rows : out.cols;  // C's M, N
+  const bool vec16 = (reinterpret_cast<uintptr_t>(out.c) & 15) == 0 && out.ldc % 8 == 0;
+  for (int e = t; e < NROWS * CHUNKS; e += 128) {
+    const int r = e / CHUNKS, cc = (e % CHUNKS) * 8;
+    const int crow = crow0 + r, ccol = ccol0 + cc;
+    if (crow >= c_rows || ccol >= c_cols) continue;
+    const Elem* src = s + r * LDS + cc;
+    Elem* dst = out.c + static_cast<int64_t>(crow) * out.ldc + ccol;
+    if (vec16 && ccol + 8 <= c_cols) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int q = 0; q < 8 && ccol + q < c_cols; ++q) dst[q] = src[q];
+    }
   }
 }
 

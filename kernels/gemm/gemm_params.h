@@ -25,8 +25,8 @@ struct GemmParams {
   int32_t group_m;         // rasterization: tiles visited in column strips group_m tiles tall
   int32_t split;           // split-K factor == cluster size along x (1: persistent, no split)
   int32_t kb_per_split;    // 64-wide k blocks per split
-  int32_t c_vec;
-  int32_t mc;              // CTAs per multicast cluster along M (must equal the variant's FLY_MC)           // 1: C base 8-byte aligned and ldc % 4 == 0 (vector stores allowed)
+  int32_t c_vec;           // 1: C base 8-byte aligned and ldc % 4 == 0 (vector stores allowed)
+  int32_t mc;              // CTAs per multicast cluster along M (must equal the variant's FLY_MC)
 };
 
 // Constants the host needs to size launches (must match the kernel's Config).
@@ -34,9 +34,15 @@ constexpr int kThreads = 384;  // 1 producer + 2 consumer warpgroups
 constexpr int kBM = 128;
 constexpr int kBK = 64;
 
-inline constexpr int smem_bytes(int bn, int stages) {
-  // stages * (P tile + Q tile) + barriers + 1 KiB for aligning the base to 1024 bytes.
-  return stages * (kBM * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024;
+// Staging tile of one consumer warpgroup for the shared-memory epilogue (epi = 1): its 64 x bn
+// block of D as 16-bit C elements, rows padded by 8 elements against bank conflicts. Without swap
+// that is 64 rows of bn + 8; with swap (C = D^T) bn rows of 64 + 8; the latter is larger.
+inline constexpr int epi_wg_bytes(int bn) { return bn * (64 + 8) * 2; }
+
+inline constexpr int smem_bytes(int bn, int stages, int epi = 0) {
+  // stages * (P tile + Q tile) + barriers + 1 KiB for aligning the base to 1024 bytes, then the
+  // two consumer warpgroups' epilogue staging tiles (epi = 1).
+  return stages * (kBM * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 + (epi ? 2 * epi_wg_bytes(bn) : 0);
 }
 
 }  // namespace fly::gemm

@@ -37,6 +37,7 @@ struct VariantShape {
   int stages;  // ring depth
   bool swap;   // P = B^T, Q = A^T
   int mc = 1;  // multicast cluster size along M (1 or 2); 2 disables split-K
+  int epi = 0;  // 1: shared-memory staged epilogue (its tiles add to the shared memory)
 };
 
 struct Launch {
@@ -146,7 +147,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
     out->grid = split > 1 ? static_cast<unsigned>(tiles * split)
                           : static_cast<unsigned>(std::min<int64_t>(tiles, sm_count));
   }
-  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages));
+  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi));
   return CUDA_SUCCESS;
 }
 

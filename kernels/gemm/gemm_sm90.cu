@@ -1,5 +1,5 @@
 // sm_90a GEMM entry: C = A @ B (+bias), BF16/FP16 in/out, FP32 accumulation.
-// One compile per variant (FLY_DTYPE_IS_*, FLY_BN, FLY_STAGES, FLY_MC; see tuning/gemm.json).
+// One compile per variant (FLY_DTYPE_IS_*, FLY_BN, FLY_STAGES, FLY_MC, FLY_EPI; see tuning/gemm.json).
 //
 // Block of 384 threads = 3 warpgroups:
 //   wg 0: producer. setmaxnreg.dec; one elected thread issues the TMA loads of the ring.
@@ -18,7 +18,8 @@
 namespace fly::gemm {
 
 template <int TA, int TB>
-__device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& ring, int wg) {
+__device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& ring, int wg,
+                                              uint8_t* epi_stage) {
   TileScheduler<Config::MC> sched(p);
   PipeState ps;
   WorkUnit u;
@@ -36,6 +37,9 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
       sm90::cluster_sync();  // partials of every CTA visible cluster-wide
       reduce_partials(out, u, part, L, sched.rank, p.split, threadIdx.x - 128);
       sm90::cluster_sync();  // nobody leaves while others still read its shared memory
+    } else if constexpr (Config::EPI != 0) {
+      if (out.swap) store_tile_smem<true>(out, u, wg, acc, epi_stage);
+      else store_tile_smem<false>(out, u, wg, acc, epi_stage);
     } else {
       store_tile(out, u, wg, acc);
     }
@@ -83,12 +87,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   } else {
     fly::sm90::setmaxnreg_inc<Config::CONSUMER_REGS>();
     const int cw = wg - 1;
+    // Epilogue staging tiles (EPI = 1) follow the ring's barriers: one per consumer warpgroup.
+    uint8_t* epi_stage = reinterpret_cast<uint8_t*>(ring.empty + Config::STAGES) + cw * Config::EPI_WG_BYTES;
     const int sel = (p.p_kmajor ? 0 : 2) + (p.q_kmajor ? 0 : 1);
     switch (sel) {
-      case 0: consumer_role<0, 0>(p, ring, cw); break;
-      case 1: consumer_role<0, 1>(p, ring, cw); break;
-      case 2: consumer_role<1, 0>(p, ring, cw); break;
-      default: consumer_role<1, 1>(p, ring, cw); break;
+      case 0: consumer_role<0, 0>(p, ring, cw, epi_stage); break;
+      case 1: consumer_role<0, 1>(p, ring, cw, epi_stage); break;
+      case 2: consumer_role<1, 0>(p, ring, cw, epi_stage); break;
+      default: consumer_role<1, 1>(p, ring, cw, epi_stage); break;
     }
   }
   // Multicast: the producer's tail (producer_loop) keeps the CTA alive until its peer is done

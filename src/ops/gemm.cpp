@@ -111,7 +111,7 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
 struct VariantShapeOf {
   static gemm::VariantShape of(const Variant& v) {
     return {int(v.get_int("bn", 128)), int(v.get_int("stages", 4)), v.get_int("swap", 0) == 1,
-            int(v.get_int("mc", 1))};
+            int(v.get_int("mc", 1)), int(v.get_int("epi", 0))};
   }
 };
 
@@ -200,9 +200,10 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(driver(&d));
 
   const gemm::VariantShape vs = VariantShapeOf::of(*v);
-  if (gemm::smem_bytes(vs.bn, vs.stages) > dc->max_smem_optin)
+  const int smem_need = gemm::smem_bytes(vs.bn, vs.stages, vs.epi);
+  if (smem_need > dc->max_smem_optin)
     return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %d bytes of shared memory, the device allows %d",
-                v->name.c_str(), gemm::smem_bytes(vs.bn, vs.stages), dc->max_smem_optin);
+                v->name.c_str(), smem_need, dc->max_smem_optin);
   gemm::Launch L;
   const CUresult r = gemm::plan_gemm(pr, vs, dc->sm_count, d->cuTensorMapEncodeTiled, &L,
                                      int(v->get_int("split", 0)));
