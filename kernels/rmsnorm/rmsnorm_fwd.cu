@@ -140,6 +140,17 @@ rmsnorm_fwd(const RmsNormParams p) {
       else buf[i].raw = make_uint4(0, 0, 0, 0);
     }
   };
+  // ss plus the sum of squares of the cached row body (zero-filled past nvec).
+  auto sum_squares = [&](const fly::Vec16<T>(&cur)[kCache], float ss) {
+#pragma unroll
+    for (int i = 0; i < kCache; ++i)
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        const float f = fly::to_float(cur[i].e[e]);
+        ss = fmaf(f, f, ss);
+      }
+    return ss;
+  };
   // Scales the cached row body by rs and the weight and stores it to yr's body.
   auto store_cached = [&](fly::Vec16<T>(&cur)[kCache], float rs, T* yr) {
     // NOTE: re-converting the packed row to float is cheaper than holding the unpacked copy from
@@ -177,13 +188,7 @@ rmsnorm_fwd(const RmsNormParams p) {
     float ss = 0.f;
     if (in_regs) {
       if constexpr (!Config::kPrefetch) load_row(cur, r);
-#pragma unroll
-      for (int i = 0; i < kCache; ++i)
-#pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          const float f = fly::to_float(cur[i].e[e]);
-          ss = fmaf(f, f, ss);
-        }
+      ss = sum_squares(cur, ss);
       if constexpr (Config::kPrefetch)
         if (r + p.groups < p.M) load_row(nxt, r + p.groups);
     } else {
@@ -270,14 +275,7 @@ rmsnorm_fwd(const RmsNormParams p) {
         if (j < nvec) cur[i].raw = *reinterpret_cast<const uint4*>(st + j * 16);
         else cur[i].raw = make_uint4(0, 0, 0, 0);
       }
-      float ss = fmaf(hv, hv, tv * tv);
-#pragma unroll
-      for (int i = 0; i < kCache; ++i)
-#pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          const float f = fly::to_float(cur[i].e[e]);
-          ss = fmaf(f, f, ss);
-        }
+      const float ss = sum_squares(cur, fmaf(hv, hv, tv * tv));
       const float total = group_sum(ss, red, lane, group, parity);
       if constexpr (Config::kWarps == 1) __syncwarp();  // group_sum has no barrier for one warp
       if (leader) {
