@@ -101,6 +101,18 @@ inline int choose_split(int64_t tiles, int64_t kb_total, int sm_count) {
   return best;
 }
 
+// Whether a forced split-K factor (launch axis "split" of tuning/gemm.json) suits the problem:
+// the tiles times the split fit in about two waves and K gives every slice at least two 64-wide
+// k blocks. Split-K is for few-tile shapes; others go to the variants without a forced split.
+inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int split, int sm_count) {
+  if (split <= 1) return split >= 0;
+  if (v.mc > 1) return false;  // the cluster is taken by multicast
+  const int64_t p_rows = v.swap ? pr.N : pr.M, q_rows = v.swap ? pr.M : pr.N;
+  const int64_t tiles = ((p_rows + kBM - 1) / kBM) * ((q_rows + v.bn - 1) / v.bn);
+  const int64_t kb = (pr.K + kBK - 1) / kBK;
+  return tiles * split <= 2 * int64_t(sm_count) && kb >= 2 * int64_t(split);
+}
+
 template <class Encode>
 CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encode encode,
                    Launch* out, int force_split = 0) {

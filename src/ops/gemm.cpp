@@ -115,18 +115,11 @@ struct VariantShapeOf {
   }
 };
 
-// Variants with a forced split-K factor (launch axis "split" > 0, tuning/gemm.json) are offered
-// only where split-K makes sense: the tiles times the split fit in about two waves of the GPU and
-// K gives every slice at least two 64-wide k blocks. Other shapes go to the other variants.
+// Variants with a forced split-K factor (launch axis "split" > 0) only where split-K makes sense
+// (gemm_plan.h forced_split_fits); the others serve every shape.
 bool split_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
-  const int64_t split = v.get_int("split", 0);
-  if (split <= 0) return true;
-  if (v.get_int("mc", 1) > 1) return false;
-  const gemm::VariantShape vs = VariantShapeOf::of(v);
-  const int64_t p_rows = vs.swap ? pr.N : pr.M, q_rows = vs.swap ? pr.M : pr.N;
-  const int64_t tiles = ((p_rows + gemm::kBM - 1) / gemm::kBM) * ((q_rows + vs.bn - 1) / vs.bn);
-  const int64_t kb = (pr.K + gemm::kBK - 1) / gemm::kBK;
-  return tiles * split <= 2 * int64_t(sm_count) && kb >= 2 * split;
+  const int split = int(v.get_int("split", 0));
+  return split <= 0 || gemm::forced_split_fits(pr, VariantShapeOf::of(v), split, sm_count);
 }
 
 // Family default (only names listed in tuning/gemm.json "defaults"): swap-AB for decode-sized M,

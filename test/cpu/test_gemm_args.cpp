@@ -7,6 +7,7 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "test_tensors.hpp"
+#include "gemm/gemm_plan.h"
 
 namespace {
 
@@ -161,4 +162,28 @@ TEST_CASE("gemm reports inputs the kernels cannot take as UNSUPPORTED", "[gemm][
     fly_tensor a0 = mat(nullptr, FLY_BF16, 0, K, K, 1), c0 = mat(nullptr, FLY_BF16, 0, N, N, 1);
     CHECK(gemm(a0, b, c0) == FLY_SUCCESS);
   }
+}
+
+TEST_CASE("forced split-K is offered to few-tile shapes with enough K only", "[gemm][args]") {
+  using fly::gemm::forced_split_fits;
+  fly::gemm::Problem pr{};
+  pr.M = 64;
+  pr.N = 4096;
+  pr.K = 4096;  // decode-sized
+  const fly::gemm::VariantShape swap64{64, 6, true, 1, 0};    // 32 x 1 tiles
+  const fly::gemm::VariantShape plain64{64, 6, false, 1, 0};  // 1 x 64 tiles
+  const fly::gemm::VariantShape multicast{256, 3, false, 2, 0};
+  CHECK(forced_split_fits(pr, swap64, 8, 132));    // 32 x 8 = 256 CTAs <= 2 waves of 132
+  CHECK(forced_split_fits(pr, plain64, 4, 132));   // 64 x 4 = 256
+  CHECK(!forced_split_fits(pr, plain64, 8, 132));  // 64 x 8 = 512: too many
+  pr.M = 4096;                                      // a big shape: 32 x 64 tiles
+  CHECK(!forced_split_fits(pr, plain64, 2, 132));
+  pr.M = 64;
+  pr.K = 256;                                       // 4 k blocks: at most split 2
+  CHECK(forced_split_fits(pr, swap64, 2, 132));
+  CHECK(!forced_split_fits(pr, swap64, 3, 132));
+  pr.K = 4096;
+  CHECK(!forced_split_fits(pr, multicast, 2, 132));  // multicast takes the cluster
+  CHECK(forced_split_fits(pr, multicast, 0, 132));   // 0: the launcher chooses
+  CHECK(forced_split_fits(pr, swap64, 1, 132));
 }
