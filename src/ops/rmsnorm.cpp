@@ -40,11 +40,18 @@ std::string default_variant(fly_dtype dt, int64_t n) {
 }
 
 // Dynamic shared memory the function may have: the device's opt-in maximum per block less the
-// function's static shared memory.
+// function's static shared memory (queried once per function).
 int64_t dynamic_smem_limit(const Driver& d, const DeviceCtx& dc, CUfunction f) {
-  int stat = 0;
-  if (d.cuFuncGetAttribute(&stat, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) != CUDA_SUCCESS) stat = 1024;
-  return int64_t(dc.max_smem_optin) - stat;
+  static std::mutex mu;
+  static std::map<CUfunction, int> static_smem;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = static_smem.find(f);
+  if (it == static_smem.end()) {
+    int stat = 0;
+    if (d.cuFuncGetAttribute(&stat, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) != CUDA_SUCCESS) stat = 1024;
+    it = static_smem.emplace(f, stat).first;
+  }
+  return int64_t(dc.max_smem_optin) - it->second;
 }
 
 int blocks_per_sm(const Driver& d, const DeviceCtx& dc, CUfunction f, int threads, unsigned smem) {
@@ -69,10 +76,12 @@ int64_t ring_smem(const Variant& v, int64_t n, int64_t es) {
   if (pf < 2) return 0;
   return v.get_int("rpc") * pf * rmsnorm_ring_stage_bytes(n, es);
 }
-bool ring_usable(const Variant& v, int64_t n, int64_t es, bool vec_io, int64_t smem_limit) {
+bool ring_usable(const Variant& v, int64_t n, int64_t es, bool vec_io, const Driver& d, const DeviceCtx& dc,
+                 CUfunction f) {
   if (v.get_int("pf", 0) < 2) return false;
   const int64_t per_vec = 16 / es;
-  return vec_io && n / per_vec <= v.get_int("tpr") * v.get_int("cache") && ring_smem(v, n, es) <= smem_limit;
+  return vec_io && n / per_vec <= v.get_int("tpr") * v.get_int("cache") &&
+         ring_smem(v, n, es) <= dynamic_smem_limit(d, dc, f);
 }
 
 }  // namespace
@@ -122,11 +131,6 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   req.key_names[0] = "N";
   req.key_names[1] = "M";
   req.key_names[2] = "-";
-  // x and y rows share their 16-byte alignment: vector loads and stores serve both.
-  const int64_t es = int64_t(dtype_size(dt));
-  const int64_t ldx = M > 1 ? x->strides[0] : N, ldy = M > 1 ? y->strides[0] : N;
-  const uintptr_t xa = reinterpret_cast<uintptr_t>(x->data), ya = reinterpret_cast<uintptr_t>(y->data);
-  const bool vec_io = ((xa - ya) % 16 == 0) && (((ldx - ldy) * es) % 16 == 0);
   req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
   req.fallback = [dt, N] { return default_variant(dt, N); };
   const Variant* v = nullptr;
@@ -137,6 +141,11 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   FLY_TRY(driver(&d));
 
   const int tpr = int(v->get_int("tpr")), rpc = int(v->get_int("rpc"));
+  const int64_t es = int64_t(dtype_size(dt));
+  const int64_t ldx = M > 1 ? x->strides[0] : N, ldy = M > 1 ? y->strides[0] : N;
+  // x and y rows share their 16-byte alignment: vector loads and stores serve both.
+  const uintptr_t xa = reinterpret_cast<uintptr_t>(x->data), ya = reinterpret_cast<uintptr_t>(y->data);
+  const bool vec_io = ((xa - ya) % 16 == 0) && (((ldx - ldy) * es) % 16 == 0);
   RmsNormParams p{};
   p.x = x->data;
   p.w = weight ? weight->data : nullptr;
@@ -148,7 +157,7 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   p.ldy = ldy;
   p.eps = float(eps);
   p.vec_io = vec_io;
-  const bool ring = ring_usable(*v, N, es, vec_io, dynamic_smem_limit(*d, *dc, f));
+  const bool ring = ring_usable(*v, N, es, vec_io, *d, *dc, f);
   p.stage_bytes = ring ? int32_t(rmsnorm_ring_stage_bytes(N, es)) : 0;
   const unsigned smem = ring ? unsigned(ring_smem(*v, N, es)) : 0u;
   // Alignment classes: row r starts at xa + r * ldx * es, periodic modulo 16 bytes.
