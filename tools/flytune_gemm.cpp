@@ -2,7 +2,8 @@
 // requested layout, checks every bundled gemm variant of the dtype on sampled elements against a
 // double-precision reference, times it, and writes the winner per (dtype, layout, N, K, M).
 //   flytune gemm [--db FILE] [--dump db/sm_90a.sql] [--suite FILE] [--layouts nt,nn,tn,tt]
-//                [--dtype bf16] [--quick] [--max-minutes X] [--variants REGEX]
+//                [--dtype bf16] [--quick] [--max-minutes X] [--variants REGEX] [--times FILE]
+//                [--min-m M] [--max-m M]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -43,6 +44,11 @@ int tune_gemm(const Args& args) {
         if (double(M) * p.first * p.second > 1.2e12) continue;  // keep one run under ~2 ms
         shapes.insert({p.first, p.second, M});
       }
+  // --min-m / --max-m: re-tune only the keys whose M lies in the range.
+  const int64_t min_m = std::stoll(args.get("min-m", "0")), max_m = std::stoll(args.get("max-m", "9223372036854775807"));
+  for (auto it = shapes.begin(); it != shapes.end();)
+    it = (std::get<2>(*it) < min_m || std::get<2>(*it) > max_m) ? shapes.erase(it) : std::next(it);
+  if (shapes.empty()) throw std::runtime_error("no shape left after --min-m / --max-m");
 
   // --variants REGEX: tune only the bundled variants whose name matches.
   const std::regex only(args.get("variants", "."));
@@ -88,6 +94,7 @@ int tune_gemm(const Args& args) {
       TOOL_FLY(fly_force_variant(nullptr));
       if (timed.empty()) continue;
       std::sort(timed.begin(), timed.end());
+      append_times(args, std::string(dname) + " " + what, timed);
       TuneRow r;
       r.op = "gemm";
       r.dtype = dname;

@@ -70,6 +70,7 @@ int tune_rmsnorm(const Args& args) {
     TOOL_FLY(fly_force_variant(nullptr));
     if (timed.empty()) continue;
     std::sort(timed.begin(), timed.end());
+    append_times(args, std::string(dname) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N), timed);
     TuneRow r;
     r.op = "rmsnorm_fwd";
     r.dtype = dname;

@@ -105,6 +105,8 @@ int tune_topk(const Args& args) {
       TOOL_FLY(fly_force_variant(nullptr));
       if (timed.empty()) continue;
       std::sort(timed.begin(), timed.end());
+      append_times(args, std::string(det ? "det " : "") + "R=" + std::to_string(c.R) + " C=" + std::to_string(c.C) +
+                             " k=" + std::to_string(c.k), timed);
       TuneRow r;
       r.op = "topk";
       r.dtype = det ? "fp32_det" : "fp32";

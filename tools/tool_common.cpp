@@ -325,6 +325,16 @@ std::string quote(const std::string& s) {
 }
 }  // namespace
 
+void append_times(const Args& args, const std::string& key,
+                  const std::vector<std::pair<double, std::string>>& sorted_timed) {
+  if (!args.has("times")) return;
+  const std::string path = args.get("times");
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) throw std::runtime_error("--times: cannot open " + path + " for appending");
+  for (auto& [us, v] : sorted_timed) std::fprintf(f, "%s\t%s\t%.3f\n", key.c_str(), v.c_str(), us);
+  std::fclose(f);
+}
+
 void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
                        const std::vector<TuneRow>& rows) {
   const std::string arch = gpu_arch(), gpu = gpu_name(), date = today();

@@ -120,6 +120,11 @@ struct TuneRow {
 void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
                        const std::vector<TuneRow>& rows);
 
+// --times FILE: appends every timed variant of one key to FILE as tab-separated lines
+// (key, variant, microseconds), sorted fastest first, so a tuning run can be studied afterwards.
+void append_times(const Args& args, const std::string& key,
+                  const std::vector<std::pair<double, std::string>>& sorted_timed);
+
 // Names of all bundled variants of a family, in the library's order.
 std::vector<std::string> bundled_variants(const std::string& family);
 // Integer parameter of a bundled variant ("tpr" -> 256); -1 when absent.

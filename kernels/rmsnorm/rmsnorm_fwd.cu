@@ -2,7 +2,7 @@
 //
 // Variant constants (tools/flygen): FLY_DTYPE_IS_{FP16,BF16,FP32}, FLY_TPR (threads per row),
 // FLY_RPC (rows in flight per CTA), FLY_CACHE (16-byte vectors per thread kept in registers),
-// FLY_PF (1: load the group's next row into registers while finishing this one; 2, 3: a ring of
+// FLY_PF (1: load the group's next row into registers while finishing this one; >= 2: a ring of
 // that many row slots in shared memory per group, filled by cp.async.bulk (TMA) ahead of use).
 //
 // Memory plan: a row whose aligned body fits in kTpr * kCache vectors is read once into

@@ -165,6 +165,11 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   p.period = p.vec_io ? int32_t(16 / std::gcd<int64_t>(row_bytes_mod == 0 ? 16 : row_bytes_mod, 16)) : 1;
   const int64_t resident = int64_t(dc->sm_count) * blocks_per_sm(*d, *dc, f, tpr * rpc, smem) * rpc;
   int64_t groups = std::min<int64_t>(M, resident);
+  // Balanced rounds: as few groups as give the same number of rounds, so no group walks one row
+  // more than the others while most of the GPU idles (8192 rows on 528 groups: 512 x 16 rows, not
+  // 272 groups x 16 + 256 x 15). Measured on the H200: 2% over all variants, 0.2% on the winners.
+  const int64_t rounds = (M + groups - 1) / groups;
+  groups = (M + rounds - 1) / rounds;
   groups = (groups + p.period - 1) / p.period * p.period;
   p.groups = int32_t(groups);
   LaunchConfig cfg;
