@@ -7,6 +7,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -176,5 +177,16 @@ struct DispatchRequest {
   std::string cache_tag;
 };
 fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const Variant** out);
+
+// One named dimension of a dispatch key ("N" = 4096).
+struct KeyDim {
+  const char* name;
+  int64_t value;
+};
+// The request every op starts from: key (op, dtype, layout, up to three dimensions in the DB's
+// k0, k1, k2 order; missing ones hold 0 and log as "-") and family. The op adds `supports`,
+// `fallback` and `cache_tag`.
+DispatchRequest make_request(const char* family, const char* op, const std::string& dtype, const char* layout,
+                             std::initializer_list<KeyDim> dims);
 
 }  // namespace fly

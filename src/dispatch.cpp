@@ -85,6 +85,23 @@ std::string DispatchKey::str() const {
          " " + std::to_string(k[2]);
 }
 
+DispatchRequest make_request(const char* family, const char* op, const std::string& dtype, const char* layout,
+                             std::initializer_list<KeyDim> dims) {
+  DispatchRequest req;
+  req.family = family;
+  req.key.op = op;
+  req.key.dtype = dtype;
+  req.key.layout = layout;
+  int i = 0;
+  for (const KeyDim& d : dims) {
+    if (i == 3) break;  // the DB key has three dimensions
+    req.key.k[i] = d.value;
+    req.key_names[i++] = d.name;
+  }
+  for (; i < 3; ++i) req.key_names[i] = "-";
+  return req;
+}
+
 void clear_dispatch_cache() {
   DispatchState& s = state();
   std::unique_lock<std::shared_mutex> lock(s.mu);

@@ -166,23 +166,15 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(check_device_pointer(*c, "c"));
   if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
 
-  DispatchRequest req;
-  req.key.op = "gemm";
-  req.key.dtype = dtype_name(call.dt);
-  req.key.layout = call.layout;
-  req.key.k[0] = pr.N;
-  req.key.k[1] = pr.K;
-  req.key.k[2] = pr.M;
-  req.family = kFamily;
-  req.key_names[0] = "N";
-  req.key_names[1] = "K";
-  req.key_names[2] = "M";
+  DispatchRequest req =
+      make_request(kFamily, "gemm", dtype_name(call.dt), call.layout.c_str(), {{"N", pr.N}, {"K", pr.K}, {"M", pr.M}});
   const fly_dtype dt = call.dt;
   const int sms = dc->sm_count;
   const gemm::Problem prob = pr;
   req.supports = [dt, sms, prob](const Variant& v) {
     return v.get("dtype") == dtype_name(dt) && split_fits(v, prob, sms);
   };
+  req.cache_tag = "sms=" + std::to_string(sms);  // split_fits depends on the SM count
   const int64_t M = pr.M;
   req.fallback = [dt, M] { return default_variant(dt, M); };
   const Variant* v = nullptr;

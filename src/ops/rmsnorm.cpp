@@ -121,16 +121,7 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   if (weight) FLY_TRY(check_device_pointer(*weight, "weight"));
   if (rstd) FLY_TRY(check_device_pointer(*rstd, "rstd"));
 
-  DispatchRequest req;
-  req.key.op = "rmsnorm_fwd";
-  req.key.dtype = dtype_name(dt);
-  req.key.layout = "row";
-  req.key.k[0] = N;
-  req.key.k[1] = M;
-  req.family = kFamily;
-  req.key_names[0] = "N";
-  req.key_names[1] = "M";
-  req.key_names[2] = "-";
+  DispatchRequest req = make_request(kFamily, "rmsnorm_fwd", dtype_name(dt), "row", {{"N", N}, {"M", M}});
   req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
   req.fallback = [dt, N] { return default_variant(dt, N); };
   const Variant* v = nullptr;

@@ -147,17 +147,8 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
   FLY_TRY(check_device_pointer(*indices, "indices"));
   if (need > 0) FLY_TRY(check_device_bytes(workspace, need, "workspace"));
 
-  DispatchRequest req;
-  req.key.op = "topk";
-  req.key.dtype = deterministic ? "fp32_det" : "fp32";
-  req.key.layout = "row";
-  req.key.k[0] = C;
-  req.key.k[1] = k;
-  req.key.k[2] = R;
-  req.family = kFamily;
-  req.key_names[0] = "C";
-  req.key_names[1] = "k";
-  req.key_names[2] = "R";
+  DispatchRequest req =
+      make_request(kFamily, "topk", deterministic ? "fp32_det" : "fp32", "row", {{"C", C}, {"k", k}, {"R", R}});
   req.supports = [R, C, k](const Variant& v) { return variant_supports(v, R, C, k); };
   req.fallback = [R, C, k] { return default_variant(R, C, k); };
   const Variant* v = nullptr;

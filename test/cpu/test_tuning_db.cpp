@@ -217,6 +217,50 @@ TEST_CASE("dispatch: forced, overlay exact, nearest, default", "[dispatch]") {
   fly_set_tuning_db(nullptr);
 }
 
+TEST_CASE("make_request: the key every op dispatches on; cache_tag separates cached decisions", "[dispatch]") {
+  const fly::DispatchRequest g = fly::make_request("gemm", "gemm", "bf16", "nt", {{"N", 4096}, {"K", 1024}, {"M", 64}});
+  CHECK(std::string(g.family) == "gemm");
+  CHECK(g.key.op == "gemm");
+  CHECK(g.key.dtype == "bf16");
+  CHECK(g.key.layout == "nt");
+  CHECK(g.key.k[0] == 4096);
+  CHECK(g.key.k[1] == 1024);
+  CHECK(g.key.k[2] == 64);
+  CHECK(std::string(g.key_names[0]) == "N");
+  CHECK(std::string(g.key_names[2]) == "M");
+  const fly::DispatchRequest r = fly::make_request("rmsnorm", "rmsnorm_fwd", "fp16", "row", {{"N", 7}, {"M", 3}});
+  CHECK(r.key.k[0] == 7);
+  CHECK(r.key.k[1] == 3);
+  CHECK(r.key.k[2] == 0);
+  CHECK(std::string(r.key_names[2]) == "-");
+
+  const std::string a = some_bf16_variant();
+  const std::string b = some_bf16_variant(a);
+  if (a.empty() || b.empty()) {
+    WARN("SKIPPED: this build has fewer than two rmsnorm bf16 variants");
+    return;
+  }
+  fly::DeviceCtx dc;
+  dc.arch = "sm_90a";
+  TempDb t(row("rmsnorm_fwd", "bf16", 3131, 313, 0, a));
+  REQUIRE(fly_set_tuning_db(t.path.c_str()) == FLY_SUCCESS);
+  fly::DispatchRequest req = fly::make_request("rmsnorm", "rmsnorm_fwd", "bf16", "row", {{"N", 3131}, {"M", 313}});
+  req.fallback = [&] { return b; };
+  const fly::Variant* v = nullptr;
+  // A call whose circumstances rule `a` out (tag "small") gets another variant (a nearby row of
+  // the embedded database or the default) ...
+  req.supports = [&](const fly::Variant& x) { return x.name != a; };
+  req.cache_tag = "small";
+  REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+  CHECK(v->name != a);
+  // ... and that cached decision is not handed to the same key under other circumstances.
+  req.supports = nullptr;
+  req.cache_tag = "large";
+  REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+  CHECK(v->name == a);
+  fly_set_tuning_db(nullptr);
+}
+
 TEST_CASE("the embedded database loads", "[db]") {
   // Dispatching anything loads it; a request with no rows falls back to the default.
   const std::string a = some_bf16_variant();
