@@ -63,6 +63,11 @@ __device__ __forceinline__ void load_q_multicast(uint8_t* dst, const CUtensorMap
   }
 }
 
+// NOTE: measured on the H200 and dropped (bench/RESULTS.md): prefetching the k blocks 4-32 ahead
+// of the ring into L2 (cp.async.bulk.prefetch.tensor) made M <= 512 shapes 1.3-2.2x slower, and
+// refilling the ring 2-3 stages at a time was 2-50% slower. On decode shapes more stages are
+// slower too (st6 16.4, st9 17.6 us at 64x4096x4096): more outstanding 128-byte row segments do
+// not raise the DRAM rate.
 __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& ring) {
   TileScheduler<Config::MC> sched(p);
   PipeState ps;
