@@ -45,7 +45,7 @@ int tune_gemm(const Args& args) {
         shapes.insert({p.first, p.second, M});
       }
   // --min-m / --max-m: re-tune only the keys whose M lies in the range.
-  const int64_t min_m = std::stoll(args.get("min-m", "0")), max_m = std::stoll(args.get("max-m", "9223372036854775807"));
+  const int64_t min_m = args.get_int("min-m", 0), max_m = args.get_int("max-m", INT64_MAX);
   for (auto it = shapes.begin(); it != shapes.end();)
     it = (std::get<2>(*it) < min_m || std::get<2>(*it) > max_m) ? shapes.erase(it) : std::next(it);
   if (shapes.empty()) throw std::runtime_error("no shape left after --min-m / --max-m");
@@ -61,7 +61,7 @@ int tune_gemm(const Args& args) {
   // NOTE: each finished key is written to --db at once and --max-minutes stops cleanly, so a
   // run cut short (a lease, a timeout) keeps what it measured.
   const std::string db = args.get("db", "flykernels_tuning.sqlite");
-  const double max_seconds = args.has("max-minutes") ? 60.0 * std::stod(args.get("max-minutes")) : 1e30;
+  const double max_seconds = args.has("max-minutes") ? 60.0 * args.get_double("max-minutes", 0) : 1e30;
   const auto t0 = std::chrono::steady_clock::now();
   bool out_of_time = false;
   cudaStream_t s = 0;

@@ -23,7 +23,7 @@ int tune_rmsnorm(const Args& args) {
           cases.push_back({parse_dtype(d), M, N});
         }
   }
-  const double tol = args.has("tolerance") ? std::stod(args.get("tolerance")) : 4.0;
+  const double tol = args.get_double("tolerance", 4.0);
   cudaStream_t s = 0;
   std::vector<TuneRow> rows;
   size_t total = 0;

@@ -325,6 +325,26 @@ std::string quote(const std::string& s) {
 }
 }  // namespace
 
+int64_t Args::get_int(const std::string& k, int64_t d) const {
+  if (!has(k)) return d;
+  const std::string v = get(k);
+  size_t used = 0;
+  int64_t x = 0;
+  try { x = std::stoll(v, &used); } catch (...) { used = 0; }
+  if (v.empty() || used != v.size()) throw std::runtime_error("--" + k + ": expected an integer, got '" + v + "'");
+  return x;
+}
+
+double Args::get_double(const std::string& k, double d) const {
+  if (!has(k)) return d;
+  const std::string v = get(k);
+  size_t used = 0;
+  double x = 0;
+  try { x = std::stod(v, &used); } catch (...) { used = 0; }
+  if (v.empty() || used != v.size()) throw std::runtime_error("--" + k + ": expected a number, got '" + v + "'");
+  return x;
+}
+
 void append_times(const Args& args, const std::string& key,
                   const std::vector<std::pair<double, std::string>>& sorted_timed) {
   if (!args.has("times")) return;

@@ -26,9 +26,9 @@ struct Args {
     return it == opt.end() ? d : it->second;
   }
   bool has(const std::string& k) const { return opt.count(k) != 0; }
-  int64_t get_int(const std::string& k, int64_t d) const {
-    return has(k) ? std::stoll(get(k)) : d;
-  }
+  // Numeric options: a value that is not a whole number throws "--k: expected ..., got '...'".
+  int64_t get_int(const std::string& k, int64_t d) const;
+  double get_double(const std::string& k, double d) const;
 };
 Args parse_args(int argc, char** argv);
 
