@@ -19,6 +19,9 @@
 #ifndef FLY_EPI
 #define FLY_EPI 0
 #endif
+#ifndef FLY_BM
+#define FLY_BM 128
+#endif
 
 namespace fly::gemm {
 
@@ -31,8 +34,12 @@ constexpr bool kBF16 = true;
 #endif
 
 struct Config {
-  static constexpr int BM = kBM;  // 2 consumer warpgroups x 64 rows (wgmma M is 64)
+  // BM = 128: the 2 consumer warpgroups take 64 rows each (wgmma M is 64) of a BM x BN tile.
+  // BM = 64 (narrow decode tiles, as cuBLAS runs small-M shapes): both take the same 64 rows and
+  // split the tile's BN columns, WG_N = BN / 2 each; no split-K, no multicast, no staged epilogue.
+  static constexpr int BM = FLY_BM;
   static constexpr int BN = FLY_BN;
+  static constexpr int WG_N = BM == 64 ? BN / 2 : BN;  // wgmma N of each consumer warpgroup
   static constexpr int BK = kBK;  // 64 x 2 B = 128 B rows: exactly one 128B swizzle span
   static constexpr int STAGES = FLY_STAGES;
   // MC = 2: clusters of 2 CTAs on vertically adjacent tiles (same Q columns); each CTA loads half
@@ -49,13 +56,17 @@ struct Config {
   // compile budget (tuning/gemm.json offers epi = 1 only for bn <= 128).
   static_assert(EPI == 0 || BN <= 128, "shared-memory epilogue: BN <= 128");
   static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN);
-  static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI);
-  static constexpr int ACC = BN / 2;  // fp32 accumulators per consumer thread (64 x BN / 128)
+  static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM);
+  static constexpr int ACC = WG_N / 2;  // fp32 accumulators per consumer thread (64 x WG_N / 128)
   // Register split: producer warpgroup keeps 40, consumers get 232 (40*128 + 232*256 <= 64K).
   static constexpr int PRODUCER_REGS = 40;
   static constexpr int CONSUMER_REGS = 232;
 
-  static_assert(BN % 64 == 0 && BN >= 64 && BN <= 256, "wgmma N: 64..256, TMA MN chunks of 64");
+  static_assert(BM == 128 || BM == 64, "tile rows: 128 (two 64-row halves) or 64 (shared rows)");
+  static_assert((BN % 64 == 0 && BN >= 64 && BN <= 256) || (BM == 64 && BN == 32),
+                "wgmma N: 64..256 (TMA MN chunks of 64); narrow tiles also 32");
+  static_assert(BM == 128 || (EPI == 0 && FLY_MC == 1 && BN <= 128),
+                "narrow tiles: no staged epilogue, no multicast, BN <= 128");
   static_assert(MC == 1 || (MC == 2 && BN % 128 == 0), "multicast halves must be 64-col chunks");
   static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");

@@ -65,10 +65,11 @@ struct OutView {
 __device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u, int wg,
                                            const float (&acc)[Config::ACC]) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int i0 = u.tm * Config::BM + wg * 64 + warp * 16 + lane / 4;
-  const int j0 = u.tn * Config::BN + 2 * (lane % 4);
+  // BM = 128: the warpgroup owns rows wg*64.. of the tile; BM = 64: columns wg*WG_N.. of it.
+  const int i0 = u.tm * Config::BM + (Config::BM == 128 ? wg * 64 : 0) + warp * 16 + lane / 4;
+  const int j0 = u.tn * Config::BN + (Config::BM == 128 ? 0 : wg * Config::WG_N) + 2 * (lane % 4);
 #pragma unroll
-  for (int j8 = 0; j8 < Config::BN / 8; ++j8) {
+  for (int j8 = 0; j8 < Config::WG_N / 8; ++j8) {
     out.store_pair(i0, j0 + 8 * j8, acc[4 * j8 + 0], acc[4 * j8 + 1]);
     out.store_pair(i0 + 8, j0 + 8 * j8, acc[4 * j8 + 2], acc[4 * j8 + 3]);
   }

@@ -39,10 +39,12 @@ __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* ma
                                              bool kmajor, int row0, int k0) {
   if (kmajor) {
     sm90::tma_load_2d(dst, map, bar, k0, row0);
-  } else {
+  } else if constexpr (ROWS >= 64) {
 #pragma unroll
     for (int c = 0; c < ROWS / 64; ++c)
       sm90::tma_load_2d(dst + c * 64 * Config::BK * 2, map, bar, row0 + 64 * c, k0);
+  } else {
+    __trap();  // an MN-major tile narrower than 64: the launcher never plans one (narrow_fits)
   }
 }
 
@@ -135,21 +137,25 @@ __device__ __forceinline__ void release_stage(const Ring& ring, int stage) {
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, const WorkUnit& u,
                                              int wg, float (&acc)[Config::ACC]) {
-  using Mma = sm90::Wgmma<Config::BN, TA, TB, kBF16>;
+  using Mma = sm90::Wgmma<Config::WG_N, TA, TB, kBF16>;
   static_assert(Mma::kRegs == Config::ACC, "accumulator count");
   const bool signal = (threadIdx.x % 128) == 0;
 #pragma unroll
   for (int i = 0; i < Config::ACC; ++i) acc[i] = 0.f;
   // The 64-row half of P this warpgroup multiplies: 64 rows x 128 B (K-major) or the wg-th
-  // 64-wide MN chunk (MN-major) are both 8 KiB into the tile.
-  const int p_off = wg * 64 * Config::BK * 2;
+  // 64-wide MN chunk (MN-major) are both 8 KiB into the tile. Narrow tiles (BM = 64): both take
+  // all of P and the wg-th WG_N columns of Q: WG_N rows x 128 B (K-major) or WG_N / 64 chunks of
+  // 8 KiB (MN-major; the launcher plans that only when WG_N is a multiple of 64).
+  const int p_off = Config::BM == 128 ? wg * 64 * Config::BK * 2 : 0;
+  const int q_off = Config::BM == 128 ? 0
+                    : (TB == 0 ? wg * Config::WG_N * Config::BK * 2 : wg * (Config::WG_N / 64) * 64 * Config::BK * 2);
   int prev = -1;
   for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
     sm90::mbar_wait(&ring.full[ps.stage], ps.phase);
     fence_acc(acc);
     sm90::wgmma_fence();
     const uint8_t* pt = ring.p_tile(ps.stage) + p_off;
-    const uint8_t* qt = ring.q_tile(ps.stage);
+    const uint8_t* qt = ring.q_tile(ps.stage) + q_off;
 #pragma unroll
     for (int kk = 0; kk < Config::BK / 16; ++kk)
       Mma::mma(acc, operand_desc<TA == 0>(pt, kk), operand_desc<TB == 0>(qt, kk), 1);

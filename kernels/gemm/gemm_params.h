@@ -31,7 +31,7 @@ struct GemmParams {
 
 // Constants the host needs to size launches (must match the kernel's Config).
 constexpr int kThreads = 384;  // 1 producer + 2 consumer warpgroups
-constexpr int kBM = 128;
+constexpr int kBM = 128;  // tile rows of P (the default; narrow variants use 64)
 constexpr int kBK = 64;
 
 // Staging tile of one consumer warpgroup for the shared-memory epilogue (epi = 1): its 64 x bn
@@ -39,10 +39,10 @@ constexpr int kBK = 64;
 // that is 64 rows of bn + 8; with swap (C = D^T) bn rows of 64 + 8; the latter is larger.
 inline constexpr int epi_wg_bytes(int bn) { return bn * (64 + 8) * 2; }
 
-inline constexpr int smem_bytes(int bn, int stages, int epi = 0) {
+inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM) {
   // stages * (P tile + Q tile) + barriers + 1 KiB for aligning the base to 1024 bytes, then the
   // two consumer warpgroups' epilogue staging tiles (epi = 1).
-  return stages * (kBM * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 + (epi ? 2 * epi_wg_bytes(bn) : 0);
+  return stages * (bm * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 + (epi ? 2 * epi_wg_bytes(bn) : 0);
 }
 
 }  // namespace fly::gemm

@@ -38,6 +38,7 @@ struct VariantShape {
   bool swap;   // P = B^T, Q = A^T
   int mc = 1;  // multicast cluster size along M (1 or 2); 2 disables split-K
   int epi = 0;  // 1: shared-memory staged epilogue (its tiles add to the shared memory)
+  int bm = kBM;  // tile rows of P: 128, or 64 for narrow (decode) tiles
 };
 
 struct Launch {
@@ -107,10 +108,20 @@ inline int choose_split(int64_t tiles, int64_t kb_total, int sm_count) {
 inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int split, int sm_count) {
   if (split <= 1) return split >= 0;
   if (v.mc > 1) return false;  // the cluster is taken by multicast
+  if (v.bm != kBM) return false;  // narrow tiles have no split-K
   const int64_t p_rows = v.swap ? pr.N : pr.M, q_rows = v.swap ? pr.M : pr.N;
   const int64_t tiles = ((p_rows + kBM - 1) / kBM) * ((q_rows + v.bn - 1) / v.bn);
   const int64_t kb = (pr.K + kBK - 1) / kBK;
   return tiles * split <= 2 * int64_t(sm_count) && kb >= 2 * int64_t(split);
+}
+
+// Whether a narrow-tile variant (bm = 64: the two consumer warpgroups split the Q tile's columns)
+// can take the problem: its Q tile must be K-major, or MN-major with each half a whole 64-wide
+// chunk (bn = 128). Other variants take everything.
+inline bool narrow_fits(const Problem& pr, const VariantShape& v) {
+  if (v.bm == kBM) return true;
+  const Operand& Q = v.swap ? pr.a : pr.bt;
+  return Q.kmajor || v.bn % 128 == 0;
 }
 
 template <class Encode>
@@ -120,7 +131,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   std::memset(&p, 0, sizeof(p));
   const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
-  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, kBM, pr.bf16);
+  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, v.bm, pr.bf16);
   if (r != CUDA_SUCCESS) return r;
   // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}).
   r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16);
@@ -134,13 +145,13 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.p_kmajor = P.kmajor;
   p.q_kmajor = Q.kmajor;
   p.swap = v.swap;
-  p.tiles_m = static_cast<int32_t>((P.rows + kBM - 1) / kBM);
+  p.tiles_m = static_cast<int32_t>((P.rows + v.bm - 1) / v.bm);
   p.tiles_n = static_cast<int32_t>((Q.rows + v.bn - 1) / v.bn);
   p.group_m = 8;
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
   const int64_t kb_total = (pr.K + kBK - 1) / kBK;
   int split = force_split > 0 ? force_split : choose_split(tiles, kb_total, sm_count);
-  if (v.mc > 1) split = 1;  // the cluster is taken by multicast
+  if (v.mc > 1 || v.bm != kBM) split = 1;  // the cluster is taken by multicast; narrow tiles: no split-K
   split = std::max(1, std::min(split, 8));
   int kbps = static_cast<int>((kb_total + split - 1) / split);
   if (split > 1) split = static_cast<int>((kb_total + kbps - 1) / std::max(kbps, 1));
@@ -159,7 +170,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
     out->grid = split > 1 ? static_cast<unsigned>(tiles * split)
                           : static_cast<unsigned>(std::min<int64_t>(tiles, sm_count));
   }
-  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi));
+  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi, v.bm));
   return CUDA_SUCCESS;
 }
 

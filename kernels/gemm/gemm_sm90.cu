@@ -1,5 +1,5 @@
 // sm_90a GEMM entry: C = A @ B (+bias), BF16/FP16 in/out, FP32 accumulation.
-// One compile per variant (FLY_DTYPE_IS_*, FLY_BN, FLY_STAGES, FLY_MC, FLY_EPI; see tuning/gemm.json).
+// One compile per variant (FLY_DTYPE_IS_*, FLY_BM, FLY_BN, FLY_STAGES, FLY_MC, FLY_EPI; see tuning/gemm.json).
 //
 // Block of 384 threads = 3 warpgroups:
 //   wg 0: producer. setmaxnreg.dec; one elected thread issues the TMA loads of the ring.
@@ -27,7 +27,9 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
   float acc[Config::ACC];
   while (sched.fetch(u)) {
     consumer_mma<TA, TB>(ring, ps, u, wg, acc);
-    if (p.split > 1) {
+    if constexpr (Config::BM != 128) {
+      store_tile(out, u, wg, acc);  // narrow tiles: no split-K (the launcher plans split = 1)
+    } else if (p.split > 1) {
       // Both consumer warpgroups must be done reading the ring before it holds partials.
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       float* part = reinterpret_cast<float*>(ring.base);

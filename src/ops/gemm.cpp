@@ -111,7 +111,7 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
 struct VariantShapeOf {
   static gemm::VariantShape of(const Variant& v) {
     return {int(v.get_int("bn", 128)), int(v.get_int("stages", 4)), v.get_int("swap", 0) == 1,
-            int(v.get_int("mc", 1)), int(v.get_int("epi", 0))};
+            int(v.get_int("mc", 1)), int(v.get_int("epi", 0)), int(v.get_int("bm", gemm::kBM))};
   }
 };
 
@@ -120,6 +120,10 @@ struct VariantShapeOf {
 bool split_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
   const int split = int(v.get_int("split", 0));
   return split <= 0 || gemm::forced_split_fits(pr, VariantShapeOf::of(v), split, sm_count);
+}
+// Narrow-tile variants (bm = 64) take only the operand layouts their column split allows.
+bool variant_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
+  return split_fits(v, pr, sm_count) && gemm::narrow_fits(pr, VariantShapeOf::of(v));
 }
 
 // Family default (only names listed in tuning/gemm.json "defaults"): swap-AB for decode-sized M,
@@ -172,7 +176,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   const int sms = dc->sm_count;
   const gemm::Problem prob = pr;
   req.supports = [dt, sms, prob](const Variant& v) {
-    return v.get("dtype") == dtype_name(dt) && split_fits(v, prob, sms);
+    return v.get("dtype") == dtype_name(dt) && variant_fits(v, prob, sms);
   };
   req.cache_tag = "sms=" + std::to_string(sms);  // split_fits depends on the SM count
   const int64_t M = pr.M;
@@ -185,7 +189,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(driver(&d));
 
   const gemm::VariantShape vs = VariantShapeOf::of(*v);
-  const int smem_need = gemm::smem_bytes(vs.bn, vs.stages, vs.epi);
+  const int smem_need = gemm::smem_bytes(vs.bn, vs.stages, vs.epi, vs.bm);
   if (smem_need > dc->max_smem_optin)
     return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %d bytes of shared memory, the device allows %d",
                 v->name.c_str(), smem_need, dc->max_smem_optin);

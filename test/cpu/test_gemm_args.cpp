@@ -3,6 +3,7 @@
 // here (NO_DEVICE on CI, SUCCESS would need real device memory on the GPU machine).
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
@@ -186,4 +187,53 @@ TEST_CASE("forced split-K is offered to few-tile shapes with enough K only", "[g
   CHECK(!forced_split_fits(pr, multicast, 2, 132));  // multicast takes the cluster
   CHECK(forced_split_fits(pr, multicast, 0, 132));   // 0: the launcher chooses
   CHECK(forced_split_fits(pr, swap64, 1, 132));
+}
+
+TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm][args]") {
+  using namespace fly::gemm;
+  alignas(16) static char abuf[64], bbuf[64], cbuf[64];  // never dereferenced: the plan only encodes
+  Problem pr{};
+  pr.M = 64;
+  pr.N = 4096;
+  pr.K = 4096;
+  pr.a = {abuf, 64, 4096, true};     // A row-major: K-major
+  pr.bt = {bbuf, 4096, 4096, true};  // B stored [N, K] (NT): K-major
+  pr.c = cbuf;
+  pr.ldc = 4096;
+  pr.bf16 = true;
+  VariantShape narrow{32, 8, true, 1, 0, 64};  // swap: P = B^T (4096 rows), Q = A^T (64 rows)
+  CHECK(narrow_fits(pr, narrow));
+  CHECK(!forced_split_fits(pr, narrow, 2, 132));  // no split-K for narrow tiles
+  CHECK(forced_split_fits(pr, narrow, 0, 132));
+  pr.a.kmajor = false;  // A column-major: Q = A^T is MN-major
+  CHECK(!narrow_fits(pr, narrow));                                   // a 16-wide half of a 64 chunk
+  CHECK(narrow_fits(pr, VariantShape{128, 8, true, 1, 0, 64}));      // halves of 64: whole chunks
+  CHECK(narrow_fits(pr, VariantShape{64, 8, true, 1, 0, kBM}));      // ordinary tiles take all
+  pr.a.kmajor = true;
+
+  // The plan: P tiles of 64 rows, P's TMA box 64 rows tall, no split, persistent grid.
+  std::vector<unsigned> box_rows;
+  auto encode = [&](CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                    const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+    box_rows.push_back(box[1]);
+    return CUDA_SUCCESS;
+  };
+  Launch L{};
+  REQUIRE(plan_gemm(pr, narrow, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.tiles_m == 64);  // 4096 / 64
+  CHECK(L.params.tiles_n == 2);   // 64 / 32
+  CHECK(L.params.split == 1);
+  CHECK(L.cluster == 1);
+  CHECK(L.grid == 128);
+  CHECK(L.smem == unsigned(smem_bytes(32, 8, 0, 64)));
+  REQUIRE(box_rows.size() == 2);
+  CHECK(box_rows[0] == 64);  // P box: the narrow tile's rows
+  CHECK(box_rows[1] == 32);  // Q box: bn rows
+  // The same shape on ordinary tiles splits K through a cluster.
+  box_rows.clear();
+  REQUIRE(plan_gemm(pr, VariantShape{64, 6, true, 1, 0}, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.tiles_m == 32);
+  CHECK(L.params.split > 1);
+  CHECK(box_rows[0] == unsigned(kBM));
 }
