@@ -325,24 +325,27 @@ std::string quote(const std::string& s) {
 }
 }  // namespace
 
+namespace {
+// The whole of `v` as a number through `conv` (std::stoll / std::stod), else a message naming --k.
+template <class T, class Conv>
+T parse_number(const std::string& k, const std::string& v, Conv conv, const char* what) {
+  size_t used = 0;
+  T x{};
+  try { x = conv(v, &used); } catch (...) { used = 0; }
+  if (v.empty() || used != v.size()) throw std::runtime_error("--" + k + ": expected " + what + ", got '" + v + "'");
+  return x;
+}
+}  // namespace
+
 int64_t Args::get_int(const std::string& k, int64_t d) const {
   if (!has(k)) return d;
-  const std::string v = get(k);
-  size_t used = 0;
-  int64_t x = 0;
-  try { x = std::stoll(v, &used); } catch (...) { used = 0; }
-  if (v.empty() || used != v.size()) throw std::runtime_error("--" + k + ": expected an integer, got '" + v + "'");
-  return x;
+  return parse_number<int64_t>(k, get(k), [](const std::string& v, size_t* u) { return std::stoll(v, u); },
+                               "an integer");
 }
 
 double Args::get_double(const std::string& k, double d) const {
   if (!has(k)) return d;
-  const std::string v = get(k);
-  size_t used = 0;
-  double x = 0;
-  try { x = std::stod(v, &used); } catch (...) { used = 0; }
-  if (v.empty() || used != v.size()) throw std::runtime_error("--" + k + ": expected a number, got '" + v + "'");
-  return x;
+  return parse_number<double>(k, get(k), [](const std::string& v, size_t* u) { return std::stod(v, u); }, "a number");
 }
 
 void append_times(const Args& args, const std::string& key,
