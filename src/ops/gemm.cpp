@@ -115,15 +115,14 @@ struct VariantShapeOf {
   }
 };
 
-// Variants with a forced split-K factor (launch axis "split" > 0) only where split-K makes sense
-// (gemm_plan.h forced_split_fits); the others serve every shape.
-bool split_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
-  const int split = int(v.get_int("split", 0));
-  return split <= 0 || gemm::forced_split_fits(pr, VariantShapeOf::of(v), split, sm_count);
-}
-// Narrow-tile variants (bm = 64) take only the operand layouts their column split allows.
+// Whether a variant can take the problem: one with a forced split-K factor (launch axis "split" >
+// 0) only where split-K makes sense (gemm_plan.h forced_split_fits); a narrow-tile one (bm = 64)
+// only with the operand layouts its column split allows (gemm_plan.h narrow_fits); the others
+// serve every shape.
 bool variant_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
-  return split_fits(v, pr, sm_count) && gemm::narrow_fits(pr, VariantShapeOf::of(v));
+  const gemm::VariantShape vs = VariantShapeOf::of(v);
+  const int split = int(v.get_int("split", 0));
+  return (split <= 0 || gemm::forced_split_fits(pr, vs, split, sm_count)) && gemm::narrow_fits(pr, vs);
 }
 
 // Family default (only names listed in tuning/gemm.json "defaults"): swap-AB for decode-sized M,
@@ -178,7 +177,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   req.supports = [dt, sms, prob](const Variant& v) {
     return v.get("dtype") == dtype_name(dt) && variant_fits(v, prob, sms);
   };
-  req.cache_tag = "sms=" + std::to_string(sms);  // split_fits depends on the SM count
+  req.cache_tag = "sms=" + std::to_string(sms);  // forced_split_fits depends on the SM count
   const int64_t M = pr.M;
   req.fallback = [dt, M] { return default_variant(dt, M); };
   const Variant* v = nullptr;
