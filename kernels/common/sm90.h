@@ -158,9 +158,12 @@ __device__ __forceinline__ uint32_t mapa(uint32_t saddr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
   return r;
 }
-// Arrive on the mbarrier at the same offset in CTA `rank` of the cluster (release, cluster scope).
+// Arrive on the mbarrier at the same offset in CTA `rank` of the cluster (default semantics:
+// release at CTA scope, as CUTLASS's ClusterBarrier::arrive). Used to hand a ring stage back to
+// the peer whose multicast refills it: the wgmma reads of the stage are complete (wait_group)
+// before the arrive, and nothing else needs ordering.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(
                    mapa(smem_u32(bar), rank))
                : "memory");
 }

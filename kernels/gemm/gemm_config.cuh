@@ -22,6 +22,9 @@
 #ifndef FLY_BM
 #define FLY_BM 128
 #endif
+#ifndef FLY_MP
+#define FLY_MP 1
+#endif
 
 namespace fly::gemm {
 
@@ -45,6 +48,10 @@ struct Config {
   // MC = 2: clusters of 2 CTAs on vertically adjacent tiles (same Q columns); each CTA loads half
   // of the Q tile and multicasts it to both, halving L2->SM traffic for Q. Persistent mode only.
   static constexpr int MC = FLY_MC;
+  // MP = 2 (narrow tiles): clusters of 2 CTAs on horizontally adjacent tiles (same P rows); each
+  // loads half of the P tile's rows and multicasts it to both: the layout cuBLAS runs on decode.
+  static constexpr int MP = FLY_MP;
+  static constexpr int CLUSTER = MC * MP;  // CTAs that write into each other's rings
   static constexpr int P_BYTES = BM * BK * 2;
   static constexpr int Q_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = P_BYTES + Q_BYTES;
@@ -66,7 +73,8 @@ struct Config {
   static_assert((BN % 64 == 0 && BN >= 64 && BN <= 256) || (BM == 64 && BN == 32),
                 "wgmma N: 64..256 (TMA MN chunks of 64); narrow tiles also 32");
   static_assert(BM == 128 || (EPI == 0 && FLY_MC == 1 && BN <= 128),
-                "narrow tiles: no staged epilogue, no multicast, BN <= 128");
+                "narrow tiles: no staged epilogue, no Q multicast, BN <= 128");
+  static_assert(MP == 1 || (MP == 2 && BM == 64), "P multicast: narrow tiles, clusters of 2");
   static_assert(MC == 1 || (MC == 2 && BN % 128 == 0), "multicast halves must be 64-col chunks");
   static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");

@@ -25,7 +25,7 @@ struct PipeState {
 struct Ring {
   uint8_t* base;    // 1024-aligned
   uint64_t* full;   // TMA bytes landed (count 1 + tx)
-  uint64_t* empty;  // both consumer warpgroups of every CTA writing here released it (2 * MC)
+  uint64_t* empty;  // both consumer warpgroups of every CTA writing here released it (2 * CLUSTER)
   __device__ uint8_t* p_tile(int s) const { return base + s * Config::STAGE_BYTES; }
   __device__ uint8_t* q_tile(int s) const { return p_tile(s) + Config::P_BYTES; }
 };
@@ -65,13 +65,22 @@ __device__ __forceinline__ void load_q_multicast(uint8_t* dst, const CUtensorMap
   }
 }
 
+// P tile with multicast (Config::MP == 2, narrow tiles): CTA `rank` loads its half of the P
+// tile's rows (K-major only: box {64, BM/2}; the launcher plans nothing else) into both CTAs.
+__device__ __forceinline__ void load_p_multicast(uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
+                                                 bool kmajor, int row0, int k0, int rank) {
+  constexpr int HALF = Config::BM / 2;
+  if (!kmajor) __trap();  // gemm_plan.h narrow_fits keeps MN-major P away from MP = 2
+  sm90::tma_load_2d_multicast(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, 0x3);
+}
+
 // NOTE: measured on the H200 and dropped (bench/RESULTS.md): prefetching the k blocks 4-32 ahead
 // of the ring into L2 (cp.async.bulk.prefetch.tensor) made M <= 512 shapes 1.3-2.2x slower, and
 // refilling the ring 2-3 stages at a time was 2-50% slower. On decode shapes more stages are
 // slower too (st6 16.4, st9 17.6 us at 64x4096x4096): more outstanding 128-byte row segments do
 // not raise the DRAM rate.
 __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& ring) {
-  TileScheduler<Config::MC> sched(p);
+  TileScheduler<Config::MC, Config::MP> sched(p);
   PipeState ps;
   WorkUnit u;
   const bool pk = p.p_kmajor != 0, qk = p.q_kmajor != 0;
@@ -82,8 +91,12 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
       sm90::mbar_wait(&ring.empty[ps.stage], ps.phase ^ 1);
       uint64_t* fb = &ring.full[ps.stage];
       sm90::mbar_arrive_expect_tx(fb, Config::STAGE_BYTES);  // OOB zero-fill bytes count too
-      load_operand<Config::BM>(ring.p_tile(ps.stage), &p.tm_p, fb, pk, u.tm * Config::BM,
-                               kb * Config::BK);
+      if constexpr (Config::MP > 1)
+        load_p_multicast(ring.p_tile(ps.stage), &p.tm_p, fb, pk, u.tm * Config::BM, kb * Config::BK,
+                         sched.rank);
+      else
+        load_operand<Config::BM>(ring.p_tile(ps.stage), &p.tm_p, fb, pk, u.tm * Config::BM,
+                                 kb * Config::BK);
       if constexpr (Config::MC > 1)
         load_q_multicast(ring.q_tile(ps.stage), &p.tm_q, fb, qk, u.tn * Config::BN, kb * Config::BK,
                          sched.rank);
@@ -93,7 +106,7 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
       ps.advance();
     }
   }
-  if constexpr (Config::MC > 1) {
+  if constexpr (Config::CLUSTER > 1) {
     // NOTE: producer tail instead of a cluster barrier at exit: wait until every stage has been
     // released once more. Then all consumer arrivals aimed at this CTA (local and the peer's) have
     // happened, and all our multicast writes have landed (the consumers waited on them), so this
@@ -123,17 +136,19 @@ __device__ __forceinline__ void fence_acc(float (&acc)[Config::ACC]) {
 }
 
 // Releases a stage to the producers that write it: this CTA's, and with multicast the peer's too
-// (its Q half lands in our ring).
+// (its Q half, or P half, lands in our ring).
 __device__ __forceinline__ void release_stage(const Ring& ring, int stage) {
-  if constexpr (Config::MC > 1) {
+  if constexpr (Config::CLUSTER > 1) {
 #pragma unroll
-    for (int r = 0; r < Config::MC; ++r) sm90::mbar_arrive_cluster(&ring.empty[stage], r);
+    for (int r = 0; r < Config::CLUSTER; ++r) sm90::mbar_arrive_cluster(&ring.empty[stage], r);
   } else {
     sm90::mbar_arrive(&ring.empty[stage]);
   }
 }
 
 // Accumulates the unit's k blocks into acc (zeroed here). `wg` is the consumer index (0/1).
+// NOTE: measured and dropped (bench/RESULTS.md): two wgmma groups in flight instead of one, and
+// rotating the k16 steps over 2-4 accumulator sets; neither sped up the narrow decode tiles.
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, const WorkUnit& u,
                                              int wg, float (&acc)[Config::ACC]) {

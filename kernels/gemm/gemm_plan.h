@@ -39,6 +39,7 @@ struct VariantShape {
   int mc = 1;  // multicast cluster size along M (1 or 2); 2 disables split-K
   int epi = 0;  // 1: shared-memory staged epilogue (its tiles add to the shared memory)
   int bm = kBM;  // tile rows of P: 128, or 64 for narrow (decode) tiles
+  int mp = 1;   // multicast cluster size along N (narrow tiles: 2 CTAs share the P tile)
 };
 
 struct Launch {
@@ -117,11 +118,13 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
 
 // Whether a narrow-tile variant (bm = 64: the two consumer warpgroups split the Q tile's columns)
 // can take the problem: its Q tile must be K-major, or MN-major with each half a whole 64-wide
-// chunk (bn = 128). Other variants take everything.
+// chunk (bn = 128); with P multicast (mp = 2) its P tile must be K-major too (each CTA loads 32
+// of the 64 rows, narrower than an MN-major 64-wide chunk). Other variants take everything.
 inline bool narrow_fits(const Problem& pr, const VariantShape& v) {
   if (v.bm == kBM) return true;
+  const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
-  return Q.kmajor || v.bn % 128 == 0;
+  return (Q.kmajor || v.bn % 128 == 0) && (v.mp <= 1 || P.kmajor);
 }
 
 template <class Encode>
@@ -131,7 +134,8 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   std::memset(&p, 0, sizeof(p));
   const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
-  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, v.bm, pr.bf16);
+  // With P multicast each CTA loads half of the P tile's rows (K-major box {64, bm/2}).
+  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, v.bm / std::max(v.mp, 1), pr.bf16);
   if (r != CUDA_SUCCESS) return r;
   // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}).
   r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16);
@@ -151,7 +155,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
   const int64_t kb_total = (pr.K + kBK - 1) / kBK;
   int split = force_split > 0 ? force_split : choose_split(tiles, kb_total, sm_count);
-  if (v.mc > 1 || v.bm != kBM) split = 1;  // the cluster is taken by multicast; narrow tiles: no split-K
+  if (v.mc > 1 || v.mp > 1 || v.bm != kBM) split = 1;  // the cluster is taken by multicast; narrow tiles: no split-K
   split = std::max(1, std::min(split, 8));
   int kbps = static_cast<int>((kb_total + split - 1) / split);
   if (split > 1) split = static_cast<int>((kb_total + kbps - 1) / std::max(kbps, 1));
@@ -160,11 +164,14 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.kb_per_split = kbps;
   p.c_vec = (reinterpret_cast<uintptr_t>(pr.c) % 8 == 0) && (pr.ldc % 4 == 0);
   p.mc = v.mc > 1 ? v.mc : 1;
-  if (p.mc > 1) {
-    const int64_t supers = (p.tiles_m + p.mc - 1) / p.mc * int64_t(p.tiles_n);
-    const int64_t cap = std::max<int64_t>(1, int64_t(kMaxClusters132[p.mc]) * sm_count / 132);
-    out->cluster = static_cast<unsigned>(p.mc);
-    out->grid = static_cast<unsigned>(p.mc * std::min(supers, cap));
+  const int mp = v.mp > 1 ? v.mp : 1;
+  if (p.mc > 1 || mp > 1) {
+    // Multicast clusters walk super tiles of mc tile rows (or mp tile columns), persistently.
+    const int cl = p.mc * mp;
+    const int64_t supers = (p.tiles_m + p.mc - 1) / p.mc * int64_t((p.tiles_n + mp - 1) / mp);
+    const int64_t cap = std::max<int64_t>(1, int64_t(kMaxClusters132[cl]) * sm_count / 132);
+    out->cluster = static_cast<unsigned>(cl);
+    out->grid = static_cast<unsigned>(cl * std::min(supers, cap));
   } else {
     out->cluster = static_cast<unsigned>(split);
     out->grid = split > 1 ? static_cast<unsigned>(tiles * split)

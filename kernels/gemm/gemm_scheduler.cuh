@@ -15,15 +15,18 @@ struct WorkUnit {
 
 // MC > 1 (multicast clusters): the cluster walks "super tiles" of MC vertically adjacent tiles;
 // CTA rank r takes tile row super*MC + r (possibly past the last row: it then only helps load Q
-// and its stores are clipped).
-template <int MC>
+// and its stores are clipped). MP > 1 is the same along the other axis: MP horizontally adjacent
+// tiles (same P rows) and CTA rank r takes tile column super*MP + r. At most one of them is > 1.
+template <int MC, int MP = 1>
 struct TileScheduler {
+  static_assert(MC == 1 || MP == 1, "a cluster multicasts one operand");
+  static constexpr int CL = MC * MP;  // CTAs per multicast cluster
   int tiles_m, tiles_n, total, group_m, split, kb_total, kb_per_split;
   int next, step, rank;
 
   __device__ explicit TileScheduler(const GemmParams& p) {
     tiles_m = (p.tiles_m + MC - 1) / MC;  // super-tile rows
-    tiles_n = p.tiles_n;
+    tiles_n = (p.tiles_n + MP - 1) / MP;  // super-tile columns
     total = tiles_m * tiles_n;
     group_m = max(1, p.group_m / MC);
     split = p.split;
@@ -33,10 +36,10 @@ struct TileScheduler {
       rank = static_cast<int>(sm90::cluster_ctarank());
       next = blockIdx.x / split;
       step = total;  // exactly one unit per CTA
-    } else if (MC > 1) {
+    } else if (CL > 1) {
       rank = static_cast<int>(sm90::cluster_ctarank());
-      next = blockIdx.x / MC;
-      step = gridDim.x / MC;
+      next = blockIdx.x / CL;
+      step = gridDim.x / CL;
     } else {
       rank = 0;
       next = blockIdx.x;
@@ -56,7 +59,7 @@ struct TileScheduler {
     const int gsz = min(tiles_m - first_m, group_m);
     const int r = t - g * per_group;
     u.tm = (first_m + r % gsz) * MC + (MC > 1 ? rank : 0);
-    u.tn = r / gsz;
+    u.tn = (r / gsz) * MP + (MP > 1 ? rank : 0);
     if (split > 1) {
       u.kb_begin = min(kb_total, rank * kb_per_split);
       u.kb_end = min(kb_total, u.kb_begin + kb_per_split);

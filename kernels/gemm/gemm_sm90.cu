@@ -7,7 +7,8 @@
 //            then the epilogue.
 // Modes (runtime): split == 1: persistent over tiles (grid <= #SMs); split > 1: the launch has
 // clusters of `split` CTAs along x, one per k slice of a tile, reduced through DSMEM.
-// FLY_MC == 2 (compile time, persistent only): clusters of 2 CTAs share the Q tile by multicast.
+// FLY_MC == 2 (compile time, persistent only): clusters of 2 CTAs share the Q tile by multicast;
+// FLY_MP == 2 (narrow tiles): clusters of 2 CTAs share the P tile by multicast.
 // Layouts (runtime): p_kmajor / q_kmajor pick one of four consumer instantiations (the wgmma
 // transpose bits are immediates), so one kernel serves NN/NT/TN/TT and swap-AB.
 #include "gemm/gemm_config.cuh"
@@ -20,7 +21,7 @@ namespace fly::gemm {
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& ring, int wg,
                                               uint8_t* epi_stage) {
-  TileScheduler<Config::MC> sched(p);
+  TileScheduler<Config::MC, Config::MP> sched(p);
   PipeState ps;
   WorkUnit u;
   const OutView out(p);
@@ -67,14 +68,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < Config::STAGES; ++s) {
       fly::sm90::mbar_init(&ring.full[s], 1);
       // one arrival per consumer warpgroup of each CTA whose producer writes this stage
-      fly::sm90::mbar_init(&ring.empty[s], 2 * Config::MC);
+      fly::sm90::mbar_init(&ring.empty[s], 2 * Config::CLUSTER);
     }
     fly::sm90::fence_barrier_init();
     fly::sm90::tma_prefetch_desc(&p.tm_p);
     fly::sm90::tma_prefetch_desc(&p.tm_q);
   }
   // Multicast peers signal our barriers: they must be initialized cluster-wide first.
-  const bool multicast = Config::MC > 1 && p.split == 1;
+  const bool multicast = Config::CLUSTER > 1 && p.split == 1;
   if (multicast) fly::sm90::cluster_sync();
   else __syncthreads();
 

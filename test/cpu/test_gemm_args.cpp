@@ -236,4 +236,28 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   CHECK(L.params.tiles_m == 32);
   CHECK(L.params.split > 1);
   CHECK(box_rows[0] == unsigned(kBM));
+
+  // P multicast (mp = 2): clusters of 2 along the tile columns, each CTA loading 32 of the 64 P
+  // rows; only a K-major P can be halved that way.
+  VariantShape mp2{32, 8, true, 1, 0, 64, 2};
+  CHECK(narrow_fits(pr, mp2));
+  CHECK(!forced_split_fits(pr, mp2, 2, 132));
+  box_rows.clear();
+  REQUIRE(plan_gemm(pr, mp2, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.split == 1);
+  CHECK(L.cluster == 2);
+  CHECK(L.grid == 128);  // 64 tile rows x 1 super column of 2 tiles, clusters of 2
+  REQUIRE(box_rows.size() == 2);
+  CHECK(box_rows[0] == 32);  // P box: half of the tile's rows
+  CHECK(box_rows[1] == 32);
+  pr.bt.kmajor = false;  // B row-major: P = B^T is MN-major
+  CHECK(!narrow_fits(pr, mp2));
+  CHECK(narrow_fits(pr, VariantShape{32, 8, true, 1, 0, 64, 1}));  // without multicast it is fine
+  pr.bt.kmajor = true;
+  // More super tiles than the clusters that fit: the grid is capped at whole clusters.
+  pr.M = pr.a.rows = 4096;
+  pr.N = pr.bt.rows = 8192;
+  REQUIRE(plan_gemm(pr, mp2, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.cluster == 2);
+  CHECK(L.grid == 132);
 }
