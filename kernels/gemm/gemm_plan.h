@@ -40,7 +40,19 @@ struct VariantShape {
   int epi = 0;  // 1: shared-memory staged epilogue (its tiles add to the shared memory)
   int bm = kBM;  // tile rows of P: 128, or 64 for narrow (decode) tiles
   int mp = 1;   // multicast cluster size along N (narrow tiles: 2 CTAs share the P tile)
+  int l2p = 256;  // L2 sector promotion of both tensor maps, bytes: 0 (none), 64, 128 or 256
 };
+
+// The tensor-map L2 promotion for `bytes` (a launch axis of the narrow tiles, tuning/gemm.json);
+// anything but 0, 64 and 128 means the 256-byte promotion every other variant uses.
+inline CUtensorMapL2promotion l2_promotion(int bytes) {
+  switch (bytes) {
+    case 0: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+    case 64: return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+    case 128: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+    default: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  }
+}
 
 struct Launch {
   GemmParams params;
@@ -63,7 +75,7 @@ inline const char* operand_tma_problem(const Operand& o, int64_t k) {
 // cuTensorMapEncodeTiled, however the caller reaches it.
 template <class Encode>
 CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64_t k, int box_rows,
-                        bool bf16) {
+                        bool bf16, CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   const int64_t kk = std::max<int64_t>(k, 1);
   cuuint64_t dims[2], strides[1];
   cuuint32_t box[2], estr[2] = {1, 1};
@@ -82,8 +94,8 @@ CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64
   }
   return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
                 const_cast<void*>(o.data), dims, strides, box, estr,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 // Clusters of s CTAs (one 384-thread, ~200 KiB CTA per SM) resident at once on a 132-SM H100/H200,
@@ -135,10 +147,11 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
   // With P multicast each CTA loads half of the P tile's rows (K-major box {64, bm/2}).
-  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, v.bm / std::max(v.mp, 1), pr.bf16);
+  const CUtensorMapL2promotion l2 = l2_promotion(v.l2p);
+  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, v.bm / std::max(v.mp, 1), pr.bf16, l2);
   if (r != CUDA_SUCCESS) return r;
   // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}).
-  r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16);
+  r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16, l2);
   if (r != CUDA_SUCCESS) return r;
   p.c = pr.c;
   p.bias = pr.bias;

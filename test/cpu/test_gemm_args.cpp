@@ -260,4 +260,28 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   REQUIRE(plan_gemm(pr, mp2, 132, encode, &L) == CUDA_SUCCESS);
   CHECK(L.cluster == 2);
   CHECK(L.grid == 132);
+
+  // The L2 promotion (launch axis l2p): both tensor maps get it; 256 B unless told otherwise.
+  std::vector<CUtensorMapL2promotion> promo;
+  auto encode_l2 = [&](CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                       const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                       CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill) {
+    promo.push_back(l2);
+    return CUDA_SUCCESS;
+  };
+  REQUIRE(plan_gemm(pr, narrow, 132, encode_l2, &L) == CUDA_SUCCESS);
+  VariantShape l128 = narrow, none = narrow;
+  l128.l2p = 128;
+  none.l2p = 0;
+  REQUIRE(plan_gemm(pr, l128, 132, encode_l2, &L) == CUDA_SUCCESS);
+  REQUIRE(plan_gemm(pr, none, 132, encode_l2, &L) == CUDA_SUCCESS);
+  REQUIRE(promo.size() == 6);
+  CHECK(promo[0] == CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+  CHECK(promo[1] == CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+  CHECK(promo[2] == CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
+  CHECK(promo[3] == CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
+  CHECK(promo[4] == CU_TENSOR_MAP_L2_PROMOTION_NONE);
+  CHECK(promo[5] == CU_TENSOR_MAP_L2_PROMOTION_NONE);
+  CHECK(l2_promotion(64) == CU_TENSOR_MAP_L2_PROMOTION_L2_64B);
+  CHECK(l2_promotion(512) == CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
