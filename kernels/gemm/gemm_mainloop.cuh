@@ -48,30 +48,32 @@ __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* ma
   }
 }
 
-// Q tile with multicast (Config::MC == 2): CTA `rank` loads its half of the Q tile's rows (K-major:
-// BN/2 rows; MN-major: BN/128 of the 64-wide chunks) into both CTAs of the cluster.
-__device__ __forceinline__ void load_q_multicast(uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
-                                                 bool kmajor, int row0, int k0, int rank) {
-  constexpr int HALF = Config::BN / 2;
-  const uint16_t both = 0x3;
-  if (kmajor) {
-    sm90::tma_load_2d_multicast(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, both);
+// One operand tile, loaded by this CTA alone (CL == 1) or shared by a multicast cluster of 2
+// (CL == 2: Q tiles with Config::MC, P tiles with Config::MP): then CTA `rank` loads its half of
+// the tile's rows into both CTAs. K-major: a box {64 k, ROWS/2}; MN-major: ROWS/128 of the 64-wide
+// chunks, so ROWS/2 must be a whole number of chunks (gemm_plan.h narrow_fits keeps 64-row
+// MN-major tiles away from multicast).
+template <int ROWS, int CL>
+__device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
+                                          bool kmajor, int row0, int k0, int rank) {
+  if constexpr (CL == 1) {
+    load_operand<ROWS>(dst, map, bar, kmajor, row0, k0);
   } else {
+    static_assert(CL == 2, "multicast clusters of 2");
+    constexpr int HALF = ROWS / 2;
+    const uint16_t both = 0x3;
+    if (kmajor) {
+      sm90::tma_load_2d_multicast(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, both);
+    } else if constexpr (HALF >= 64) {
 #pragma unroll
-    for (int c = 0; c < HALF / 64; ++c) {
-      const int chunk = rank * (HALF / 64) + c;
-      sm90::tma_load_2d_multicast(dst + chunk * 64 * Config::BK * 2, map, bar, row0 + 64 * chunk, k0, both);
+      for (int c = 0; c < HALF / 64; ++c) {
+        const int chunk = rank * (HALF / 64) + c;
+        sm90::tma_load_2d_multicast(dst + chunk * 64 * Config::BK * 2, map, bar, row0 + 64 * chunk, k0, both);
+      }
+    } else {
+      __trap();  // half an MN-major chunk: the launcher never plans one (narrow_fits)
     }
   }
-}
-
-// P tile with multicast (Config::MP == 2, narrow tiles): CTA `rank` loads its half of the P
-// tile's rows (K-major only: box {64, BM/2}; the launcher plans nothing else) into both CTAs.
-__device__ __forceinline__ void load_p_multicast(uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
-                                                 bool kmajor, int row0, int k0, int rank) {
-  constexpr int HALF = Config::BM / 2;
-  if (!kmajor) __trap();  // gemm_plan.h narrow_fits keeps MN-major P away from MP = 2
-  sm90::tma_load_2d_multicast(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, 0x3);
 }
 
 // NOTE: measured on the H200 and dropped (bench/RESULTS.md): prefetching the k blocks 4-32 ahead
@@ -91,18 +93,10 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
       sm90::mbar_wait(&ring.empty[ps.stage], ps.phase ^ 1);
       uint64_t* fb = &ring.full[ps.stage];
       sm90::mbar_arrive_expect_tx(fb, Config::STAGE_BYTES);  // OOB zero-fill bytes count too
-      if constexpr (Config::MP > 1)
-        load_p_multicast(ring.p_tile(ps.stage), &p.tm_p, fb, pk, u.tm * Config::BM, kb * Config::BK,
-                         sched.rank);
-      else
-        load_operand<Config::BM>(ring.p_tile(ps.stage), &p.tm_p, fb, pk, u.tm * Config::BM,
-                                 kb * Config::BK);
-      if constexpr (Config::MC > 1)
-        load_q_multicast(ring.q_tile(ps.stage), &p.tm_q, fb, qk, u.tn * Config::BN, kb * Config::BK,
-                         sched.rank);
-      else
-        load_operand<Config::BN>(ring.q_tile(ps.stage), &p.tm_q, fb, qk, u.tn * Config::BN,
-                                 kb * Config::BK);
+      load_tile<Config::BM, Config::MP>(ring.p_tile(ps.stage), &p.tm_p, fb, pk, u.tm * Config::BM,
+                                        kb * Config::BK, sched.rank);
+      load_tile<Config::BN, Config::MC>(ring.q_tile(ps.stage), &p.tm_q, fb, qk, u.tn * Config::BN,
+                                        kb * Config::BK, sched.rank);
       ps.advance();
     }
   }
