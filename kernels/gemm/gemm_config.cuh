@@ -25,6 +25,9 @@
 #ifndef FLY_MP
 #define FLY_MP 1
 #endif
+#ifndef FLY_PP
+#define FLY_PP 0
+#endif
 
 namespace fly::gemm {
 
@@ -43,6 +46,11 @@ struct Config {
   static constexpr int BM = FLY_BM;
   static constexpr int BN = FLY_BN;
   static constexpr int WG_N = BM == 64 ? BN / 2 : BN;  // wgmma N of each consumer warpgroup
+  // PP = 1 (ping-pong): each consumer warpgroup takes whole 128 x BN tiles (both 64-row halves of
+  // P, MH = 2), the two alternating over the CTA's tiles: one runs its mainloop while the other
+  // stores its previous tile. Persistent, no split-K, no multicast, direct-store epilogue.
+  static constexpr bool PP = FLY_PP != 0;
+  static constexpr int MH = PP ? 2 : 1;  // 64-row halves of P each consumer warpgroup multiplies
   static constexpr int BK = kBK;  // 64 x 2 B = 128 B rows: exactly one 128B swizzle span
   static constexpr int STAGES = FLY_STAGES;
   // MC = 2: clusters of 2 CTAs on vertically adjacent tiles (same Q columns); each CTA loads half
@@ -64,7 +72,8 @@ struct Config {
   static_assert(EPI == 0 || BN <= 128, "shared-memory epilogue: BN <= 128");
   static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN);
   static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM);
-  static constexpr int ACC = WG_N / 2;  // fp32 accumulators per consumer thread (64 x WG_N / 128)
+  static constexpr int ACC = MH * WG_N / 2;  // fp32 accumulators per consumer thread (MH x 64 x WG_N / 128)
+  static constexpr int STAGE_READERS = PP ? 1 : 2;  // consumer warpgroups that read each stage
   // Register split: producer warpgroup keeps 40, consumers get 232 (40*128 + 232*256 <= 64K).
   static constexpr int PRODUCER_REGS = 40;
   static constexpr int CONSUMER_REGS = 232;
@@ -75,6 +84,8 @@ struct Config {
   static_assert(BM == 128 || (EPI == 0 && FLY_MC == 1 && BN <= 128),
                 "narrow tiles: no staged epilogue, no Q multicast, BN <= 128");
   static_assert(MP == 1 || (MP == 2 && BM == 64), "P multicast: narrow tiles, clusters of 2");
+  static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
+                "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
   static_assert(MC == 1 || (MC == 2 && BN % 128 == 0), "multicast halves must be 64-col chunks");
   static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");

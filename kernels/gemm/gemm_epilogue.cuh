@@ -62,16 +62,30 @@ struct OutView {
   }
 };
 
-__device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u, int wg,
-                                           const float (&acc)[Config::ACC]) {
+// Stores one warpgroup's 64 x WG_N accumulator block (Mma::kRegs values from `acc`) whose first
+// element is D(i_base, j_base).
+__device__ __forceinline__ void store_block(const OutView& out, int i_base, int j_base, const float* acc) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  // BM = 128: the warpgroup owns rows wg*64.. of the tile; BM = 64: columns wg*WG_N.. of it.
-  const int i0 = u.tm * Config::BM + (Config::BM == 128 ? wg * 64 : 0) + warp * 16 + lane / 4;
-  const int j0 = u.tn * Config::BN + (Config::BM == 128 ? 0 : wg * Config::WG_N) + 2 * (lane % 4);
+  const int i0 = i_base + warp * 16 + lane / 4;
+  const int j0 = j_base + 2 * (lane % 4);
 #pragma unroll
   for (int j8 = 0; j8 < Config::WG_N / 8; ++j8) {
     out.store_pair(i0, j0 + 8 * j8, acc[4 * j8 + 0], acc[4 * j8 + 1]);
     out.store_pair(i0 + 8, j0 + 8 * j8, acc[4 * j8 + 2], acc[4 * j8 + 3]);
+  }
+}
+
+__device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u, int wg,
+                                           const float (&acc)[Config::ACC]) {
+  const int i_base = u.tm * Config::BM, j_base = u.tn * Config::BN;
+  if constexpr (Config::PP) {
+    // Ping-pong: the warpgroup holds the whole tile, its two 64-row halves one after the other.
+#pragma unroll
+    for (int h = 0; h < Config::MH; ++h) store_block(out, i_base + 64 * h, j_base, acc + h * (Config::ACC / Config::MH));
+  } else if constexpr (Config::BM == 128) {
+    store_block(out, i_base + wg * 64, j_base, acc);  // the warpgroup owns rows wg*64.. of the tile
+  } else {
+    store_block(out, i_base, j_base + wg * Config::WG_N, acc);  // BM = 64: columns wg*WG_N..
   }
 }
 

@@ -20,12 +20,20 @@ struct PipeState {
       phase ^= 1;
     }
   }
+  // Skips n stages (ping-pong: the other consumer warpgroup's tile).
+  __device__ void advance(int n) {
+    stage += n;
+    const int wraps = stage / Config::STAGES;
+    stage -= wraps * Config::STAGES;
+    phase ^= static_cast<uint32_t>(wraps & 1);
+  }
 };
 
 struct Ring {
   uint8_t* base;    // 1024-aligned
   uint64_t* full;   // TMA bytes landed (count 1 + tx)
-  uint64_t* empty;  // both consumer warpgroups of every CTA writing here released it (2 * CLUSTER)
+  uint64_t* empty;  // the consumer warpgroups of every CTA writing here released it
+                    // (STAGE_READERS * CLUSTER)
   __device__ uint8_t* p_tile(int s) const { return base + s * Config::STAGE_BYTES; }
   __device__ uint8_t* q_tile(int s) const { return p_tile(s) + Config::P_BYTES; }
 };
@@ -147,15 +155,16 @@ template <int TA, int TB>
 __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, const WorkUnit& u,
                                              int wg, float (&acc)[Config::ACC]) {
   using Mma = sm90::Wgmma<Config::WG_N, TA, TB, kBF16>;
-  static_assert(Mma::kRegs == Config::ACC, "accumulator count");
+  static_assert(Mma::kRegs * Config::MH == Config::ACC, "accumulator count");
   const bool signal = (threadIdx.x % 128) == 0;
 #pragma unroll
   for (int i = 0; i < Config::ACC; ++i) acc[i] = 0.f;
   // The 64-row half of P this warpgroup multiplies: 64 rows x 128 B (K-major) or the wg-th
   // 64-wide MN chunk (MN-major) are both 8 KiB into the tile. Narrow tiles (BM = 64): both take
   // all of P and the wg-th WG_N columns of Q: WG_N rows x 128 B (K-major) or WG_N / 64 chunks of
-  // 8 KiB (MN-major; the launcher plans that only when WG_N is a multiple of 64).
-  const int p_off = Config::BM == 128 ? wg * 64 * Config::BK * 2 : 0;
+  // 8 KiB (MN-major; the launcher plans that only when WG_N is a multiple of 64). Ping-pong: the
+  // warpgroup takes both halves of P (MH = 2), each into its own Mma::kRegs accumulators.
+  const int p_off = Config::BM == 128 && !Config::PP ? wg * 64 * Config::BK * 2 : 0;
   const int q_off = Config::BM == 128 ? 0
                     : (TB == 0 ? wg * Config::WG_N * Config::BK * 2 : wg * (Config::WG_N / 64) * 64 * Config::BK * 2);
   int prev = -1;
@@ -167,7 +176,10 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
     const uint8_t* qt = ring.q_tile(ps.stage) + q_off;
 #pragma unroll
     for (int kk = 0; kk < Config::BK / 16; ++kk)
-      Mma::mma(acc, operand_desc<TA == 0>(pt, kk), operand_desc<TB == 0>(qt, kk), 1);
+#pragma unroll
+      for (int h = 0; h < Config::MH; ++h)
+        Mma::mma(acc + h * Mma::kRegs, operand_desc<TA == 0>(pt + h * 64 * Config::BK * 2, kk),
+                 operand_desc<TB == 0>(qt, kk), 1);
     sm90::wgmma_commit();
     fence_acc(acc);
     // NOTE: keep one wgmma group in flight; the stage read by the previous group is free now.

@@ -41,6 +41,7 @@ struct VariantShape {
   int bm = kBM;  // tile rows of P: 128, or 64 for narrow (decode) tiles
   int mp = 1;   // multicast cluster size along N (narrow tiles: 2 CTAs share the P tile)
   int l2p = 256;  // L2 sector promotion of both tensor maps, bytes: 0 (none), 64, 128 or 256
+  int pp = 0;     // 1: ping-pong consumers (alternate whole tiles; persistent, no split-K)
 };
 
 // The tensor-map L2 promotion for `bytes` (a launch axis of the narrow tiles, tuning/gemm.json);
@@ -122,6 +123,7 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
   if (split <= 1) return split >= 0;
   if (v.mc > 1) return false;  // the cluster is taken by multicast
   if (v.bm != kBM) return false;  // narrow tiles have no split-K
+  if (v.pp) return false;         // nor do ping-pong consumers
   const int64_t p_rows = v.swap ? pr.N : pr.M, q_rows = v.swap ? pr.M : pr.N;
   const int64_t tiles = ((p_rows + kBM - 1) / kBM) * ((q_rows + v.bn - 1) / v.bn);
   const int64_t kb = (pr.K + kBK - 1) / kBK;
@@ -168,7 +170,8 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
   const int64_t kb_total = (pr.K + kBK - 1) / kBK;
   int split = force_split > 0 ? force_split : choose_split(tiles, kb_total, sm_count);
-  if (v.mc > 1 || v.mp > 1 || v.bm != kBM) split = 1;  // the cluster is taken by multicast; narrow tiles: no split-K
+  // The cluster is taken by multicast; narrow tiles and ping-pong consumers have no split-K.
+  if (v.mc > 1 || v.mp > 1 || v.bm != kBM || v.pp) split = 1;
   split = std::max(1, std::min(split, 8));
   int kbps = static_cast<int>((kb_total + split - 1) / split);
   if (split > 1) split = static_cast<int>((kb_total + kbps - 1) / std::max(kbps, 1));

@@ -9,6 +9,7 @@
 // clusters of `split` CTAs along x, one per k slice of a tile, reduced through DSMEM.
 // FLY_MC == 2 (compile time, persistent only): clusters of 2 CTAs share the Q tile by multicast;
 // FLY_MP == 2 (narrow tiles): clusters of 2 CTAs share the P tile by multicast.
+// FLY_PP == 1 (ping-pong): the consumer warpgroups take alternate whole tiles (gemm_config.cuh).
 // Layouts (runtime): p_kmajor / q_kmajor pick one of four consumer instantiations (the wgmma
 // transpose bits are immediates), so one kernel serves NN/NT/TN/TT and swap-AB.
 #include "gemm/gemm_config.cuh"
@@ -18,9 +19,51 @@
 
 namespace fly::gemm {
 
+// Ping-pong order: warpgroup w runs the mainloop of the CTA's units w, w + 2, ...; before each
+// one (except warpgroup 0's first) it waits until the other has finished the mainloop of the unit
+// before it (named barrier 4 + w, 256 threads: the other's 128 arrive, these 128 wait). Besides
+// taking turns on the tensor cores, this keeps every full-barrier wait at most one phase ahead of
+// the producer, which the parity test of mbarrier.try_wait needs.
+__device__ __forceinline__ void pp_wait_turn(int wg) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(4 + wg) : "memory");
+}
+__device__ __forceinline__ void pp_pass_turn(int wg) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(4 + (wg ^ 1)) : "memory");
+}
+
+template <int TA, int TB>
+__device__ __forceinline__ void consumer_role_pp(const GemmParams& p, const Ring& ring, int wg) {
+  TileScheduler<Config::MC, Config::MP> sched(p);
+  PipeState ps;
+  WorkUnit u, other;
+  const OutView out(p);
+  float acc[Config::ACC];
+  // The ring holds the units in the CTA's order; warpgroup 1 starts by skipping unit 0's stages.
+  if (wg == 1) {
+    if (!sched.fetch(other)) return;
+    ps.advance(other.kb_end - other.kb_begin);
+  }
+  bool first = wg == 0;
+  while (sched.fetch(u)) {
+    if (!first) pp_wait_turn(wg);
+    first = false;
+    consumer_mma<TA, TB>(ring, ps, u, wg, acc);
+    // Hand the turn over only when the other warpgroup has a next unit (no dangling arrivals).
+    const bool more = sched.fetch(other);
+    if (more) pp_pass_turn(wg);
+    store_tile(out, u, wg, acc);  // overlaps the other warpgroup's mainloop
+    if (!more) break;
+    ps.advance(other.kb_end - other.kb_begin);
+  }
+}
+
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& ring, int wg,
                                               uint8_t* epi_stage) {
+  if constexpr (Config::PP) {
+    consumer_role_pp<TA, TB>(p, ring, wg);
+    return;
+  }
   TileScheduler<Config::MC, Config::MP> sched(p);
   PipeState ps;
   WorkUnit u;
@@ -67,8 +110,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Config::STAGES; ++s) {
       fly::sm90::mbar_init(&ring.full[s], 1);
-      // one arrival per consumer warpgroup of each CTA whose producer writes this stage
-      fly::sm90::mbar_init(&ring.empty[s], 2 * Config::CLUSTER);
+      // one arrival per consumer warpgroup that reads this stage, from each CTA whose producer
+      // writes it
+      fly::sm90::mbar_init(&ring.empty[s], Config::STAGE_READERS * Config::CLUSTER);
     }
     fly::sm90::fence_barrier_init();
     fly::sm90::tma_prefetch_desc(&p.tm_p);

@@ -285,3 +285,40 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   CHECK(l2_promotion(64) == CU_TENSOR_MAP_L2_PROMOTION_L2_64B);
   CHECK(l2_promotion(512) == CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
+
+TEST_CASE("ping-pong variants (pp = 1): persistent, never split", "[gemm][args]") {
+  using namespace fly::gemm;
+  alignas(16) static char abuf[64], bbuf[64], cbuf[64];  // never dereferenced: the plan only encodes
+  Problem pr{};
+  pr.M = 64;
+  pr.N = 4096;
+  pr.K = 4096;
+  pr.a = {abuf, 64, 4096, true};
+  pr.bt = {bbuf, 4096, 4096, true};
+  pr.c = cbuf;
+  pr.ldc = 4096;
+  pr.bf16 = true;
+  auto encode = [](CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                   const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill) { return CUDA_SUCCESS; };
+  VariantShape pp{128, 5, true, 1, 0, kBM};
+  pp.pp = 1;
+  CHECK(narrow_fits(pr, pp));
+  CHECK(!forced_split_fits(pr, pp, 2, 132));  // no forced split-K
+  CHECK(forced_split_fits(pr, pp, 0, 132));
+  Launch L{};
+  // A few-tile shape the ordinary variant would split along K: ping-pong keeps split = 1.
+  REQUIRE(plan_gemm(pr, pp, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.split == 1);
+  CHECK(L.cluster == 1);
+  CHECK(L.grid == 32);  // 4096 / 128 tiles, one column of Q
+  VariantShape plain = pp;
+  plain.pp = 0;
+  REQUIRE(plan_gemm(pr, plain, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.split > 1);
+  // Many tiles: a persistent grid of one CTA per SM, each CTA walking several tiles.
+  pr.M = pr.a.rows = 4096;
+  REQUIRE(plan_gemm(pr, pp, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.grid == 132);
+  CHECK(L.params.tiles_m * L.params.tiles_n == 32 * 32);
+}

@@ -205,6 +205,13 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       if (!mn_ok) {  // the refused call named no variant: run one it takes so the check below holds
         CHECK(run_case({17, 129, 1000, kRow, kCol, 0, true, dt}, 11) == FLY_SUCCESS);
       }
+    } else if (ps.find("pp=1") != std::string::npos) {
+      // Ping-pong consumers: enough tiles that every CTA runs two or more, so the warpgroups take
+      // turns and skip each other's stages (2-4 k blocks each, fewer than the ring's stages),
+      // ragged edges and a K tail; then an MN-major pair.
+      CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
+      CHECK(run_case({1100, 2900, 200, kRow, kCol, 8, true, dt}, 12) == FLY_SUCCESS);
+      CHECK(run_case({1000, 1100, 100, kCol, kRow, 0, false, dt}, 13) == FLY_SUCCESS);
     } else if (ps.find("split=0") == std::string::npos && ps.find("split=") != std::string::npos) {
       // Forced split-K (launch axis): shapes with few tiles and a K of at least 16 k blocks, which
       // every split factor up to 8 accepts; a big shape is refused (other variants serve it).
