@@ -26,6 +26,37 @@ fly_status gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& c, c
   return fly_gemm(&a, &b, &c, bias, nullptr, 0, nullptr);
 }
 
+// A 64 x 4096 x 4096 NT problem (A and B^T K-major) for the launch-plan tests. Its buffers are
+// never dereferenced: the plan only encodes tensor maps.
+fly::gemm::Problem decode_problem() {
+  alignas(16) static char abuf[64], bbuf[64], cbuf[64];
+  fly::gemm::Problem pr{};
+  pr.M = 64;
+  pr.N = 4096;
+  pr.K = 4096;
+  pr.a = {abuf, 64, 4096, true};     // A row-major: K-major
+  pr.bt = {bbuf, 4096, 4096, true};  // B stored [N, K] (NT): K-major
+  pr.c = cbuf;
+  pr.ldc = 4096;
+  pr.bf16 = true;
+  return pr;
+}
+
+// Stands in for cuTensorMapEncodeTiled in plan_gemm: records each map's box rows and L2 promotion.
+struct EncodeLog {
+  std::vector<unsigned> box_rows;
+  std::vector<CUtensorMapL2promotion> l2;
+  auto encoder() {
+    return [this](CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                  const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                  CUtensorMapL2promotion promo, CUtensorMapFloatOOBfill) {
+      box_rows.push_back(box[1]);
+      l2.push_back(promo);
+      return CUDA_SUCCESS;
+    };
+  }
+};
+
 }  // namespace
 
 TEST_CASE("gemm rejects malformed descriptors", "[gemm][args]") {
@@ -191,16 +222,7 @@ TEST_CASE("forced split-K is offered to few-tile shapes with enough K only", "[g
 
 TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm][args]") {
   using namespace fly::gemm;
-  alignas(16) static char abuf[64], bbuf[64], cbuf[64];  // never dereferenced: the plan only encodes
-  Problem pr{};
-  pr.M = 64;
-  pr.N = 4096;
-  pr.K = 4096;
-  pr.a = {abuf, 64, 4096, true};     // A row-major: K-major
-  pr.bt = {bbuf, 4096, 4096, true};  // B stored [N, K] (NT): K-major
-  pr.c = cbuf;
-  pr.ldc = 4096;
-  pr.bf16 = true;
+  Problem pr = decode_problem();
   VariantShape narrow{32, 8, true, 1, 0, 64};  // swap: P = B^T (4096 rows), Q = A^T (64 rows)
   CHECK(narrow_fits(pr, narrow));
   CHECK(!forced_split_fits(pr, narrow, 2, 132));  // no split-K for narrow tiles
@@ -212,13 +234,9 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   pr.a.kmajor = true;
 
   // The plan: P tiles of 64 rows, P's TMA box 64 rows tall, no split, persistent grid.
-  std::vector<unsigned> box_rows;
-  auto encode = [&](CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                    const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
-    box_rows.push_back(box[1]);
-    return CUDA_SUCCESS;
-  };
+  EncodeLog log;
+  std::vector<unsigned>& box_rows = log.box_rows;
+  auto encode = log.encoder();
   Launch L{};
   REQUIRE(plan_gemm(pr, narrow, 132, encode, &L) == CUDA_SUCCESS);
   CHECK(L.params.tiles_m == 64);  // 4096 / 64
@@ -262,19 +280,14 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   CHECK(L.grid == 132);
 
   // The L2 promotion (launch axis l2p): both tensor maps get it; 256 B unless told otherwise.
-  std::vector<CUtensorMapL2promotion> promo;
-  auto encode_l2 = [&](CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                       const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                       CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill) {
-    promo.push_back(l2);
-    return CUDA_SUCCESS;
-  };
-  REQUIRE(plan_gemm(pr, narrow, 132, encode_l2, &L) == CUDA_SUCCESS);
+  log.l2.clear();
+  std::vector<CUtensorMapL2promotion>& promo = log.l2;
+  REQUIRE(plan_gemm(pr, narrow, 132, encode, &L) == CUDA_SUCCESS);
   VariantShape l128 = narrow, none = narrow;
   l128.l2p = 128;
   none.l2p = 0;
-  REQUIRE(plan_gemm(pr, l128, 132, encode_l2, &L) == CUDA_SUCCESS);
-  REQUIRE(plan_gemm(pr, none, 132, encode_l2, &L) == CUDA_SUCCESS);
+  REQUIRE(plan_gemm(pr, l128, 132, encode, &L) == CUDA_SUCCESS);
+  REQUIRE(plan_gemm(pr, none, 132, encode, &L) == CUDA_SUCCESS);
   REQUIRE(promo.size() == 6);
   CHECK(promo[0] == CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   CHECK(promo[1] == CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
@@ -288,19 +301,9 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
 
 TEST_CASE("ping-pong variants (pp = 1): persistent, never split", "[gemm][args]") {
   using namespace fly::gemm;
-  alignas(16) static char abuf[64], bbuf[64], cbuf[64];  // never dereferenced: the plan only encodes
-  Problem pr{};
-  pr.M = 64;
-  pr.N = 4096;
-  pr.K = 4096;
-  pr.a = {abuf, 64, 4096, true};
-  pr.bt = {bbuf, 4096, 4096, true};
-  pr.c = cbuf;
-  pr.ldc = 4096;
-  pr.bf16 = true;
-  auto encode = [](CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                   const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill) { return CUDA_SUCCESS; };
+  Problem pr = decode_problem();
+  EncodeLog log;
+  auto encode = log.encoder();
   VariantShape pp{128, 5, true, 1, 0, kBM};
   pp.pp = 1;
   CHECK(narrow_fits(pr, pp));
