@@ -28,6 +28,9 @@
 #ifndef FLY_PP
 #define FLY_PP 0
 #endif
+#ifndef FLY_KB
+#define FLY_KB 1
+#endif
 
 namespace fly::gemm {
 
@@ -52,6 +55,12 @@ struct Config {
   static constexpr bool PP = FLY_PP != 0;
   static constexpr int MH = PP ? 2 : 1;  // 64-row halves of P each consumer warpgroup multiplies
   static constexpr int BK = kBK;  // 64 x 2 B = 128 B rows: exactly one 128B swizzle span
+  // KB = 2: each ring stage holds 2 k blocks of P and of Q, each operand brought by one TMA
+  // instruction (a 3-D box when K-major, a 128-row box when MN-major). On the H200 a TMA stream of
+  // decode weights ran 15-35% faster with one box per 2 k blocks than with one per k block
+  // (kernels/gemm/dev/tma_stream.cu, bench/RESULTS.md): the per-box cost, not the bytes, limits it.
+  static constexpr int KB = FLY_KB;
+  static constexpr int KSTEP = KB * BK;  // k extent of one stage
   static constexpr int STAGES = FLY_STAGES;
   // MC = 2: clusters of 2 CTAs on vertically adjacent tiles (same Q columns); each CTA loads half
   // of the Q tile and multicasts it to both, halving L2->SM traffic for Q. Persistent mode only.
@@ -60,8 +69,10 @@ struct Config {
   // loads half of the P tile's rows and multicasts it to both: the layout cuBLAS runs on decode.
   static constexpr int MP = FLY_MP;
   static constexpr int CLUSTER = MC * MP;  // CTAs that write into each other's rings
-  static constexpr int P_BYTES = BM * BK * 2;
-  static constexpr int Q_BYTES = BN * BK * 2;
+  static constexpr int P_KB_BYTES = BM * BK * 2;  // one k block of the P tile
+  static constexpr int Q_KB_BYTES = BN * BK * 2;
+  static constexpr int P_BYTES = KB * P_KB_BYTES;
+  static constexpr int Q_BYTES = KB * Q_KB_BYTES;
   static constexpr int STAGE_BYTES = P_BYTES + Q_BYTES;
   static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   // EPI = 1: the persistent path stages each tile in shared memory and writes C with coalesced
@@ -71,7 +82,7 @@ struct Config {
   // compile budget (tuning/gemm.json offers epi = 1 only for bn <= 128).
   static_assert(EPI == 0 || BN <= 128, "shared-memory epilogue: BN <= 128");
   static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN);
-  static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM);
+  static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM, KB);
   static constexpr int ACC = MH * WG_N / 2;  // fp32 accumulators per consumer thread (MH x 64 x WG_N / 128)
   static constexpr int STAGE_READERS = PP ? 1 : 2;  // consumer warpgroups that read each stage
   // Register split: producer warpgroup keeps 40, consumers get 232 (40*128 + 232*256 <= 64K).
@@ -87,6 +98,7 @@ struct Config {
   static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
                 "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
   static_assert(MC == 1 || (MC == 2 && BN % 128 == 0), "multicast halves must be 64-col chunks");
+  static_assert(KB == 1 || (KB == 2 && CLUSTER == 1), "2 k blocks per stage: no multicast");
   static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
   static_assert(P_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms are 1024 B");

@@ -1,6 +1,6 @@
 // Mainloop of the sm_90a GEMM: a TMA producer (one thread) fills a STAGES-deep ring of
 // (P tile, Q tile) pairs guarded by full/empty mbarriers; two consumer warpgroups each multiply
-// their 64-row half of P by the whole Q tile with wgmma, one k block (4 x k16) per stage.
+// their 64-row half of P by the whole Q tile with wgmma, KB k blocks (4 KB x k16) per stage.
 #pragma once
 
 #include "common/sm90.h"
@@ -39,18 +39,32 @@ struct Ring {
 };
 
 // ---- producer ----------------------------------------------------------------------------------
-// Loads one operand tile. K-major: a single box {64 k, rows}. MN-major: 128B swizzling caps the
-// box's inner extent at 64 elements, so the tile is rows/64 boxes {64 mn, 64 k} of 8 KiB each;
-// that is the layout the MN-major descriptor (LBO = 8 KiB) expects.
+// Stage layout of one operand (KB k blocks of ROWS rows). K-major: KB tiles [ROWS][64 k] of
+// ROWS x 128 B one after the other. MN-major: 128B swizzling caps the box's inner extent at 64
+// elements, so the tile is ROWS/64 chunks, each [KB x 64 k][64 mn] (KB x 8 KiB): one box
+// {64 mn, KB x 64 k} per chunk; the MN-major descriptor's LBO is the chunk stride.
+constexpr int kMnChunkBytes = Config::KB * 64 * Config::BK * 2;
+
+// Loads one operand tile of the k step starting at k0. K-major with KB > 1: one 3-D box (map3)
+// when the whole step lies inside K, else one 2-D box per k block (zero-filled past K).
 template <int ROWS>
-__device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
-                                             bool kmajor, int row0, int k0) {
+__device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* map, const CUtensorMap* map3,
+                                             uint64_t* bar, bool kmajor, int row0, int k0, int k) {
   if (kmajor) {
-    sm90::tma_load_2d(dst, map, bar, k0, row0);
+    if constexpr (Config::KB == 1) {
+      sm90::tma_load_2d(dst, map, bar, k0, row0);
+    } else {
+      if (k0 + Config::KSTEP <= k) {
+        sm90::tma_load_3d(dst, map3, bar, 0, row0, k0 / Config::BK);
+      } else {
+#pragma unroll
+        for (int j = 0; j < Config::KB; ++j)
+          sm90::tma_load_2d(dst + j * ROWS * Config::BK * 2, map, bar, k0 + j * Config::BK, row0);
+      }
+    }
   } else if constexpr (ROWS >= 64) {
 #pragma unroll
-    for (int c = 0; c < ROWS / 64; ++c)
-      sm90::tma_load_2d(dst + c * 64 * Config::BK * 2, map, bar, row0 + 64 * c, k0);
+    for (int c = 0; c < ROWS / 64; ++c) sm90::tma_load_2d(dst + c * kMnChunkBytes, map, bar, row0 + 64 * c, k0);
   } else {
     __trap();  // an MN-major tile narrower than 64: the launcher never plans one (narrow_fits)
   }
@@ -62,12 +76,12 @@ __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* ma
 // chunks, so ROWS/2 must be a whole number of chunks (gemm_plan.h narrow_fits keeps 64-row
 // MN-major tiles away from multicast).
 template <int ROWS, int CL>
-__device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
-                                          bool kmajor, int row0, int k0, int rank) {
+__device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, const CUtensorMap* map3,
+                                          uint64_t* bar, bool kmajor, int row0, int k0, int k, int rank) {
   if constexpr (CL == 1) {
-    load_operand<ROWS>(dst, map, bar, kmajor, row0, k0);
+    load_operand<ROWS>(dst, map, map3, bar, kmajor, row0, k0, k);
   } else {
-    static_assert(CL == 2, "multicast clusters of 2");
+    static_assert(CL == 2 && Config::KB == 1, "multicast clusters of 2, one k block per stage");
     constexpr int HALF = ROWS / 2;
     const uint16_t both = 0x3;
     if (kmajor) {
@@ -90,21 +104,27 @@ __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, 
 // slower too (st6 16.4, st9 17.6 us at 64x4096x4096): more outstanding 128-byte row segments do
 // not raise the DRAM rate.
 __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& ring) {
-  TileScheduler<Config::MC, Config::MP> sched(p);
+  TileScheduler<Config::MC, Config::MP, Config::KB> sched(p);
   PipeState ps;
   WorkUnit u;
   const bool pk = p.p_kmajor != 0, qk = p.q_kmajor != 0;
+  // k_stagger: this CTA's (cluster's: multicast peers must load the same k step) start offset.
+  constexpr int CL = Config::CLUSTER;
+  const int k_off = p.k_stagger ? int(uint64_t(blockIdx.x / CL) * sched.kb_total / max(1u, gridDim.x / CL)) : 0;
   while (sched.fetch(u)) {
-    for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+    const int off = u.kb_begin == 0 && u.kb_end == sched.kb_total ? k_off : 0;
+    for (int kb0 = u.kb_begin; kb0 < u.kb_end; ++kb0) {
+      int kb = kb0 + off;  // the consumers only count stages, so any order of the k steps will do
+      if (kb >= u.kb_end) kb -= u.kb_end;
       // A fresh barrier counts as having completed the phase before phase 0, so the first pass
       // over the ring (parity 1) does not block.
       sm90::mbar_wait(&ring.empty[ps.stage], ps.phase ^ 1);
       uint64_t* fb = &ring.full[ps.stage];
       sm90::mbar_arrive_expect_tx(fb, Config::STAGE_BYTES);  // OOB zero-fill bytes count too
-      load_tile<Config::BM, Config::MP>(ring.p_tile(ps.stage), &p.tm_p, fb, pk, u.tm * Config::BM,
-                                        kb * Config::BK, sched.rank);
-      load_tile<Config::BN, Config::MC>(ring.q_tile(ps.stage), &p.tm_q, fb, qk, u.tn * Config::BN,
-                                        kb * Config::BK, sched.rank);
+      load_tile<Config::BM, Config::MP>(ring.p_tile(ps.stage), &p.tm_p, &p.tm_p3, fb, pk, u.tm * Config::BM,
+                                        kb * Config::KSTEP, p.k, sched.rank);
+      load_tile<Config::BN, Config::MC>(ring.q_tile(ps.stage), &p.tm_q, &p.tm_q3, fb, qk, u.tn * Config::BN,
+                                        kb * Config::KSTEP, p.k, sched.rank);
       ps.advance();
     }
   }
@@ -121,13 +141,20 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
 }
 
 // ---- consumer ----------------------------------------------------------------------------------
-// Descriptor of the k16 slice `kk` (0..3) of a stage's operand. K-major tiles step 32 B inside
-// the swizzle atom; MN-major tiles step two 1 KiB atoms (16 k rows).
-template <bool KMAJOR>
+// Descriptor of the k16 slice `kk` (0..4 KB - 1) of a stage's operand whose k blocks are
+// KB_STRIDE bytes apart (K-major: the stage's rows x 128 B). K-major tiles step 32 B inside the
+// swizzle atom; MN-major tiles step two 1 KiB atoms (16 k rows) down the chunk, LBO = chunk stride.
+template <bool KMAJOR, int KB_STRIDE>
 __device__ __forceinline__ uint64_t operand_desc(const uint8_t* tile, int kk) {
   const uint32_t a = sm90::smem_u32(tile);
-  if constexpr (KMAJOR) return sm90::make_desc_sw128(a + kk * 32, 16, 1024);
-  else return sm90::make_desc_sw128(a + kk * 2048, 64 * Config::BK * 2, 1024);
+  if constexpr (KMAJOR) return sm90::make_desc_sw128(a + (kk / 4) * KB_STRIDE + (kk % 4) * 32, 16, 1024);
+  else return sm90::make_desc_sw128(a + kk * 2048, kMnChunkBytes, 1024);
+}
+
+// Byte offset of the 64-row (K-major) or 64-wide chunk (MN-major) number `i` of a stage's operand.
+template <bool KMAJOR>
+__device__ __forceinline__ constexpr int sub_offset(int i) {
+  return KMAJOR ? i * 64 * Config::BK * 2 : i * kMnChunkBytes;
 }
 
 // NOTE: wgmma writes the accumulators asynchronously; these empty asm statements pin them so the
@@ -164,9 +191,9 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
   // all of P and the wg-th WG_N columns of Q: WG_N rows x 128 B (K-major) or WG_N / 64 chunks of
   // 8 KiB (MN-major; the launcher plans that only when WG_N is a multiple of 64). Ping-pong: the
   // warpgroup takes both halves of P (MH = 2), each into its own Mma::kRegs accumulators.
-  const int p_off = Config::BM == 128 && !Config::PP ? wg * 64 * Config::BK * 2 : 0;
+  const int p_off = Config::BM == 128 && !Config::PP ? sub_offset<TA == 0>(wg) : 0;
   const int q_off = Config::BM == 128 ? 0
-                    : (TB == 0 ? wg * Config::WG_N * Config::BK * 2 : wg * (Config::WG_N / 64) * 64 * Config::BK * 2);
+                    : (TB == 0 ? wg * Config::WG_N * Config::BK * 2 : sub_offset<false>(wg * (Config::WG_N / 64)));
   int prev = -1;
   for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
     sm90::mbar_wait(&ring.full[ps.stage], ps.phase);
@@ -175,11 +202,12 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
     const uint8_t* pt = ring.p_tile(ps.stage) + p_off;
     const uint8_t* qt = ring.q_tile(ps.stage) + q_off;
 #pragma unroll
-    for (int kk = 0; kk < Config::BK / 16; ++kk)
+    for (int kk = 0; kk < Config::KSTEP / 16; ++kk)
 #pragma unroll
       for (int h = 0; h < Config::MH; ++h)
-        Mma::mma(acc + h * Mma::kRegs, operand_desc<TA == 0>(pt + h * 64 * Config::BK * 2, kk),
-                 operand_desc<TB == 0>(qt, kk), 1);
+        Mma::mma(acc + h * Mma::kRegs,
+                 operand_desc<TA == 0, Config::P_KB_BYTES>(pt + sub_offset<TA == 0>(h), kk),
+                 operand_desc<TB == 0, Config::Q_KB_BYTES>(qt, kk), 1);
     sm90::wgmma_commit();
     fence_acc(acc);
     // NOTE: keep one wgmma group in flight; the stage read by the previous group is free now.

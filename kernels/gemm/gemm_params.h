@@ -15,6 +15,12 @@ namespace fly::gemm {
 struct GemmParams {
   CUtensorMap tm_p;  // K-major: dims {K, rows}, box {64, BM}; MN-major: dims {rows, K}, box {64, 64}
   CUtensorMap tm_q;  // K-major: dims {K, cols}, box {64, BN}; MN-major: dims {cols, K}, box {64, 64}
+  // Variants with KB > 1 k blocks per stage (FLY_KB): MN-major maps above have boxes {64, 64 KB};
+  // a K-major operand also gets a 3-D view (64, rows, K / 64) with box {64, rows, KB}, so one TMA
+  // instruction brings a stage's KB k blocks (each a plain 128B-swizzled [rows][64] tile). Stages
+  // that run past K use the 2-D map (per k block, zero-filled). Unused (zero) when KB == 1.
+  CUtensorMap tm_p3;
+  CUtensorMap tm_q3;
   void* c;           // C[M, N] row-major, leading stride ldc (elements)
   const void* bias;  // bias[N] or nullptr
   int64_t ldc;
@@ -24,9 +30,12 @@ struct GemmParams {
   int32_t tiles_m, tiles_n;  // tiles of D (BM x BN)
   int32_t group_m;         // rasterization: tiles visited in column strips group_m tiles tall
   int32_t split;           // split-K factor == cluster size along x (1: persistent, no split)
-  int32_t kb_per_split;    // 64-wide k blocks per split
+  int32_t kb_per_split;    // k steps (KB x 64 wide: one ring stage each) per split
   int32_t c_vec;           // 1: C base 8-byte aligned and ldc % 4 == 0 (vector stores allowed)
   int32_t mc;              // CTAs per multicast cluster along M (must equal the variant's FLY_MC)
+  int32_t k_stagger;       // 1: units spanning all of K start their k walk at an offset spread
+                           // over the CTAs (clusters) and wrap around, so the CTAs do not all
+                           // read the same k block at once (launch axis "ks" of tuning/gemm.json)
 };
 
 // Constants the host needs to size launches (must match the kernel's Config).
@@ -39,10 +48,10 @@ constexpr int kBK = 64;
 // that is 64 rows of bn + 8; with swap (C = D^T) bn rows of 64 + 8; the latter is larger.
 inline constexpr int epi_wg_bytes(int bn) { return bn * (64 + 8) * 2; }
 
-inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM) {
-  // stages * (P tile + Q tile) + barriers + 1 KiB for aligning the base to 1024 bytes, then the
-  // two consumer warpgroups' epilogue staging tiles (epi = 1).
-  return stages * (bm * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 + (epi ? 2 * epi_wg_bytes(bn) : 0);
+inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, int kb = 1) {
+  // stages * (P tile + Q tile, kb k blocks of each) + barriers + 1 KiB for aligning the base to
+  // 1024 bytes, then the two consumer warpgroups' epilogue staging tiles (epi = 1).
+  return stages * kb * (bm * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 + (epi ? 2 * epi_wg_bytes(bn) : 0);
 }
 
 }  // namespace fly::gemm

@@ -42,6 +42,8 @@ struct VariantShape {
   int mp = 1;   // multicast cluster size along N (narrow tiles: 2 CTAs share the P tile)
   int l2p = 256;  // L2 sector promotion of both tensor maps, bytes: 0 (none), 64, 128 or 256
   int pp = 0;     // 1: ping-pong consumers (alternate whole tiles; persistent, no split-K)
+  int kb = 1;     // 64-wide k blocks per ring stage (2: one TMA box brings two; no multicast)
+  int ks = 0;     // 1: stagger the CTAs' k walks (GemmParams::k_stagger; a launch axis)
 };
 
 // The tensor-map L2 promotion for `bytes` (a launch axis of the narrow tiles, tuning/gemm.json);
@@ -74,9 +76,10 @@ inline const char* operand_tma_problem(const Operand& o, int64_t k) {
 // const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
 // CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) -- the driver's
 // cuTensorMapEncodeTiled, however the caller reaches it.
+// The 2-D map of an operand: K-major box {64 k, box_rows}; MN-major box {64 mn, 64 kb k}.
 template <class Encode>
 CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64_t k, int box_rows,
-                        bool bf16, CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+                        bool bf16, CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, int kb = 1) {
   const int64_t kk = std::max<int64_t>(k, 1);
   cuuint64_t dims[2], strides[1];
   cuuint32_t box[2], estr[2] = {1, 1};
@@ -90,13 +93,28 @@ CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64
     dims[0] = o.rows;
     dims[1] = kk;
     box[0] = 64;
-    box[1] = kBK;
+    box[1] = static_cast<cuuint32_t>(kBK * kb);
     strides[0] = kk > 1 ? o.ld * 2 : ((o.rows * 2 + 15) / 16) * 16;
   }
   return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
                 const_cast<void*>(o.data), dims, strides, box, estr,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// The 3-D view of a K-major operand for kb > 1: (64 k, rows, K / 64 whole k blocks), the k-block
+// stride 128 bytes, box {64, box_rows, kb}: one box is kb consecutive [box_rows][64] swizzled
+// tiles. Only whole k blocks are in it (the kernel loads a k step that runs past K through the
+// 2-D map), so dims[2] = max(1, K / 64); with K < 64 x kb the kernel never reads it.
+template <class Encode>
+CUresult encode_operand_3d(Encode encode, CUtensorMap* map, const Operand& o, int64_t k, int box_rows, int kb,
+                           bool bf16, CUtensorMapL2promotion l2) {
+  const cuuint64_t dims[3] = {cuuint64_t(kBK), cuuint64_t(o.rows), cuuint64_t(std::max<int64_t>(1, k / kBK))};
+  const cuuint64_t strides[2] = {cuuint64_t(o.rows > 1 ? o.ld * 2 : ((k * 2 + 15) / 16) * 16), cuuint64_t(kBK * 2)};
+  const cuuint32_t box[3] = {cuuint32_t(kBK), cuuint32_t(box_rows), cuuint32_t(kb)}, estr[3] = {1, 1, 1};
+  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                const_cast<void*>(o.data), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 // Clusters of s CTAs (one 384-thread, ~200 KiB CTA per SM) resident at once on a 132-SM H100/H200,
@@ -126,8 +144,8 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
   if (v.pp) return false;         // nor do ping-pong consumers
   const int64_t p_rows = v.swap ? pr.N : pr.M, q_rows = v.swap ? pr.M : pr.N;
   const int64_t tiles = ((p_rows + kBM - 1) / kBM) * ((q_rows + v.bn - 1) / v.bn);
-  const int64_t kb = (pr.K + kBK - 1) / kBK;
-  return tiles * split <= 2 * int64_t(sm_count) && kb >= 2 * int64_t(split);
+  const int64_t steps = (pr.K + kBK * v.kb - 1) / (kBK * v.kb);  // ring stages over K
+  return tiles * split <= 2 * int64_t(sm_count) && steps >= 2 * int64_t(split);
 }
 
 // Whether a narrow-tile variant (bm = 64: the two consumer warpgroups split the Q tile's columns)
@@ -150,11 +168,16 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   const Operand& Q = v.swap ? pr.a : pr.bt;
   // With P multicast each CTA loads half of the P tile's rows (K-major box {64, bm/2}).
   const CUtensorMapL2promotion l2 = l2_promotion(v.l2p);
-  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, v.bm / std::max(v.mp, 1), pr.bf16, l2);
+  const int kb = std::max(v.kb, 1);
+  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, v.bm / std::max(v.mp, 1), pr.bf16, l2, kb);
   if (r != CUDA_SUCCESS) return r;
   // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}).
-  r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16, l2);
+  r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16, l2, kb);
   if (r != CUDA_SUCCESS) return r;
+  if (kb > 1 && P.kmajor && (r = encode_operand_3d(encode, &p.tm_p3, P, pr.K, v.bm, kb, pr.bf16, l2)) != CUDA_SUCCESS)
+    return r;
+  if (kb > 1 && Q.kmajor && (r = encode_operand_3d(encode, &p.tm_q3, Q, pr.K, v.bn, kb, pr.bf16, l2)) != CUDA_SUCCESS)
+    return r;
   p.c = pr.c;
   p.bias = pr.bias;
   p.ldc = pr.ldc;
@@ -168,7 +191,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.tiles_n = static_cast<int32_t>((Q.rows + v.bn - 1) / v.bn);
   p.group_m = 8;
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
-  const int64_t kb_total = (pr.K + kBK - 1) / kBK;
+  const int64_t kb_total = (pr.K + kBK * kb - 1) / (kBK * kb);  // k steps (ring stages)
   int split = force_split > 0 ? force_split : choose_split(tiles, kb_total, sm_count);
   // The cluster is taken by multicast; narrow tiles and ping-pong consumers have no split-K.
   if (v.mc > 1 || v.mp > 1 || v.bm != kBM || v.pp) split = 1;
@@ -180,6 +203,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.kb_per_split = kbps;
   p.c_vec = (reinterpret_cast<uintptr_t>(pr.c) % 8 == 0) && (pr.ldc % 4 == 0);
   p.mc = v.mc > 1 ? v.mc : 1;
+  p.k_stagger = v.ks != 0;
   const int mp = v.mp > 1 ? v.mp : 1;
   if (p.mc > 1 || mp > 1) {
     // Multicast clusters walk super tiles of mc tile rows (or mp tile columns), persistently.
@@ -193,7 +217,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
     out->grid = split > 1 ? static_cast<unsigned>(tiles * split)
                           : static_cast<unsigned>(std::min<int64_t>(tiles, sm_count));
   }
-  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi, v.bm));
+  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi, v.bm, kb));
   return CUDA_SUCCESS;
 }
 

@@ -10,14 +10,15 @@ namespace fly::gemm {
 
 struct WorkUnit {
   int tm, tn;            // tile coordinates in D
-  int kb_begin, kb_end;  // 64-wide k blocks of this unit
+  int kb_begin, kb_end;  // k steps (KB x 64 wide, one ring stage each) of this unit
 };
 
 // MC > 1 (multicast clusters): the cluster walks "super tiles" of MC vertically adjacent tiles;
 // CTA rank r takes tile row super*MC + r (possibly past the last row: it then only helps load Q
 // and its stores are clipped). MP > 1 is the same along the other axis: MP horizontally adjacent
 // tiles (same P rows) and CTA rank r takes tile column super*MP + r. At most one of them is > 1.
-template <int MC, int MP = 1>
+// KB: 64-wide k blocks per k step (ring stage); kb_* count k steps.
+template <int MC, int MP = 1, int KB = 1>
 struct TileScheduler {
   static_assert(MC == 1 || MP == 1, "a cluster multicasts one operand");
   static constexpr int CL = MC * MP;  // CTAs per multicast cluster
@@ -30,7 +31,7 @@ struct TileScheduler {
     total = tiles_m * tiles_n;
     group_m = max(1, p.group_m / MC);
     split = p.split;
-    kb_total = (p.k + kBK - 1) / kBK;
+    kb_total = (p.k + KB * kBK - 1) / (KB * kBK);
     kb_per_split = p.kb_per_split;
     if (split > 1) {
       rank = static_cast<int>(sm90::cluster_ctarank());

@@ -33,7 +33,7 @@ __device__ __forceinline__ void pp_pass_turn(int wg) {
 
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_role_pp(const GemmParams& p, const Ring& ring, int wg) {
-  TileScheduler<Config::MC, Config::MP> sched(p);
+  TileScheduler<Config::MC, Config::MP, Config::KB> sched(p);
   PipeState ps;
   WorkUnit u, other;
   const OutView out(p);
@@ -64,7 +64,7 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
     consumer_role_pp<TA, TB>(p, ring, wg);
     return;
   }
-  TileScheduler<Config::MC, Config::MP> sched(p);
+  TileScheduler<Config::MC, Config::MP, Config::KB> sched(p);
   PipeState ps;
   WorkUnit u;
   const OutView out(p);
@@ -117,6 +117,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     fly::sm90::fence_barrier_init();
     fly::sm90::tma_prefetch_desc(&p.tm_p);
     fly::sm90::tma_prefetch_desc(&p.tm_q);
+    if constexpr (Config::KB > 1) {
+      if (p.p_kmajor) fly::sm90::tma_prefetch_desc(&p.tm_p3);
+      if (p.q_kmajor) fly::sm90::tma_prefetch_desc(&p.tm_q3);
+    }
   }
   // Multicast peers signal our barriers: they must be initialized cluster-wide first.
   const bool multicast = Config::CLUSTER > 1 && p.split == 1;

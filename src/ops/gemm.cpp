@@ -112,7 +112,8 @@ struct VariantShapeOf {
   static gemm::VariantShape of(const Variant& v) {
     return {int(v.get_int("bn", 128)), int(v.get_int("stages", 4)), v.get_int("swap", 0) == 1,
             int(v.get_int("mc", 1)), int(v.get_int("epi", 0)), int(v.get_int("bm", gemm::kBM)),
-            int(v.get_int("mp", 1)), int(v.get_int("l2p", 256)), int(v.get_int("pp", 0))};
+            int(v.get_int("mp", 1)), int(v.get_int("l2p", 256)), int(v.get_int("pp", 0)),
+            int(v.get_int("kb", 1)), int(v.get_int("ks", 0))};
   }
 };
 
@@ -189,7 +190,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(driver(&d));
 
   const gemm::VariantShape vs = VariantShapeOf::of(*v);
-  const int smem_need = gemm::smem_bytes(vs.bn, vs.stages, vs.epi, vs.bm);
+  const int smem_need = gemm::smem_bytes(vs.bn, vs.stages, vs.epi, vs.bm, vs.kb);
   if (smem_need > dc->max_smem_optin)
     return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %d bytes of shared memory, the device allows %d",
                 v->name.c_str(), smem_need, dc->max_smem_optin);

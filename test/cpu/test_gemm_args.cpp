@@ -42,16 +42,25 @@ fly::gemm::Problem decode_problem() {
   return pr;
 }
 
-// Stands in for cuTensorMapEncodeTiled in plan_gemm: records each map's box rows and L2 promotion.
+// Stands in for cuTensorMapEncodeTiled in plan_gemm: records each map's box rows and L2 promotion,
+// and its rank, dims, strides and box in full.
 struct EncodeLog {
+  struct Map {
+    unsigned rank;
+    std::vector<uint64_t> dims, strides;
+    std::vector<unsigned> box;
+  };
   std::vector<unsigned> box_rows;
   std::vector<CUtensorMapL2promotion> l2;
+  std::vector<Map> maps;
   auto encoder() {
-    return [this](CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                  const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                  CUtensorMapL2promotion promo, CUtensorMapFloatOOBfill) {
+    return [this](CUtensorMap*, CUtensorMapDataType, cuuint32_t rank, void*, const cuuint64_t* dims,
+                  const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave,
+                  CUtensorMapSwizzle, CUtensorMapL2promotion promo, CUtensorMapFloatOOBfill) {
       box_rows.push_back(box[1]);
       l2.push_back(promo);
+      maps.push_back({rank, std::vector<uint64_t>(dims, dims + rank), std::vector<uint64_t>(strides, strides + rank - 1),
+                      std::vector<unsigned>(box, box + rank)});
       return CUDA_SUCCESS;
     };
   }
@@ -296,6 +305,12 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   CHECK(promo[4] == CU_TENSOR_MAP_L2_PROMOTION_NONE);
   CHECK(promo[5] == CU_TENSOR_MAP_L2_PROMOTION_NONE);
   CHECK(l2_promotion(64) == CU_TENSOR_MAP_L2_PROMOTION_L2_64B);
+  // The k-walk stagger (launch axis ks) reaches the kernel's parameters; off unless asked for.
+  CHECK(L.params.k_stagger == 0);
+  VariantShape staggered = narrow;
+  staggered.ks = 1;
+  REQUIRE(plan_gemm(pr, staggered, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.k_stagger == 1);
   CHECK(l2_promotion(512) == CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
@@ -324,4 +339,52 @@ TEST_CASE("ping-pong variants (pp = 1): persistent, never split", "[gemm][args]"
   REQUIRE(plan_gemm(pr, pp, 132, encode, &L) == CUDA_SUCCESS);
   CHECK(L.grid == 132);
   CHECK(L.params.tiles_m * L.params.tiles_n == 32 * 32);
+}
+
+TEST_CASE("two k blocks per stage (kb = 2): 3-D maps for K-major operands, taller MN-major boxes", "[gemm][args]") {
+  using namespace fly::gemm;
+  Problem pr = decode_problem();
+  pr.K = 4096 + 32;  // a partial last k block: the 3-D view holds the 64 whole ones
+  VariantShape narrow{32, 5, true, 1, 0, 64};
+  narrow.kb = 2;
+  EncodeLog log;
+  auto encode = log.encoder();
+  Launch L{};
+  REQUIRE(plan_gemm(pr, narrow, 132, encode, &L) == CUDA_SUCCESS);
+  REQUIRE(log.maps.size() == 4);  // P and Q 2-D, then P and Q 3-D
+  CHECK(log.maps[0].rank == 2);
+  CHECK(log.maps[0].box == std::vector<unsigned>{64, 64});
+  CHECK(log.maps[1].box == std::vector<unsigned>{64, 32});
+  const EncodeLog::Map& p3 = log.maps[2];
+  CHECK(p3.rank == 3);
+  CHECK(p3.dims == std::vector<uint64_t>{64, 4096, 64});   // 64 k, N rows, K / 64 whole blocks
+  CHECK(p3.strides == std::vector<uint64_t>{4096 * 2, 128});  // row stride, then one k block
+  CHECK(p3.box == std::vector<unsigned>{64, 64, 2});
+  CHECK(log.maps[3].dims == std::vector<uint64_t>{64, 64, 64});
+  CHECK(log.maps[3].box == std::vector<unsigned>{64, 32, 2});
+  CHECK(L.smem == unsigned(smem_bytes(32, 5, 0, 64, 2)));
+  CHECK(smem_bytes(32, 5, 0, 64, 2) - smem_bytes(32, 10, 0, 64, 1) == -5 * 16);  // same ring, fewer barriers
+
+  // MN-major operands: one 2-D box of 128 k rows per 64-wide chunk, and no 3-D view.
+  pr.a.kmajor = false;  // Q = A^T MN-major (bn = 128: whole chunks)
+  pr.a.ld = 64;
+  narrow.bn = 128;
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, narrow, 132, encode, &L) == CUDA_SUCCESS);
+  REQUIRE(log.maps.size() == 3);
+  CHECK(log.maps[1].rank == 2);
+  CHECK(log.maps[1].box == std::vector<unsigned>{64, 128});
+  CHECK(log.maps[2].rank == 3);  // P = B^T is still K-major
+
+  // Split-K counts k steps of 128: K = 4096 is 32 of them.
+  pr = decode_problem();
+  VariantShape plain{64, 3, true, 1, 0};
+  plain.kb = 2;
+  REQUIRE(plan_gemm(pr, plain, 132, encode, &L, 4) == CUDA_SUCCESS);
+  CHECK(L.params.split == 4);
+  CHECK(L.params.kb_per_split == 8);  // 32 steps / 4
+  pr.K = 256;  // 2 steps: a forced split of 2 would leave slices of one step
+  CHECK(!forced_split_fits(pr, plain, 2, 132));
+  plain.kb = 1;
+  CHECK(forced_split_fits(pr, plain, 2, 132));  // 4 k blocks of 64
 }

@@ -216,11 +216,13 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       // Forced split-K (launch axis): shapes with few tiles and a K of at least 16 k blocks, which
       // every split factor up to 8 accepts; a big shape is refused (other variants serve it).
       CHECK(run_case({40, 520, 2048, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
-      CHECK(run_case({100, 300, 1100, kCol, kRow, 8, false, dt}, 8) == FLY_SUCCESS);
+      CHECK(run_case({100, 300, 2100, kCol, kRow, 8, false, dt}, 8) == FLY_SUCCESS);  // 17+ k steps at kb = 2
       CHECK(run_case({4096, 4096, 256, kRow, kCol, 0, false, dt}, 9) == FLY_ERROR_UNSUPPORTED);
     } else {
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
       CHECK(run_case({40, 520, 512, kCol, kRow, 8, false, dt}, 8) == FLY_SUCCESS);
+      // A K tail: with kb = 2 the last k step holds a partial k block and one wholly past K.
+      CHECK(run_case({130, 200, 300, kRow, kRow, 0, false, dt}, 14) == FLY_SUCCESS);
     }
     CHECK(std::string(fly_last_variant()) == name);
     ++forced;
