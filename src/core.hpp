@@ -178,6 +178,15 @@ struct DispatchRequest {
 };
 fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const Variant** out);
 
+// The single-kernel call path in one step: the variant `req` decides, its CUfunction `kernel`
+// in dc's context and the driver table, or the first failure's status.
+struct ResolvedKernel {
+  const Variant* v = nullptr;
+  CUfunction f = nullptr;
+  const Driver* d = nullptr;
+};
+fly_status resolve_kernel(const DeviceCtx& dc, const DispatchRequest& req, const char* kernel, ResolvedKernel* out);
+
 // One named dimension of a dispatch key ("N" = 4096).
 struct KeyDim {
   const char* name;

@@ -227,4 +227,10 @@ fly_status set_forced(const char* name) {
 const char* last_variant() { return t_last_variant.c_str(); }
 const char* last_decision() { return t_last_decision.c_str(); }
 
+fly_status resolve_kernel(const DeviceCtx& dc, const DispatchRequest& req, const char* kernel, ResolvedKernel* out) {
+  FLY_TRY(choose_variant(dc, req, &out->v));
+  FLY_TRY(get_function(dc, *out->v, kernel, &out->f));
+  return driver(&out->d);
+}
+
 }  // namespace fly

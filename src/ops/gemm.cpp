@@ -182,12 +182,11 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   req.cache_tag = "sms=" + std::to_string(sms);  // forced_split_fits depends on the SM count
   const int64_t M = pr.M;
   req.fallback = [dt, M] { return default_variant(dt, M); };
-  const Variant* v = nullptr;
-  FLY_TRY(choose_variant(*dc, req, &v));
-  CUfunction f = nullptr;
-  FLY_TRY(get_function(*dc, *v, "fly_gemm_sm90", &f));
-  const Driver* d = nullptr;
-  FLY_TRY(driver(&d));
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "fly_gemm_sm90", &rk));
+  const Variant* v = rk.v;
+  const CUfunction f = rk.f;
+  const Driver* d = rk.d;
 
   const gemm::VariantShape vs = VariantShapeOf::of(*v);
   const int smem_need = gemm::smem_bytes(vs.bn, vs.stages, vs.epi, vs.bm, vs.kb);

@@ -124,12 +124,11 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   DispatchRequest req = make_request(kFamily, "rmsnorm_fwd", dtype_name(dt), "row", {{"N", N}, {"M", M}});
   req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
   req.fallback = [dt, N] { return default_variant(dt, N); };
-  const Variant* v = nullptr;
-  FLY_TRY(choose_variant(*dc, req, &v));
-  CUfunction f = nullptr;
-  FLY_TRY(get_function(*dc, *v, "rmsnorm_fwd", &f));
-  const Driver* d = nullptr;
-  FLY_TRY(driver(&d));
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "rmsnorm_fwd", &rk));
+  const Variant* v = rk.v;
+  const CUfunction f = rk.f;
+  const Driver* d = rk.d;
 
   const int tpr = int(v->get_int("tpr")), rpc = int(v->get_int("rpc"));
   const int64_t es = int64_t(dtype_size(dt));
