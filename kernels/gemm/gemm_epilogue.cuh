@@ -3,7 +3,8 @@
 //    (persistent path). Accumulator (m64nN layout): thread t of the warpgroup holds rows
 //    16*(t/32) + (t%32)/4 (+8) and column pairs 8*j + 2*(t%4), for j < N/8.
 //  * store_tile_smem (Config::EPI == 1, persistent path): each consumer warpgroup stages its
-//    64 x BN block in shared memory laid out as C's block, then writes C in 16-byte row chunks.
+//    64 x BN block in shared memory laid out as C's block (BN = 256: in 4 passes of 64 columns),
+//    then writes C in 16-byte row chunks.
 //  * split-K: each CTA of the cluster parks its fp32 partial tile in its own shared memory; after
 //    a cluster barrier CTA r sums rows slice r over all CTAs through DSMEM and writes C.
 #pragma once
@@ -96,9 +97,31 @@ __device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u
 // to C in 16-byte chunks along C's rows: full sectors instead of the 4-byte pair stores of
 // store_tile. Ragged edges and a C that is not 16-byte aligned take element stores. Named barrier
 // 2 + wg (128 threads) orders the tile's reuse across tiles and its writes before its reads.
+// Copies a staged NROWS x NCOLS block of C (rows padded to NCOLS + 8) whose first element is
+// C(crow0, ccol0) out to C in 16-byte chunks, clipped to C; run by the warpgroup's 128 threads.
+template <int NROWS, int NCOLS, bool SWAP>
+__device__ __forceinline__ void copy_staged(const OutView& out, const Elem* s, int crow0, int ccol0, int t) {
+  constexpr int LDS = NCOLS + 8;
+  constexpr int CHUNKS = NCOLS / 8;
+  const int c_rows = SWAP ? out.cols : out.rows, c_cols = SWAP ? out.rows : out.cols;  // C's M, N
+  const bool vec16 = (reinterpret_cast<uintptr_t>(out.c) & 15) == 0 && out.ldc % 8 == 0;
+  for (int e = t; e < NROWS * CHUNKS; e += 128) {
+    const int r = e / CHUNKS, cc = (e % CHUNKS) * 8;
+    const int crow = crow0 + r, ccol = ccol0 + cc;
+    if (crow >= c_rows || ccol >= c_cols) continue;
+    const Elem* src = s + r * LDS + cc;
+    Elem* dst = out.c + static_cast<int64_t>(crow) * out.ldc + ccol;
+    if (vec16 && ccol + 8 <= c_cols) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int q = 0; q < 8 && ccol + q < c_cols; ++q) dst[q] = src[q];
+    }
+  }
+}
+
 template <bool SWAP>
-__device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUnit& u, int wg,
-                                                const float (&acc)[Config::ACC], uint8_t* stage) {
+__device__ __forceinline__ void store_tile_smem_whole(const OutView& out, const WorkUnit& u, int wg,
+                                                      const float (&acc)[Config::ACC], uint8_t* stage) {
   using Elem2 = OutView::Elem2;
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   Elem* s = reinterpret_cast<Elem*>(stage);
@@ -142,25 +165,75 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
     }
   }
   asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the tile is complete
-  constexpr int NROWS = SWAP ? Config::BN : 64;  // C rows of the block
-  constexpr int NCOLS = SWAP ? 64 : Config::BN;  // C columns of the block
-  constexpr int LDS = NCOLS + 8;
-  constexpr int CHUNKS = NCOLS / 8;
-  const int crow0 = SWAP ? j_base : i_base, ccol0 = SWAP ? i_base : j_base;
-  const int c_rows = SWAP ? out.cols : out.rows, c_cols = SWAP ? out.rows : out.cols;  // C's M, N
-  const bool vec16 = (reinterpret_cast<uintptr_t>(out.c) & 15) == 0 && out.ldc % 8 == 0;
-  for (int e = t; e < NROWS * CHUNKS; e += 128) {
-    const int r = e / CHUNKS, cc = (e % CHUNKS) * 8;
-    const int crow = crow0 + r, ccol = ccol0 + cc;
-    if (crow >= c_rows || ccol >= c_cols) continue;
-    const Elem* src = s + r * LDS + cc;
-    Elem* dst = out.c + static_cast<int64_t>(crow) * out.ldc + ccol;
-    if (vec16 && ccol + 8 <= c_cols) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  copy_staged<SWAP ? Config::BN : 64, SWAP ? 64 : Config::BN, SWAP>(out, s, SWAP ? j_base : i_base,
+                                                                   SWAP ? i_base : j_base, t);
+}
+
+// BN = 256: the same in 4 passes of W = 64 D columns (epi_pass_cols), each staged, then copied
+// out, so that the two staging tiles fit beside a 4-stage ring. The first barrier of each pass
+// waits for the previous pass's (or tile's) reads of the staging tile.
+// NOTE: a separate function, not a 1-pass instance of it for BN <= 128: ptxas spilled 56-88 B of
+// the BN = 128 kernel when its epilogue took the pass structure.
+template <bool SWAP>
+__device__ __forceinline__ void store_tile_smem_passes(const OutView& out, const WorkUnit& u, int wg,
+                                                       const float (&acc)[Config::ACC], uint8_t* stage) {
+  using Elem2 = OutView::Elem2;
+  constexpr int W = epi_pass_cols(Config::BN);  // D columns per pass
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  Elem* s = reinterpret_cast<Elem*>(stage);
+  const int bar = 2 + wg;
+  const int i_base = u.tm * Config::BM + wg * 64;  // D row of the block's first row
+  const int r0 = warp * 16 + lane / 4;             // this thread's local D rows: r0, r0 + 8
+  const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
+#pragma unroll
+  for (int pass = 0; pass < Config::BN / W; ++pass) {
+    const int j_base = u.tn * Config::BN + pass * W;  // D column of the pass's first column
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the previous pass's reads are done
+    if constexpr (!SWAP) {
+      constexpr int LD = W + 8;
+#pragma unroll
+      for (int jj = 0; jj < W / 8; ++jj) {
+        const int j8 = pass * (W / 8) + jj;
+        const int c = c0 + 8 * jj, j = j_base + c;
+        const float b0 = out.bias && j < out.cols ? to_f(out.bias[j]) : 0.f;
+        const float b1 = out.bias && j + 1 < out.cols ? to_f(out.bias[j + 1]) : 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          Elem2 pr;
+          pr.x = from_f(acc[4 * j8 + 2 * h] + b0);
+          pr.y = from_f(acc[4 * j8 + 2 * h + 1] + b1);
+          *reinterpret_cast<Elem2*>(s + (r0 + 8 * h) * LD + c) = pr;
+        }
+      }
     } else {
-      for (int q = 0; q < 8 && ccol + q < c_cols; ++q) dst[q] = src[q];
+      constexpr int LD = 64 + 8;
+      float brow[2];  // bias by D row
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = i_base + r0 + 8 * h;
+        brow[h] = out.bias && i < out.rows ? to_f(out.bias[i]) : 0.f;
+      }
+#pragma unroll
+      for (int jj = 0; jj < W / 8; ++jj) {
+        const int j8 = pass * (W / 8) + jj;
+        const int c = c0 + 8 * jj;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          s[c * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h] + brow[h]);
+          s[(c + 1) * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h + 1] + brow[h]);
+        }
+      }
     }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the pass's tile is complete
+    copy_staged<SWAP ? W : 64, SWAP ? 64 : W, SWAP>(out, s, SWAP ? j_base : i_base, SWAP ? i_base : j_base, t);
   }
+}
+
+template <bool SWAP>
+__device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUnit& u, int wg,
+                                                const float (&acc)[Config::ACC], uint8_t* stage) {
+  if constexpr (epi_pass_cols(Config::BN) == Config::BN) store_tile_smem_whole<SWAP>(out, u, wg, acc, stage);
+  else store_tile_smem_passes<SWAP>(out, u, wg, acc, stage);
 }
 
 // ---- split-K through distributed shared memory ------------------------------------------------

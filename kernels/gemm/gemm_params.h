@@ -44,9 +44,11 @@ constexpr int kBM = 128;  // tile rows of P (the default; narrow variants use 64
 constexpr int kBK = 64;
 
 // Staging tile of one consumer warpgroup for the shared-memory epilogue (epi = 1): its 64 x bn
-// block of D as 16-bit C elements, rows padded by 8 elements against bank conflicts. Without swap
-// that is 64 rows of bn + 8; with swap (C = D^T) bn rows of 64 + 8; the latter is larger.
-inline constexpr int epi_wg_bytes(int bn) { return bn * (64 + 8) * 2; }
+// block of D as 16-bit C elements, rows padded by 8 elements against bank conflicts, staged in
+// passes of epi_pass_cols(bn) D columns (all of them up to bn = 128, else 64). Without swap a pass
+// is 64 rows of cols + 8; with swap (C = D^T) cols rows of 64 + 8; the latter is never smaller.
+inline constexpr int epi_pass_cols(int bn) { return bn <= 128 ? bn : 64; }
+inline constexpr int epi_wg_bytes(int bn) { return epi_pass_cols(bn) * (64 + 8) * 2; }
 
 inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, int kb = 1) {
   // stages * (P tile + Q tile, kb k blocks of each) + barriers + 1 KiB for aligning the base to
