@@ -105,11 +105,12 @@ CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64
 // The 3-D view of a K-major operand for kb > 1: (64 k, rows, K / 64 whole k blocks), the k-block
 // stride 128 bytes, box {64, box_rows, kb}: one box is kb consecutive [box_rows][64] swizzled
 // tiles. Only whole k blocks are in it (the kernel loads a k step that runs past K through the
-// 2-D map), so dims[2] = max(1, K / 64); with K < 64 x kb the kernel never reads it.
+// 2-D map), so dims[2] = K / 64. plan_gemm encodes it only when K >= 64 x kb: with less, no k step
+// is whole, the kernel never reads it, and a 64-element inner extent could overrun short rows.
 template <class Encode>
 CUresult encode_operand_3d(Encode encode, CUtensorMap* map, const Operand& o, int64_t k, int box_rows, int kb,
                            bool bf16, CUtensorMapL2promotion l2) {
-  const cuuint64_t dims[3] = {cuuint64_t(kBK), cuuint64_t(o.rows), cuuint64_t(std::max<int64_t>(1, k / kBK))};
+  const cuuint64_t dims[3] = {cuuint64_t(kBK), cuuint64_t(o.rows), cuuint64_t(k / kBK)};
   const cuuint64_t strides[2] = {cuuint64_t(o.rows > 1 ? o.ld * 2 : ((k * 2 + 15) / 16) * 16), cuuint64_t(kBK * 2)};
   const cuuint32_t box[3] = {cuuint32_t(kBK), cuuint32_t(box_rows), cuuint32_t(kb)}, estr[3] = {1, 1, 1};
   return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
@@ -174,9 +175,12 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}).
   r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16, l2, kb);
   if (r != CUDA_SUCCESS) return r;
-  if (kb > 1 && P.kmajor && (r = encode_operand_3d(encode, &p.tm_p3, P, pr.K, v.bm, kb, pr.bf16, l2)) != CUDA_SUCCESS)
+  const bool whole_step = pr.K >= int64_t(kBK) * kb;  // some k step lies wholly inside K
+  if (kb > 1 && whole_step && P.kmajor &&
+      (r = encode_operand_3d(encode, &p.tm_p3, P, pr.K, v.bm, kb, pr.bf16, l2)) != CUDA_SUCCESS)
     return r;
-  if (kb > 1 && Q.kmajor && (r = encode_operand_3d(encode, &p.tm_q3, Q, pr.K, v.bn, kb, pr.bf16, l2)) != CUDA_SUCCESS)
+  if (kb > 1 && whole_step && Q.kmajor &&
+      (r = encode_operand_3d(encode, &p.tm_q3, Q, pr.K, v.bn, kb, pr.bf16, l2)) != CUDA_SUCCESS)
     return r;
   p.c = pr.c;
   p.bias = pr.bias;

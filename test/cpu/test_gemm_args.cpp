@@ -376,6 +376,21 @@ TEST_CASE("two k blocks per stage (kb = 2): 3-D maps for K-major operands, talle
   CHECK(log.maps[1].box == std::vector<unsigned>{64, 128});
   CHECK(log.maps[2].rank == 3);  // P = B^T is still K-major
 
+  // K shorter than one k step: no step is whole, the kernel only uses the 2-D maps, and no 3-D
+  // view is encoded (its 64-element inner extent would run past rows of K < 64 elements).
+  pr.a.kmajor = true;
+  pr.a.ld = pr.bt.ld = 40;
+  pr.K = 40;
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, narrow, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(log.maps.size() == 2);
+  pr.K = 128;  // exactly one whole step
+  pr.a.ld = pr.bt.ld = 128;
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, narrow, 132, encode, &L) == CUDA_SUCCESS);
+  REQUIRE(log.maps.size() == 4);
+  CHECK(log.maps[2].dims == std::vector<uint64_t>{64, 4096, 2});
+
   // Split-K counts k steps of 128: K = 4096 is 32 of them.
   pr = decode_problem();
   VariantShape plain{64, 3, true, 1, 0};
