@@ -66,6 +66,19 @@ std::string some_bf16_variant(const std::string& not_this = "") {
   return "";
 }
 
+// Two distinct bundled rmsnorm bf16 variants for the dispatch tests, and an sm_90a device
+// context; false (with a visible skip) when the build has fewer than two.
+bool dispatch_setup(std::string* a, std::string* b, fly::DeviceCtx* dc) {
+  *a = some_bf16_variant();
+  *b = some_bf16_variant(*a);
+  if (a->empty() || b->empty()) {
+    WARN("SKIPPED: this build has fewer than two rmsnorm bf16 variants");
+    return false;
+  }
+  dc->arch = "sm_90a";
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("database schema loads and exact lookups hit", "[db]") {
@@ -152,14 +165,9 @@ TEST_CASE("every variant named in the shipped dumps is bundled (for the families
 }
 
 TEST_CASE("dispatch: forced, overlay exact, nearest, default", "[dispatch]") {
-  const std::string a = some_bf16_variant();
-  const std::string b = some_bf16_variant(a);
-  if (a.empty() || b.empty()) {
-    WARN("SKIPPED: this build has fewer than two rmsnorm bf16 variants");
-    return;
-  }
+  std::string a, b;
   fly::DeviceCtx dc;
-  dc.arch = "sm_90a";
+  if (!dispatch_setup(&a, &b, &dc)) return;
   fly::DispatchRequest req;
   req.family = "rmsnorm";
   req.key = key(3000, 777);
@@ -234,14 +242,9 @@ TEST_CASE("make_request: the key every op dispatches on; cache_tag separates cac
   CHECK(r.key.k[2] == 0);
   CHECK(std::string(r.key_names[2]) == "-");
 
-  const std::string a = some_bf16_variant();
-  const std::string b = some_bf16_variant(a);
-  if (a.empty() || b.empty()) {
-    WARN("SKIPPED: this build has fewer than two rmsnorm bf16 variants");
-    return;
-  }
+  std::string a, b;
   fly::DeviceCtx dc;
-  dc.arch = "sm_90a";
+  if (!dispatch_setup(&a, &b, &dc)) return;
   TempDb t(row("rmsnorm_fwd", "bf16", 3131, 313, 0, a));
   REQUIRE(fly_set_tuning_db(t.path.c_str()) == FLY_SUCCESS);
   fly::DispatchRequest req = fly::make_request("rmsnorm", "rmsnorm_fwd", "bf16", "row", {{"N", 3131}, {"M", 313}});
