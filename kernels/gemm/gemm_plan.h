@@ -124,7 +124,8 @@ CUresult encode_operand_3d(Encode encode, CUtensorMap* map, const Operand& o, in
 constexpr int kMaxClusters132[9] = {0, 132, 66, 39, 30, 22, 17, 15, 15};
 
 // Split-K factor for a grid of `tiles` tiles: the largest s whose tiles * s CTAs still run in one
-// wave, each slice keeping at least 4 k steps (ring stages: kb_total counts them); 1 when the tiles alone fill half the GPU.
+// wave, each slice keeping at least 4 k steps (ring stages: kb_total counts them); 1 when the
+// tiles alone fill half the GPU.
 inline int choose_split(int64_t tiles, int64_t kb_total, int sm_count) {
   if (tiles * 2 > sm_count) return 1;
   int best = 1;
