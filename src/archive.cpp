@@ -62,34 +62,28 @@ std::vector<uint8_t> build_archive(const std::vector<ArchiveInput>& inputs, int 
   std::map<std::pair<uint64_t, size_t>, std::vector<Stored>> stored;
   for (auto& in : inputs) {
     const uint64_t sum = fnv1a64(in.image.data(), in.image.size());
+    std::vector<Stored>& twins = stored[{sum, in.image.size()}];
     const Stored* same = nullptr;
-    for (auto& st : stored[{sum, in.image.size()}])
+    for (auto& st : twins)
       if (*st.image == in.image) same = &st;
-    if (same) {
-      put_str(dir, in.name);
-      put_str(dir, in.family);
-      put_str(dir, in.params);
-      put_u64(dir, same->offset);
-      put_u64(dir, same->compressed);
-      put_u64(dir, in.image.size());
-      put_u64(dir, sum);
-      continue;
-    }
-    std::vector<uint8_t> buf(ZSTD_compressBound(in.image.size()));
-    size_t c = ZSTD_compress2(cctx, buf.data(), buf.size(), in.image.data(), in.image.size());
-    if (ZSTD_isError(c)) {
-      ZSTD_freeCCtx(cctx);
-      throw std::runtime_error("archive: zstd: " + std::string(ZSTD_getErrorName(c)));
+    if (!same) {  // a new image: compress it and append its frame
+      std::vector<uint8_t> buf(ZSTD_compressBound(in.image.size()));
+      size_t c = ZSTD_compress2(cctx, buf.data(), buf.size(), in.image.data(), in.image.size());
+      if (ZSTD_isError(c)) {
+        ZSTD_freeCCtx(cctx);
+        throw std::runtime_error("archive: zstd: " + std::string(ZSTD_getErrorName(c)));
+      }
+      twins.push_back({out.size(), c, &in.image});
+      same = &twins.back();
+      out.insert(out.end(), buf.begin(), buf.begin() + c);
     }
     put_str(dir, in.name);
     put_str(dir, in.family);
     put_str(dir, in.params);
-    stored[{sum, in.image.size()}].push_back({out.size(), c, &in.image});
-    put_u64(dir, out.size());
-    put_u64(dir, c);
+    put_u64(dir, same->offset);
+    put_u64(dir, same->compressed);
     put_u64(dir, in.image.size());
     put_u64(dir, sum);
-    out.insert(out.end(), buf.begin(), buf.begin() + c);
   }
   ZSTD_freeCCtx(cctx);
   uint64_t dir_off = out.size();
