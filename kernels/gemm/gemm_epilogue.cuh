@@ -91,12 +91,6 @@ __device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u
 }
 
 // ---- shared-memory epilogue (Config::EPI == 1) ---------------------------------------------------
-// The warpgroup writes its 64 x BN block of D (biased, converted) into its staging tile in C's
-// orientation (rows of C; with SWAP, C = D^T, so the tile is BN rows of 64), with rows padded by 8
-// elements so the accumulator layout's stores hit distinct banks; then its 128 threads copy the tile
-// to C in 16-byte chunks along C's rows: full sectors instead of the 4-byte pair stores of
-// store_tile. Ragged edges and a C that is not 16-byte aligned take element stores. Named barrier
-// 2 + wg (128 threads) orders the tile's reuse across tiles and its writes before its reads.
 // Copies a staged NROWS x NCOLS block of C (rows padded to NCOLS + 8) whose first element is
 // C(crow0, ccol0) out to C in 16-byte chunks, clipped to C; run by the warpgroup's 128 threads.
 template <int NROWS, int NCOLS, bool SWAP>
@@ -119,23 +113,19 @@ __device__ __forceinline__ void copy_staged(const OutView& out, const Elem* s, i
   }
 }
 
-template <bool SWAP>
-__device__ __forceinline__ void store_tile_smem_whole(const OutView& out, const WorkUnit& u, int wg,
-                                                      const float (&acc)[Config::ACC], uint8_t* stage) {
+// Writes the warpgroup's D columns 8 j8_0 .. 8 j8_0 + W - 1 (biased, converted; the first is D
+// column j_base) into the staging tile `s` in C's orientation: 64 rows of W + 8, or with SWAP
+// (C = D^T) W rows of 64 + 8. r0, c0: this thread's first local D row and column.
+template <bool SWAP, int W>
+__device__ __forceinline__ void stage_columns(const OutView& out, Elem* s, const float (&acc)[Config::ACC], int j8_0,
+                                              int i_base, int j_base, int r0, int c0) {
   using Elem2 = OutView::Elem2;
-  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  Elem* s = reinterpret_cast<Elem*>(stage);
-  const int bar = 2 + wg;
-  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the previous tile's reads are done
-  const int i_base = u.tm * Config::BM + wg * 64;  // D row of the block's first row
-  const int j_base = u.tn * Config::BN;            // D column of the block's first column
-  const int r0 = warp * 16 + lane / 4;             // this thread's local D rows: r0, r0 + 8
-  const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
   if constexpr (!SWAP) {
-    constexpr int LD = Config::BN + 8;
+    constexpr int LD = W + 8;
 #pragma unroll
-    for (int j8 = 0; j8 < Config::BN / 8; ++j8) {
-      const int c = c0 + 8 * j8, j = j_base + c;
+    for (int jj = 0; jj < W / 8; ++jj) {
+      const int j8 = j8_0 + jj;
+      const int c = c0 + 8 * jj, j = j_base + c;
       const float b0 = out.bias && j < out.cols ? to_f(out.bias[j]) : 0.f;
       const float b1 = out.bias && j + 1 < out.cols ? to_f(out.bias[j + 1]) : 0.f;
 #pragma unroll
@@ -148,22 +138,43 @@ __device__ __forceinline__ void store_tile_smem_whole(const OutView& out, const 
     }
   } else {
     constexpr int LD = 64 + 8;
-    float b[2];
+    float brow[2];  // bias by D row
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int i = i_base + r0 + 8 * h;
-      b[h] = out.bias && i < out.rows ? to_f(out.bias[i]) : 0.f;
+      brow[h] = out.bias && i < out.rows ? to_f(out.bias[i]) : 0.f;
     }
 #pragma unroll
-    for (int j8 = 0; j8 < Config::BN / 8; ++j8) {
-      const int c = c0 + 8 * j8;
+    for (int jj = 0; jj < W / 8; ++jj) {
+      const int j8 = j8_0 + jj;
+      const int c = c0 + 8 * jj;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        s[c * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h] + b[h]);
-        s[(c + 1) * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h + 1] + b[h]);
+        s[c * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h] + brow[h]);
+        s[(c + 1) * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h + 1] + brow[h]);
       }
     }
   }
+}
+
+// The warpgroup writes its 64 x BN block of D (biased, converted) into its staging tile in C's
+// orientation (rows of C; with SWAP, C = D^T, so the tile is BN rows of 64), with rows padded by 8
+// elements so the accumulator layout's stores hit distinct banks; then its 128 threads copy the tile
+// to C in 16-byte chunks along C's rows: full sectors instead of the 4-byte pair stores of
+// store_tile. Ragged edges and a C that is not 16-byte aligned take element stores. Named barrier
+// 2 + wg (128 threads) orders the tile's reuse across tiles and its writes before its reads.
+template <bool SWAP>
+__device__ __forceinline__ void store_tile_smem_whole(const OutView& out, const WorkUnit& u, int wg,
+                                                      const float (&acc)[Config::ACC], uint8_t* stage) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  Elem* s = reinterpret_cast<Elem*>(stage);
+  const int bar = 2 + wg;
+  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the previous tile's reads are done
+  const int i_base = u.tm * Config::BM + wg * 64;  // D row of the block's first row
+  const int j_base = u.tn * Config::BN;            // D column of the block's first column
+  const int r0 = warp * 16 + lane / 4;             // this thread's local D rows: r0, r0 + 8
+  const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
+  stage_columns<SWAP, Config::BN>(out, s, acc, 0, i_base, j_base, r0, c0);
   asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the tile is complete
   copy_staged<SWAP ? Config::BN : 64, SWAP ? 64 : Config::BN, SWAP>(out, s, SWAP ? j_base : i_base,
                                                                    SWAP ? i_base : j_base, t);
@@ -177,7 +188,6 @@ __device__ __forceinline__ void store_tile_smem_whole(const OutView& out, const 
 template <bool SWAP>
 __device__ __forceinline__ void store_tile_smem_passes(const OutView& out, const WorkUnit& u, int wg,
                                                        const float (&acc)[Config::ACC], uint8_t* stage) {
-  using Elem2 = OutView::Elem2;
   constexpr int W = epi_pass_cols(Config::BN);  // D columns per pass
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   Elem* s = reinterpret_cast<Elem*>(stage);
@@ -189,41 +199,7 @@ __device__ __forceinline__ void store_tile_smem_passes(const OutView& out, const
   for (int pass = 0; pass < Config::BN / W; ++pass) {
     const int j_base = u.tn * Config::BN + pass * W;  // D column of the pass's first column
     asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the previous pass's reads are done
-    if constexpr (!SWAP) {
-      constexpr int LD = W + 8;
-#pragma unroll
-      for (int jj = 0; jj < W / 8; ++jj) {
-        const int j8 = pass * (W / 8) + jj;
-        const int c = c0 + 8 * jj, j = j_base + c;
-        const float b0 = out.bias && j < out.cols ? to_f(out.bias[j]) : 0.f;
-        const float b1 = out.bias && j + 1 < out.cols ? to_f(out.bias[j + 1]) : 0.f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          Elem2 pr;
-          pr.x = from_f(acc[4 * j8 + 2 * h] + b0);
-          pr.y = from_f(acc[4 * j8 + 2 * h + 1] + b1);
-          *reinterpret_cast<Elem2*>(s + (r0 + 8 * h) * LD + c) = pr;
-        }
-      }
-    } else {
-      constexpr int LD = 64 + 8;
-      float brow[2];  // bias by D row
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = i_base + r0 + 8 * h;
-        brow[h] = out.bias && i < out.rows ? to_f(out.bias[i]) : 0.f;
-      }
-#pragma unroll
-      for (int jj = 0; jj < W / 8; ++jj) {
-        const int j8 = pass * (W / 8) + jj;
-        const int c = c0 + 8 * jj;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          s[c * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h] + brow[h]);
-          s[(c + 1) * LD + r0 + 8 * h] = from_f(acc[4 * j8 + 2 * h + 1] + brow[h]);
-        }
-      }
-    }
+    stage_columns<SWAP, W>(out, s, acc, pass * (W / 8), i_base, j_base, r0, c0);
     asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the pass's tile is complete
     copy_staged<SWAP ? W : 64, SWAP ? 64 : W, SWAP>(out, s, SWAP ? j_base : i_base, SWAP ? i_base : j_base, t);
   }
