@@ -147,31 +147,26 @@ TEST_CASE("flygen launch axes share one compile unit per compile point", "[flyge
   CHECK(def.out.find("1 of 4 variants selected") != std::string::npos);  // demo_2 (s = 0) only
 }
 
+// flygen on `space` with its text `from` replaced by `to` must fail and say `says`.
+static void check_refused(std::string space, const std::string& from, const std::string& to, const char* says) {
+  const size_t at = space.find(from);
+  REQUIRE(at != std::string::npos);
+  space.replace(at, from.size(), to);
+  Tree t(space);
+  Run r = run_flygen(t.args(""));
+  CHECK(r.rc != 0);
+  CHECK(r.out.find(says) != std::string::npos);
+}
+
 TEST_CASE("flygen refuses broken spaces with a message", "[flygen]") {
   SECTION("a default that no variant satisfies") {
-    std::string bad = kSpace;
-    bad.replace(bad.find("{\"a\": 1, \"b\": \"y\"}"), std::string("{\"a\": 1, \"b\": \"y\"}").size(),
-                "{\"a\": 3, \"b\": \"y\"}");
-    Tree t(bad);
-    Run r = run_flygen(t.args(""));
-    CHECK(r.rc != 0);
-    CHECK(r.out.find("matches no variant") != std::string::npos);
+    check_refused(kSpace, "{\"a\": 1, \"b\": \"y\"}", "{\"a\": 3, \"b\": \"y\"}", "matches no variant");
   }
   SECTION("a name that does not encode every axis") {
-    std::string bad = kSpace;
-    bad.replace(bad.find("demo_{a}_{b}"), std::string("demo_{a}_{b}").size(), "demo_{a}");
-    Tree t(bad);
-    Run r = run_flygen(t.args(""));
-    CHECK(r.rc != 0);
-    CHECK(r.out.find("does not encode axis b") != std::string::npos);
+    check_refused(kSpace, "demo_{a}_{b}", "demo_{a}", "does not encode axis b");
   }
   SECTION("launch axes without a suffix that names them") {
-    std::string bad = kLaunchSpace;
-    bad.replace(bad.find("\"launch_suffix\": \"_s{s}\","), std::string("\"launch_suffix\": \"_s{s}\",").size(), "");
-    Tree t(bad);
-    Run r = run_flygen(t.args(""));
-    CHECK(r.rc != 0);
-    CHECK(r.out.find("launch_suffix") != std::string::npos);
+    check_refused(kLaunchSpace, "\"launch_suffix\": \"_s{s}\",", "", "launch_suffix");
   }
   SECTION("an unknown argument") {
     Tree t(kSpace);
