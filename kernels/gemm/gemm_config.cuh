@@ -59,6 +59,8 @@ struct Config {
   // instruction (a 3-D box when K-major, a 128-row box when MN-major). On the H200 a TMA stream of
   // decode weights ran 15-35% faster with one box per 2 k blocks than with one per k block
   // (kernels/gemm/dev/tma_stream.cu, bench/RESULTS.md): the per-box cost, not the bytes, limits it.
+  // With P multicast (MP = 2) the cluster splits each stage's P k blocks instead of its rows: CTA
+  // rank r loads k block r of the stage, all BM rows, into both CTAs (one 2-D box each).
   static constexpr int KB = FLY_KB;
   static constexpr int KSTEP = KB * BK;  // k extent of one stage
   static constexpr int STAGES = FLY_STAGES;
@@ -95,7 +97,7 @@ struct Config {
   static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
                 "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
   static_assert(MC == 1 || (MC == 2 && BN % 128 == 0), "multicast halves must be 64-col chunks");
-  static_assert(KB == 1 || (KB == 2 && CLUSTER == 1), "2 k blocks per stage: no multicast");
+  static_assert(KB == 1 || (KB == 2 && MC == 1), "2 k blocks per stage: no Q multicast");
   static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
   static_assert(P_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms are 1024 B");

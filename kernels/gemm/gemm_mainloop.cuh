@@ -80,8 +80,25 @@ __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, 
                                           uint64_t* bar, bool kmajor, int row0, int k0, int k, int rank) {
   if constexpr (CL == 1) {
     load_operand<ROWS>(dst, map, map3, bar, kmajor, row0, k0, k);
+  } else if constexpr (Config::KB == 2) {
+    // Two k blocks per stage: CTA `rank` brings k block `rank` (all ROWS rows; a box wholly past
+    // K is zero-filled and still counts its bytes). K-major: the stage's k blocks are ROWS x 128 B
+    // tiles one after the other; MN-major: k block j is 8 KiB into each 64-wide chunk.
+    static_assert(CL == 2, "multicast clusters of 2");
+    const uint16_t both = 0x3;
+    const int kr = k0 + rank * Config::BK;
+    if (kmajor) {
+      sm90::tma_load_2d_multicast(dst + rank * ROWS * Config::BK * 2, map, bar, kr, row0, both);
+    } else if constexpr (ROWS >= 64) {
+#pragma unroll
+      for (int c = 0; c < ROWS / 64; ++c)
+        sm90::tma_load_2d_multicast(dst + c * kMnChunkBytes + rank * 64 * Config::BK * 2, map, bar, row0 + 64 * c,
+                                    kr, both);
+    } else {
+      __trap();  // an MN-major tile narrower than 64: the launcher never plans one (narrow_fits)
+    }
   } else {
-    static_assert(CL == 2 && Config::KB == 1, "multicast clusters of 2, one k block per stage");
+    static_assert(CL == 2 && Config::KB == 1, "multicast clusters of 2");
     constexpr int HALF = ROWS / 2;
     const uint16_t both = 0x3;
     if (kmajor) {

@@ -42,7 +42,7 @@ struct VariantShape {
   int mp = 1;   // multicast cluster size along N (narrow tiles: 2 CTAs share the P tile)
   int l2p = 256;  // L2 sector promotion of both tensor maps, bytes: 0 (none), 64, 128 or 256
   int pp = 0;     // 1: ping-pong consumers (alternate whole tiles; persistent, no split-K)
-  int kb = 1;     // 64-wide k blocks per ring stage (2: one TMA box brings two; no multicast)
+  int kb = 1;     // 64-wide k blocks per ring stage (2: one TMA box brings two; no Q multicast)
   int ks = 0;     // 1: stagger the CTAs' k walks (GemmParams::k_stagger; a launch axis)
 };
 
@@ -152,13 +152,14 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
 
 // Whether a narrow-tile variant (bm = 64: the two consumer warpgroups split the Q tile's columns)
 // can take the problem: its Q tile must be K-major, or MN-major with each half a whole 64-wide
-// chunk (bn = 128); with P multicast (mp = 2) its P tile must be K-major too (each CTA loads 32
-// of the 64 rows, narrower than an MN-major 64-wide chunk). Other variants take everything.
+// chunk (bn = 128); with P multicast (mp = 2) and one k block per stage its P tile must be
+// K-major too (each CTA loads 32 of the 64 rows, narrower than an MN-major 64-wide chunk; with
+// kb = 2 each loads a k block of all 64 rows instead). Other variants take everything.
 inline bool narrow_fits(const Problem& pr, const VariantShape& v) {
   if (v.bm == kBM) return true;
   const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
-  return (Q.kmajor || v.bn % 128 == 0) && (v.mp <= 1 || P.kmajor);
+  return (Q.kmajor || v.bn % 128 == 0) && (v.mp <= 1 || P.kmajor || v.kb > 1);
 }
 
 template <class Encode>
@@ -168,16 +169,19 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   std::memset(&p, 0, sizeof(p));
   const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
-  // With P multicast each CTA loads half of the P tile's rows (K-major box {64, bm/2}).
+  // With P multicast each CTA loads half of the P tile's rows (K-major box {64, bm/2}), or with
+  // kb = 2 one of the stage's two k blocks (box {64, bm} or {64 mn, 64 k}; no 3-D view of P).
   const CUtensorMapL2promotion l2 = l2_promotion(v.l2p);
   const int kb = std::max(v.kb, 1);
-  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, v.bm / std::max(v.mp, 1), pr.bf16, l2, kb);
+  const bool p_split_k = v.mp > 1 && kb > 1;
+  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, p_split_k ? v.bm : v.bm / std::max(v.mp, 1), pr.bf16, l2,
+                              p_split_k ? 1 : kb);
   if (r != CUDA_SUCCESS) return r;
   // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}).
   r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16, l2, kb);
   if (r != CUDA_SUCCESS) return r;
   const bool whole_step = pr.K >= int64_t(kBK) * kb;  // some k step lies wholly inside K
-  if (kb > 1 && whole_step && P.kmajor &&
+  if (kb > 1 && whole_step && P.kmajor && !p_split_k &&
       (r = encode_operand_3d(encode, &p.tm_p3, P, pr.K, v.bm, kb, pr.bf16, l2)) != CUDA_SUCCESS)
     return r;
   if (kb > 1 && whole_step && Q.kmajor &&

@@ -118,9 +118,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     fly::sm90::tma_prefetch_desc(&p.tm_p);
     fly::sm90::tma_prefetch_desc(&p.tm_q);
     if constexpr (Config::KB > 1) {
-      // The 3-D views exist for K-major operands when some k step is whole (gemm_plan.h).
+      // The 3-D views exist for K-major operands when some k step is whole, P's only without
+      // multicast (gemm_plan.h).
       if (p.k >= Config::KSTEP) {
-        if (p.p_kmajor) fly::sm90::tma_prefetch_desc(&p.tm_p3);
+        if (p.p_kmajor && Config::MP == 1) fly::sm90::tma_prefetch_desc(&p.tm_p3);
         if (p.q_kmajor) fly::sm90::tma_prefetch_desc(&p.tm_q3);
       }
     }

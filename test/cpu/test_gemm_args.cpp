@@ -391,6 +391,33 @@ TEST_CASE("two k blocks per stage (kb = 2): 3-D maps for K-major operands, talle
   REQUIRE(log.maps.size() == 4);
   CHECK(log.maps[2].dims == std::vector<uint64_t>{64, 4096, 2});
 
+  // P multicast with kb = 2: each CTA of the pair brings one of the stage's k blocks of all 64 P
+  // rows (2-D box {64, 64}, or {64 mn, 64 k} when MN-major), so P has no 3-D view and may be
+  // MN-major; Q keeps its 3-D view.
+  pr = decode_problem();
+  VariantShape mpkb{32, 5, true, 1, 0, 64, 2};
+  mpkb.kb = 2;
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, mpkb, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.cluster == 2);
+  CHECK(L.grid == 128);
+  CHECK(L.params.split == 1);
+  REQUIRE(log.maps.size() == 3);  // P 2-D, Q 2-D, Q 3-D
+  CHECK(log.maps[0].box == std::vector<unsigned>{64, 64});
+  CHECK(log.maps[1].box == std::vector<unsigned>{64, 32});
+  CHECK(log.maps[2].rank == 3);
+  CHECK(log.maps[2].box == std::vector<unsigned>{64, 32, 2});
+  pr.bt.kmajor = false;  // P = B^T MN-major
+  pr.bt.ld = 4096;
+  CHECK(narrow_fits(pr, mpkb));
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, mpkb, 132, encode, &L) == CUDA_SUCCESS);
+  REQUIRE(log.maps.size() == 3);  // P 2-D, Q 2-D and 3-D
+  CHECK(log.maps[0].box == std::vector<unsigned>{64, 64});  // 64 mn x one k block
+  CHECK(log.maps[2].rank == 3);
+  mpkb.kb = 1;
+  CHECK(!narrow_fits(pr, mpkb));  // one k block: each CTA would need half a 64-wide chunk
+
   // Split-K counts k steps of 128: K = 4096 is 32 of them.
   pr = decode_problem();
   VariantShape plain{64, 3, true, 1, 0};
