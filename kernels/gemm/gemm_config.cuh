@@ -55,7 +55,7 @@ struct Config {
   static constexpr bool PP = FLY_PP != 0;
   static constexpr int MH = PP ? 2 : 1;  // 64-row halves of P each consumer warpgroup multiplies
   static constexpr int BK = kBK;  // 64 x 2 B = 128 B rows: exactly one 128B swizzle span
-  // KB = 2: each ring stage holds 2 k blocks of P and of Q, each operand brought by one TMA
+  // KB = 2 or 4: each ring stage holds KB k blocks of P and of Q, each operand brought by one TMA
   // instruction (a 3-D box when K-major, a 128-row box when MN-major). On the H200 a TMA stream of
   // decode weights ran 15-35% faster with one box per 2 k blocks than with one per k block
   // (kernels/gemm/dev/tma_stream.cu, bench/RESULTS.md): the per-box cost, not the bytes, limits it.
@@ -97,7 +97,8 @@ struct Config {
   static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
                 "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
   static_assert(MC == 1 || (MC == 2 && BN % 128 == 0), "multicast halves must be 64-col chunks");
-  static_assert(KB == 1 || (KB == 2 && MC == 1), "2 k blocks per stage: no Q multicast");
+  static_assert(KB == 1 || ((KB == 2 || KB == 4) && MC == 1 && (MP == 1 || KB == 2)),
+                "2 or 4 k blocks per stage: no Q multicast; P multicast with 2 only");
   static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
   static_assert(P_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms are 1024 B");

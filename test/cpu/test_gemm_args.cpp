@@ -418,6 +418,29 @@ TEST_CASE("two k blocks per stage (kb = 2): 3-D maps for K-major operands, talle
   mpkb.kb = 1;
   CHECK(!narrow_fits(pr, mpkb));  // one k block: each CTA would need half a 64-wide chunk
 
+  // kb = 4: boxes 4 k blocks deep (3-D {64, rows, 4}; MN-major {64 mn, 256 k}), 3-D maps only
+  // when K holds a whole step of 256.
+  pr = decode_problem();
+  VariantShape kb4{32, 3, false, 1, 0, 64};  // P = A (64 rows), Q = B^T
+  kb4.kb = 4;
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, kb4, 132, encode, &L) == CUDA_SUCCESS);
+  REQUIRE(log.maps.size() == 4);
+  CHECK(log.maps[2].box == std::vector<unsigned>{64, 64, 4});
+  CHECK(log.maps[3].box == std::vector<unsigned>{64, 32, 4});
+  CHECK(L.smem == unsigned(smem_bytes(32, 3, 0, 64, 4)));
+  pr.a.kmajor = false;  // P = A MN-major
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, kb4, 132, encode, &L) == CUDA_SUCCESS);
+  REQUIRE(log.maps.size() == 3);
+  CHECK(log.maps[0].box == std::vector<unsigned>{64, 256});
+  pr.a.kmajor = true;
+  pr.K = 200;  // less than one step of 256: 2-D maps only
+  pr.a.ld = pr.bt.ld = 200;
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, kb4, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(log.maps.size() == 2);
+
   // Split-K counts k steps of 128: K = 4096 is 32 of them.
   pr = decode_problem();
   VariantShape plain{64, 3, true, 1, 0};
