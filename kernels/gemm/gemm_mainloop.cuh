@@ -158,14 +158,24 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
 }
 
 // ---- consumer ----------------------------------------------------------------------------------
-// Descriptor of the k16 slice `kk` (0..4 KB - 1) of a stage's operand whose k blocks are
-// KB_STRIDE bytes apart (K-major: the stage's rows x 128 B). K-major tiles step 32 B inside the
-// swizzle atom; MN-major tiles step two 1 KiB atoms (16 k rows) down the chunk, LBO = chunk stride.
+// wgmma descriptors of the stage's operand tiles (128B swizzle, sm90::make_desc_sw128) as two
+// 32-bit words: `lo` (start address / 16, LBO / 16) varies per stage; `hi` (SBO = 1024, the
+// swizzle mode) is a constant. K-major tiles step 32 B inside the swizzle atom per k16 slice and
+// KB_STRIDE bytes per k block (the stage's rows x 128 B); MN-major tiles step two 1 KiB atoms (16 k
+// rows) down the chunk, with LBO = the chunk stride.
+template <bool KMAJOR>
+__device__ __forceinline__ uint32_t desc_lo(uint32_t tile) {
+  return static_cast<uint32_t>(sm90::make_desc_sw128(tile, KMAJOR ? 16 : kMnChunkBytes, 1024));
+}
+constexpr uint32_t kDescHi = static_cast<uint32_t>((1024 >> 4) | (1u << 30));
+__device__ __forceinline__ uint64_t desc(uint32_t lo) { return (static_cast<uint64_t>(kDescHi) << 32) | lo; }
+// What k16 slice `kk` (0..4 KB - 1) adds to `lo`: its byte offset / 16 in the start-address field.
+// Exact: no operand ends past 2^18 bytes of shared memory, so the 14-bit field never carries.
+// NOTE: a 32-bit add per operand and wgmma, in place of a descriptor built from each slice's
+// address (the narrow decode tiles' SASS spent ~12 uniform instructions per wgmma on it).
 template <bool KMAJOR, int KB_STRIDE>
-__device__ __forceinline__ uint64_t operand_desc(const uint8_t* tile, int kk) {
-  const uint32_t a = sm90::smem_u32(tile);
-  if constexpr (KMAJOR) return sm90::make_desc_sw128(a + (kk / 4) * KB_STRIDE + (kk % 4) * 32, 16, 1024);
-  else return sm90::make_desc_sw128(a + kk * 2048, kMnChunkBytes, 1024);
+__device__ __forceinline__ constexpr uint32_t slice_offset(int kk) {
+  return (KMAJOR ? (kk / 4) * KB_STRIDE + (kk % 4) * 32 : kk * 2048) >> 4;
 }
 
 // Byte offset of the 64-row (K-major) or 64-wide chunk (MN-major) number `i` of a stage's operand.
@@ -211,20 +221,23 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
   const int p_off = Config::BM == 128 && !Config::PP ? sub_offset<TA == 0>(wg) : 0;
   const int q_off = Config::BM == 128 ? 0
                     : (TB == 0 ? wg * Config::WG_N * Config::BK * 2 : sub_offset<false>(wg * (Config::WG_N / 64)));
+  const uint32_t ring_s = sm90::smem_u32(ring.base);  // once: the stages are offsets from it
   int prev = -1;
   for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
     sm90::mbar_wait(&ring.full[ps.stage], ps.phase);
     fence_acc(acc);
     sm90::wgmma_fence();
-    const uint8_t* pt = ring.p_tile(ps.stage) + p_off;
-    const uint8_t* qt = ring.q_tile(ps.stage) + q_off;
+    const uint32_t st = ring_s + ps.stage * Config::STAGE_BYTES;
+    uint32_t dp[Config::MH];
+#pragma unroll
+    for (int h = 0; h < Config::MH; ++h) dp[h] = desc_lo<TA == 0>(st + p_off + sub_offset<TA == 0>(h));
+    const uint32_t dq = desc_lo<TB == 0>(st + Config::P_BYTES + q_off);
 #pragma unroll
     for (int kk = 0; kk < Config::KSTEP / 16; ++kk)
 #pragma unroll
       for (int h = 0; h < Config::MH; ++h)
-        Mma::mma(acc + h * Mma::kRegs,
-                 operand_desc<TA == 0, Config::P_KB_BYTES>(pt + sub_offset<TA == 0>(h), kk),
-                 operand_desc<TB == 0, Config::Q_KB_BYTES>(qt, kk), 1);
+        Mma::mma(acc + h * Mma::kRegs, desc(dp[h] + slice_offset<TA == 0, Config::P_KB_BYTES>(kk)),
+                 desc(dq + slice_offset<TB == 0, Config::Q_KB_BYTES>(kk)), 1);
     sm90::wgmma_commit();
     fence_acc(acc);
     // NOTE: keep one wgmma group in flight; the stage read by the previous group is free now.
