@@ -32,6 +32,38 @@ def make_operands(M, N, K, layout, dtype):
     return a, b
 
 
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def target_summary(rows, fly):
+    """Issue 4's targets from one run: NT geomean >= 1.10x over the faster baseline with no shape
+    below 0.97x; M <= 128 shapes at >= 70% of the weight-read floor (flybench's floor_us: B's bytes
+    at the measured copy bandwidth); NN/TN/TT within 5% of NT (our times)."""
+    out = []
+    nt = [r["speedup"] for r in rows if r["layout"] == "nt"]
+    if nt:
+        g, lo = geomean(nt), min(nt)
+        out.append(f"target NT >= 1.10x geomean, no shape < 0.97x: {g:.3f}x, min {lo:.3f}x -> "
+                   f"{'met' if g >= 1.10 and lo >= 0.97 else 'not met'}")
+    dec = [(k, v["floor_us"] / v["us"]) for k, v in sorted(fly.items())
+           if k[0] == "nt" and k[1] <= 128 and "floor_us" in v]
+    if dec:
+        shares = ", ".join(f"{M}x{N}x{K} {100 * f:.0f}%" for (_, M, N, K), f in dec)
+        hit = sum(f >= 0.70 for _, f in dec)
+        out.append(f"target M <= 128 at >= 70% of the weight-read floor (NT): {shares} -> {hit} of {len(dec)}")
+    for layout in ("nn", "tn", "tt"):
+        pairs = [(k, fly[("nt",) + k[1:]]["us"] / v["us"]) for k, v in sorted(fly.items())
+                 if k[0] == layout and ("nt",) + k[1:] in fly]
+        if not pairs:
+            continue
+        off = [f"{M}x{N}x{K} {r:.3f}" for (_, M, N, K), r in pairs if abs(r - 1) > 0.05]
+        out.append(f"target {layout.upper()} within 5% of NT (our NT time / our {layout.upper()} time): geomean "
+                   f"{geomean([r for _, r in pairs]):.3f}, {len(off)} of {len(pairs)} shapes outside"
+                   + (": " + ", ".join(off) if off else ""))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flybench", default="build/flybench")
@@ -89,6 +121,8 @@ def main():
         if sps:
             g = math.exp(sum(math.log(s) for s in sps) / len(sps))
             print(f"{layout}: geomean speedup over the faster baseline {g:.3f}x, min {min(sps):.3f}x ({len(sps)} shapes)")
+    for line in target_summary(rows, fly):
+        print(line)
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
 

@@ -2,7 +2,7 @@
 // same shapes: time (median, L2 flushed), TFLOP/s, and for M <= 128 the fraction of the
 // weight-read floor (bytes of B / measured copy bandwidth).
 //   flybench gemm [--suite FILE] [--layouts nt,nn,tn,tt] [--json PATH]
-// --json writes [{"M","N","K","layout","us","tflops","variant"}].
+// --json writes [{"M","N","K","layout","us","tflops","floor_us","variant"}].
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -43,7 +43,7 @@ int bench_gemm(const Args& args) {
       std::printf("%-6s %6lld %6lld %6lld %10.1f %8.1f %8s  %s (%s)%s\n", layout.c_str(), (long long)M, (long long)N,
                   (long long)K, us, tflops, frac, variant.c_str(), decision.c_str(), good ? "" : "  WRONG RESULT");
       out.push_back({{"M", M}, {"N", N}, {"K", K}, {"layout", layout}, {"us", us}, {"tflops", tflops},
-                     {"variant", variant}});
+                     {"floor_us", floor_us}, {"variant", variant}});
     }
   if (args.has("json")) std::ofstream(args.get("json")) << out.dump(1);
   if (!ok) std::fprintf(stderr, "flybench gemm: some case failed its spot check\n");
