@@ -18,7 +18,8 @@ struct GemmParams {
   // Variants with KB > 1 k blocks per stage (FLY_KB): MN-major maps above have boxes {64, 64 KB};
   // a K-major operand also gets a 3-D view (64, rows, K / 64) with box {64, rows, KB}, so one TMA
   // instruction brings a stage's KB k blocks (each a plain 128B-swizzled [rows][64] tile). Stages
-  // that run past K use the 2-D map (per k block, zero-filled). Unused (zero) when KB == 1.
+  // that run past K use the 2-D map (per k block, zero-filled). Unused (zero) when KB == 1; tm_p3
+  // also with P multicast (MP = 2), whose CTAs each bring one k block through tm_p ({64, BM} box).
   CUtensorMap tm_p3;
   CUtensorMap tm_q3;
   void* c;           // C[M, N] row-major, leading stride ldc (elements)

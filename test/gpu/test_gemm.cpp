@@ -198,8 +198,8 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
     if (ps.find("bm=64") != std::string::npos) {
       // Narrow tiles: K-major Q always; an MN-major Q only with bn = 128 (whole 64-wide halves);
       // with P multicast (mp = 2) the P operand must be K-major as well, unless kb = 2 (each CTA
-      // then brings a whole k block of P). K = 700 ends on a partial k block and, at kb = 2, one
-      // wholly past K (with mp = 2: the peer's box).
+      // then brings a whole k block of P). K = 700 ends on a partial k block and, at kb = 2 or 4,
+      // one wholly past K (with mp = 2: the peer's box).
       const bool mn_ok = ps.find("bn=128") != std::string::npos &&
                          (ps.find("mp=2") == std::string::npos || ps.find("kb=2") != std::string::npos);
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
