@@ -86,8 +86,11 @@ struct Config {
   static constexpr int ACC = MH * WG_N / 2;  // fp32 accumulators per consumer thread (MH x 64 x WG_N / 128)
   static constexpr int STAGE_READERS = PP ? 1 : 2;  // consumer warpgroups that read each stage
   // Register split: producer warpgroup keeps 40, consumers get 232 (40*128 + 232*256 <= 64K).
-  static constexpr int PRODUCER_REGS = 40;
-  static constexpr int CONSUMER_REGS = 232;
+  // Narrow tiles (small accumulators) give the producer 56 and the consumers 224: at 40 the
+  // producer of the kb = 4 and the P-multicast kb = 2 tiles spilled 20 bytes (ptxas caps the code
+  // after setmaxnreg.dec at the new count).
+  static constexpr int PRODUCER_REGS = BM == 64 ? 56 : 40;
+  static constexpr int CONSUMER_REGS = BM == 64 ? 224 : 232;
 
   static_assert(BM == 128 || BM == 64, "tile rows: 128 (two 64-row halves) or 64 (shared rows)");
   static_assert((BN % 64 == 0 && BN >= 64 && BN <= 256) || (BM == 64 && BN == 32),

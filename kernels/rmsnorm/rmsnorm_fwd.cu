@@ -175,7 +175,7 @@ rmsnorm_fwd(const RmsNormParams p) {
 #pragma unroll
         for (int e = 0; e < kV; ++e)
           o.e[e] = fly::from_float<T>(fly::to_float(cur[i].e[e]) * rs * fly::to_float(wi.e[e]));
-        fly::st16_stream(yr + head + j * kV, o.raw);
+        fly::st16_out(yr + head + j * kV, o.raw);
       }
     }
   };
@@ -219,7 +219,7 @@ rmsnorm_fwd(const RmsNormParams p) {
 #pragma unroll
         for (int e = 0; e < kV; ++e)
           o.e[e] = fly::from_float<T>(fly::to_float(v.e[e]) * rs * fly::to_float(wi.e[e]));
-        fly::st16_stream(yr + head + j * kV, o.raw);
+        fly::st16_out(yr + head + j * kV, o.raw);
       }
     }
     for (int i = lane; i < head; i += kTpr)
