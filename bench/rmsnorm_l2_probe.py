@@ -13,6 +13,7 @@ Cases (CUDA events, median, bench/timing.py's read flush where it says "flush"):
             write-back that one call leaves behind is paid by the next, so this is the sustained
             rate
   copy      y.copy_(x) (a cudaMemcpy-class copy of the same bytes), "same" and "stream" ways
+  graph     the two "stream" cases captured in a CUDA graph (no host launch gaps)
   +mm       flush, then the norm and a GEMM that reads its output (y[M,N] @ W[N,N]^T, torch.mm):
             the time of the pair, and the GEMM's alone after the norm
   mm after  flush, the norm, then a GEMM on unrelated operands (4096^3): does the norm's
@@ -105,6 +106,37 @@ def main():
     out["copy same"] = timing.time_us(lambda: ys[0].copy_(xs[0]), reps=60)
     out["copy stream"] = back_to_back(lambda i: ys[i].copy_(xs[i]))
 
+    # The back-to-back cases again from CUDA graphs of the 20 calls: no host launch gaps.
+    def graph_of(fn):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+            for i in range(20):
+                fn(i % 8, st)
+        return g
+
+    def norm_on(i, st):
+        r = lib.fly_rms_norm_fwd(ctypes.byref(xd[i]), ctypes.byref(wd), ctypes.c_double(1e-5),
+                                 ctypes.byref(yd[i]), ctypes.byref(rd), st)
+        if r != 0:
+            raise RuntimeError(lib.fly_get_last_error().decode())
+    for key, fn in (("stream graph", norm_on), ("copy stream graph", lambda i, st: ys[i].copy_(xs[i]))):
+        try:
+            g = graph_of(fn)
+            g.replay()
+            ts = []
+            for _ in range(15):
+                torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                ts.append(e0.elapsed_time(e1) * 1000 / 20)
+            out[key] = statistics.median(ts)
+        except Exception as e:  # capture is a measurement aid here, not a feature under test
+            print(f"{key}: capture failed: {e}")
+
     W = torch.randn(N, N, device=dev, dtype=torch.bfloat16) / N ** 0.5
     out["norm+mm"] = timing.time_us(lambda: (norm(0), torch.mm(ys[0], W.t())), reps=40)
 
@@ -130,7 +162,7 @@ def main():
 
     copy_bw = 4.23e12
     for key, us in out.items():
-        tbs = bytes_moved / (us * 1e-6) / 1e12 if key in ("same", "rotated", "stream", "copy same", "copy stream") else None
+        tbs = bytes_moved / (us * 1e-6) / 1e12 if key in ("same", "rotated", "stream", "copy same", "copy stream", "stream graph", "copy stream graph") else None
         extra = f"  {tbs:.3f} TB/s = {100 * tbs * 1e12 / copy_bw:.1f}% of 4.23 TB/s" if tbs else ""
         print(f"{a.label:14s} {key:24s} {us:9.2f} us{extra}")
 
