@@ -186,4 +186,10 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t caddr) {
   return v;
 }
 
+__device__ __forceinline__ float ld_cluster_f32(uint32_t caddr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(caddr) : "memory");
+  return v;
+}
+
 }  // namespace fly::sm90

@@ -1,9 +1,11 @@
 // fly_gemm / fly_gemm_workspace_size: validation, dispatch and launch of the gemm family
-// (kernels/gemm/gemm_sm90.cu; host planning shared with the dev harness in gemm/gemm_plan.h).
+// (kernels/gemm/gemm_sm90.cu, host planning shared with the dev harness in gemm/gemm_plan.h; the
+// decode kernel kernels/gemm/gemm_decode_sm90.cu, planned by gemm/gemm_decode.h).
 #include <cinttypes>
 #include <string>
 
 #include "core.hpp"
+#include "gemm/gemm_decode.h"
 #include "gemm/gemm_params.h"
 #include "gemm/gemm_plan.h"
 
@@ -117,11 +119,19 @@ struct VariantShapeOf {
   }
 };
 
-// Whether a variant can take the problem: one with a forced split-K factor (launch axis "split" >
-// 0) only where split-K makes sense (gemm_plan.h forced_split_fits); a narrow-tile one (bm = 64)
-// only with the operand layouts its column split allows (gemm_plan.h narrow_fits); the others
-// serve every shape.
+// Decode variants (kernels/gemm/gemm_decode_sm90.cu) are the ones with a "rpw" parameter.
+bool is_decode(const Variant& v) { return v.get_int("rpw", 0) > 0; }
+gemm::DecodeShape decode_shape(const Variant& v) {
+  return {int(v.get_int("nw", 8)), int(v.get_int("rpw", 16)), int(v.get_int("mt", 8)), int(v.get_int("cl", 0))};
+}
+
+// Whether a variant can take the problem: a decode one only NT with M <= 8 mt and K % 8 == 0
+// (gemm_decode.h decode_fits); one with a forced split-K factor (launch axis "split" > 0) only
+// where split-K makes sense (gemm_plan.h forced_split_fits); a narrow-tile one (bm = 64) only
+// with the operand layouts its column split allows (gemm_plan.h narrow_fits); the others serve
+// every shape.
 bool variant_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
+  if (is_decode(v)) return gemm::decode_fits(pr, decode_shape(v));
   const gemm::VariantShape vs = VariantShapeOf::of(v);
   const int split = int(v.get_int("split", 0));
   return (split <= 0 || gemm::forced_split_fits(pr, vs, split, sm_count)) && gemm::narrow_fits(pr, vs);
@@ -188,6 +198,20 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   const CUfunction f = rk.f;
   const Driver* d = rk.d;
 
+  if (is_decode(*v)) {
+    gemm::DecodeLaunch L;
+    const CUresult r = gemm::plan_decode(pr, decode_shape(*v), dc->sm_count, d->cuTensorMapEncodeTiled, &L);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
+    if (int(L.smem) > dc->max_smem_optin)
+      return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d",
+                  v->name.c_str(), L.smem, dc->max_smem_optin);
+    LaunchConfig cfg;
+    cfg.grid[0] = L.grid;
+    cfg.block[0] = L.threads;
+    cfg.smem = L.smem;
+    cfg.cluster[0] = L.cluster;
+    return launch1(f, cfg, stream, L.params);
+  }
   const gemm::VariantShape vs = VariantShapeOf::of(*v);
   const int smem_need = gemm::smem_bytes(vs.bn, vs.stages, vs.epi, vs.bm, vs.kb);
   if (smem_need > dc->max_smem_optin)

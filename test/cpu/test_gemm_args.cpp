@@ -8,6 +8,7 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "test_tensors.hpp"
+#include "gemm/gemm_decode.h"
 #include "gemm/gemm_plan.h"
 
 namespace {
@@ -452,4 +453,74 @@ TEST_CASE("two k blocks per stage (kb = 2): 3-D maps for K-major operands, talle
   CHECK(!forced_split_fits(pr, plain, 2, 132));
   plain.kb = 1;
   CHECK(forced_split_fits(pr, plain, 2, 132));  // 4 k blocks of 64
+}
+
+TEST_CASE("decode variants: NT only, M within the tile, K % 8, cluster split of K", "[gemm][args]") {
+  using namespace fly::gemm;
+  Problem pr = decode_problem();  // 64 x 4096 x 4096 NT
+  const DecodeShape d{8, 16, 8, 0};
+  CHECK(decode_fits(pr, d));
+  CHECK(!decode_fits(pr, DecodeShape{8, 16, 4, 0}));  // M = 64 > 8 x 4
+  pr.M = 32;
+  CHECK(decode_fits(pr, DecodeShape{8, 16, 4, 0}));
+  pr.M = 64;
+  pr.a.kmajor = false;  // TN: A column-major
+  CHECK(!decode_fits(pr, d));
+  pr.a.kmajor = true;
+  pr.bt.kmajor = false;  // NN: B row-major, W = B^T MN-major
+  CHECK(!decode_fits(pr, d));
+  pr.bt.kmajor = true;
+  pr.K = 4100;  // rows of W not whole 8-element chunks
+  CHECK(!decode_fits(pr, d));
+  pr.K = 4096;
+  pr.M = 0;
+  CHECK(!decode_fits(pr, d));
+  pr.M = 64;
+  CHECK(decode_fits(pr, DecodeShape{8, 16, 8, 8}));
+  pr.K = 448;  // 7 k blocks: a forced cluster of 8 would leave a CTA without one
+  CHECK(!decode_fits(pr, DecodeShape{8, 16, 8, 8}));
+  CHECK(decode_fits(pr, DecodeShape{8, 16, 8, 4}));
+  pr.K = 4096;
+
+  // Launcher's cluster: 32 tiles of 128 rows on 132 SMs -> 4 (128 CTAs, 16 k blocks each).
+  CHECK(choose_decode_cluster(32, 64, 132) == 4);
+  CHECK(choose_decode_cluster(112, 64, 132) == 1);  // N = 14336: one wave already
+  CHECK(choose_decode_cluster(48, 64, 132) == 2);   // N = 6144: 96 CTAs; 192 would be two waves
+  CHECK(choose_decode_cluster(16, 8, 132) == 2);    // few k blocks: at least 4 per CTA
+
+  EncodeLog log;
+  auto encode = log.encoder();
+  DecodeLaunch L{};
+  REQUIRE(plan_decode(pr, d, 132, encode, &L) == CUDA_SUCCESS);
+  REQUIRE(log.maps.size() == 1);  // only A goes through TMA
+  CHECK(log.maps[0].dims == std::vector<uint64_t>{4096, 64});
+  CHECK(log.maps[0].box == std::vector<unsigned>{64, 64});
+  CHECK(log.maps[0].strides == std::vector<uint64_t>{4096 * 2});
+  CHECK(L.cluster == 4);
+  CHECK(L.grid == 128);
+  CHECK(L.threads == 256);
+  CHECK(L.params.kb_per_cta == 16);
+  CHECK(L.params.cl == 4);
+  CHECK(L.params.ldw == 4096);
+  CHECK(L.smem == unsigned(decode_smem_bytes(8, 16, 8)));
+  CHECK(L.smem <= 227u * 1024u);
+
+  // A forced cluster that K cannot fill evenly shrinks to the CTAs that get k blocks:
+  // 10 blocks over 4 -> 3 per CTA -> 4 CTAs; over 8 -> 2 per CTA -> 5 CTAs.
+  pr.K = 640;
+  log.maps.clear();
+  REQUIRE(plan_decode(pr, DecodeShape{8, 16, 8, 8}, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.kb_per_cta == 2);
+  CHECK(L.cluster == 5);
+  CHECK(L.grid == 32 * 5);
+  // M = 1: A's row stride is never used; the map still gets a 16-byte multiple.
+  pr.M = 1;
+  pr.K = 8;
+  pr.a.ld = 8;
+  log.maps.clear();
+  REQUIRE(plan_decode(pr, DecodeShape{4, 16, 2, 0}, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(log.maps[0].box == std::vector<unsigned>{64, 16});
+  CHECK(log.maps[0].strides == std::vector<uint64_t>{16});
+  CHECK(L.cluster == 1);
+  CHECK(L.grid == 64);  // 4096 rows / 64 per CTA
 }

@@ -1,6 +1,6 @@
 // fly_gemm on the GPU against a CPU reference: all four layouts (A, B each row- or column-major),
 // ragged and tiny sizes, padded leading dimensions, bias, BF16 and FP16, split-K / swap-AB
-// shapes, and every bundled gemm variant forced at least once. C is poisoned with 0xFF bytes
+// shapes, the decode kernel, and every bundled gemm variant forced at least once. C is poisoned with 0xFF bytes
 // (NaN) first, so any element the kernel fails to write fails the check, and the padding
 // between rows must stay untouched.
 #include <cuda_runtime.h>
@@ -150,6 +150,18 @@ fly_status run_case(const Case& cs, uint64_t seed = 1) {
 
 const bool kRow = true, kCol = false;
 
+// Integer parameter `key` of a variant's "k=v;k=v" parameter string (-1 when absent).
+int64_t param_of(const std::string& params, const std::string& key) {
+  size_t at = 0;
+  while (at < params.size()) {
+    size_t end = params.find(';', at);
+    if (end == std::string::npos) end = params.size();
+    if (params.compare(at, key.size() + 1, key + "=") == 0) return std::stoll(params.substr(at + key.size() + 1, end - at - key.size() - 1));
+    at = end + 1;
+  }
+  return -1;
+}
+
 }  // namespace
 
 TEST_CASE("gemm matches the reference in all four layouts", "[gemm][gpu]") {
@@ -195,7 +207,20 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
     INFO("forced variant " << name);
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
     const std::string ps(params);
-    if (ps.find("bm=64") != std::string::npos) {
+    if (ps.find("rpw=") != std::string::npos) {
+      // Decode kernel: NT only, M <= 8 mt, K % 8 == 0. A full and a ragged M, a K tail inside the
+      // last 64-wide block, N not a multiple of the CTA's rows, bias, padded leading dimensions,
+      // a K long enough for the ring to lap many times; then what it must refuse (another layout,
+      // M past its tile, K % 8 != 0). A forced cluster needs at least that many k blocks.
+      const int64_t mmax = 8 * param_of(ps, "mt"), cl = param_of(ps, "cl");
+      CHECK(run_case({mmax, 1000, 712, kRow, kCol, 8, true, dt}, 7) == FLY_SUCCESS);
+      CHECK(run_case({3, 300, 2048, kRow, kCol, 0, false, dt}, 8) == FLY_SUCCESS);
+      CHECK(run_case({1, 129, 8, kRow, kCol, 0, true, dt}, 9) == (cl <= 1 ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));
+      CHECK(run_case({mmax, 520, 512, kCol, kRow, 0, false, dt}, 10) == FLY_ERROR_UNSUPPORTED);
+      CHECK(run_case({mmax + 1, 520, 512, kRow, kCol, 0, false, dt}, 11) == FLY_ERROR_UNSUPPORTED);
+      CHECK(run_case({mmax, 520, 700, kRow, kCol, 0, false, dt}, 12) == FLY_ERROR_UNSUPPORTED);
+      CHECK(run_case({mmax, 256, 8192, kRow, kCol, 0, true, dt}, 13) == FLY_SUCCESS);
+    } else if (ps.find("bm=64") != std::string::npos) {
       // Narrow tiles: K-major Q always; an MN-major Q only with bn = 128 (whole 64-wide halves);
       // with P multicast (mp = 2) the P operand must be K-major as well, unless kb = 2 (each CTA
       // then brings a whole k block of P). K = 700 ends on a partial k block and, at kb = 2 or 4,
