@@ -7,7 +7,7 @@
 // per thread (double-buffered) and visits a warp's row groups at the same k before moving along K.
 // Beside them: the linear grid-stride read (kernels/gemm/dev/tma_stream.cu's baseline). Timed with
 // CUDA events after an L2 flush by a read, median of 25.
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a kernels/gemm/dev/ldg_stream.cu -o /tmp/ls
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels kernels/gemm/dev/ldg_stream.cu -o /tmp/ls
 //   /tmp/ls [N K]   (default 4096 4096)
 #include <cuda_runtime.h>
 
@@ -17,7 +17,8 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); std::exit(1);} } while (0)
+#include "gemm/dev/dev_timing.cuh"
+
 
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   uint4 v;
@@ -67,38 +68,6 @@ __global__ void stream_rows(const uint4* w, int64_t ld16, int k16, int split, un
     use(b);
   }
   if (acc == 0x12345678u) *sink = acc;
-}
-
-__global__ void read_all(const uint4* p, size_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = acc;
-}
-
-template <class F>
-static double median_us(F&& run, const uint4* fbuf, size_t fn, unsigned* sink) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int i = 0; i < 28; ++i) {
-    read_all<<<132 * 8, 512>>>(fbuf, fn, sink);
-    CK(cudaEventRecord(a));
-    run();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (i >= 3) t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return t[t.size() / 2] * 1000.0;
 }
 
 template <int SEG, int BATCH>

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "common/sm90.h"
+#include "gemm/dev/dev_timing.cuh"
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); std::exit(1);} } while (0)
 #define CU(x) do { CUresult e = (x); if (e != CUDA_SUCCESS) { const char* s; cuGetErrorName(e, &s); std::printf("CU %s at %d: %s\n", #x, __LINE__, s); std::exit(1);} } while (0)
 
 struct StreamParams {
@@ -104,44 +104,6 @@ __global__ void __launch_bounds__(128, 1) tma_stream(const __grid_constant__ Str
   // Pairs: nobody leaves while the peer may still signal its barriers or write its ring.
   __syncwarp();
   if (p.pair) fly::sm90::cluster_sync();
-}
-
-// The plain read of W: 16-byte loads, grid-stride, summed so the compiler keeps them.
-__global__ void read_all(const uint4* p, size_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = acc;
-}
-
-static void flush_l2(const uint4* buf, size_t n, unsigned* sink) {
-  read_all<<<132 * 8, 512>>>(buf, n, sink);
-}
-
-template <class F, class Pre = void (*)()>
-static double median_us(F&& run, const uint4* fbuf, size_t fn, unsigned* sink, Pre pre = [] {}, int reps = 25) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int i = 0; i < reps + 3; ++i) {
-    flush_l2(fbuf, fn, sink);
-    pre();  // untimed: e.g. warm the activations into L2 after the flush
-    CK(cudaEventRecord(a));
-    run();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (i >= 3) t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return 1000.0 * t[t.size() / 2];
 }
 
 // 3-D view of a K-major [rows, k] matrix: (64 elements, rows, k block), k block stride 128 bytes.
