@@ -28,7 +28,7 @@ template <class T> struct Vec16 {
 
 // Read-once data: stream through L1 without allocating (x of a norm is read exactly once).
 // FLY_LD_L2_256B: also ask the L2 to fetch the whole 256-byte block (measured per build, see
-// bench/RESULTS.md)).
+// bench/RESULTS.md).
 __device__ __forceinline__ uint4 ld16_stream(const void* p) {
   uint4 v;
 #if defined(FLY_LD_L2_256B)
