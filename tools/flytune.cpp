@@ -30,7 +30,8 @@ int main(int argc, char** argv) try {
                 "Build with -DFLY_ALL_VARIANTS=ON to tune over the whole variant space\n"
                 "(-DFLY_VARIANT_MATCH=REGEX narrows it). gemm also takes --layouts nt,nn,tn,tt,\n"
                 "--dtype bf16|fp16, --variants REGEX, --min-m/--max-m M and --max-minutes X (each\n"
-                "key is written as soon as it is measured, so a run cut short keeps its rows).\n"
+                "key is written as soon as it is measured, so a run cut short keeps its rows;\n"
+                "--missing then tunes only the keys with no row in the dump yet).\n"
                 "--times FILE appends every variant's time per key (tab-separated, fastest first).\n"
                 "families:\n");
     for (auto& e : entries) std::printf("  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");

@@ -3,7 +3,7 @@
 // double-precision reference, times it, and writes the winner per (dtype, layout, N, K, M).
 //   flytune gemm [--db FILE] [--dump db/sm_90a.sql] [--suite FILE] [--layouts nt,nn,tn,tt]
 //                [--dtype bf16] [--quick] [--max-minutes X] [--variants REGEX] [--times FILE]
-//                [--min-m M] [--max-m M]
+//                [--min-m M] [--max-m M] [--missing]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -50,6 +50,26 @@ int tune_gemm(const Args& args) {
     it = (std::get<2>(*it) < min_m || std::get<2>(*it) > max_m) ? shapes.erase(it) : std::next(it);
   if (shapes.empty()) throw std::runtime_error("no shape left after --min-m / --max-m");
 
+  // --missing: only the keys that have no row yet in the shipped dump (--dump, else
+  // db/<arch>.sql), e.g. to finish a run that --max-minutes cut short.
+  std::set<std::string> have;
+  if (args.has("missing")) {
+    const std::string path = args.get("dump", "db/" + gpu_arch() + ".sql");
+    have = dump_keys(path);
+    if (have.empty()) throw std::runtime_error("--missing: no tuning rows read from " + path);
+  }
+  auto tuned = [&](const std::string& layout, int64_t N, int64_t K, int64_t M) {
+    return have.count(gpu_arch() + "|gemm|" + dname + "|" + layout + "|" + std::to_string(N) + "|" +
+                      std::to_string(K) + "|" + std::to_string(M)) != 0;
+  };
+  size_t todo = 0;
+  for (auto& layout : layouts)
+    for (auto& [N, K, M] : shapes) todo += tuned(layout, N, K, M) ? 0 : 1;
+  if (todo == 0) {
+    std::printf("flytune gemm: every selected key already has a row; nothing to do\n");
+    return 0;
+  }
+
   // --variants REGEX: tune only the bundled variants whose name matches.
   const std::regex only(args.get("variants", "."));
   std::vector<std::string> variants;
@@ -65,11 +85,12 @@ int tune_gemm(const Args& args) {
   const auto t0 = std::chrono::steady_clock::now();
   bool out_of_time = false;
   cudaStream_t s = 0;
-  Progress bar(shapes.size() * layouts.size() * variants.size(), "flytune gemm");
+  Progress bar(todo * variants.size(), "flytune gemm");
   std::vector<TuneRow> rows;
   int rejected = 0;
   for (auto& layout : layouts)
     for (auto& [N, K, M] : shapes) {
+      if (tuned(layout, N, K, M)) continue;
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > max_seconds) {
         out_of_time = true;
         break;

@@ -358,6 +358,16 @@ void append_times(const Args& args, const std::string& key,
   std::fclose(f);
 }
 
+std::set<std::string> dump_keys(const std::string& dump_path) {
+  std::set<std::string> keys;
+  std::ifstream in(dump_path);
+  for (std::string line; std::getline(in, line);) {
+    std::string k = dump_line_key(line);
+    if (!k.empty()) keys.insert(std::move(k));
+  }
+  return keys;
+}
+
 void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
                        const std::vector<TuneRow>& rows) {
   const std::string arch = gpu_arch(), gpu = gpu_name(), date = today();
@@ -428,19 +438,8 @@ void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
     std::ifstream old(dump_path);
     std::string header = "-- " + arch + " tuning rows (written by flytune; reviewable text, built into the embedded DB)";
     for (std::string line; std::getline(old, line);) {
-      if (line.rfind("INSERT", 0) != 0) continue;
-      // key = first seven values
-      size_t open = line.find('(');
-      std::string vals = line.substr(open + 1);
-      std::string key;
-      int fields = 0;
-      bool inq = false;
-      for (char c : vals) {
-        if (c == '\'') { inq = !inq; continue; }
-        if (c == ',' && !inq) { if (++fields == 7) break; key += '|'; continue; }
-        key += c;
-      }
-      if (!keys.count(key)) lines.push_back(line);
+      const std::string key = dump_line_key(line);
+      if (!key.empty() && !keys.count(key)) lines.push_back(line);
     }
     std::sort(lines.begin(), lines.end());
     std::ofstream out(dump_path);

@@ -10,10 +10,12 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "dump_key.hpp"
 #include "flykernels/flykernels.h"
 
 namespace fly::tools {
@@ -113,6 +115,10 @@ struct TuneRow {
   std::string runner_up;
   double runner_up_us = 0;
 };
+// Every key of a db/<arch>.sql dump ("arch|op|dtype|layout|k0|k1|k2", dump_key.hpp); empty when
+// the file cannot be read.
+std::set<std::string> dump_keys(const std::string& dump_path);
+
 // Writes rows into the SQLite database at `db_path` (created with the schema when missing,
 // replacing rows with the same key) and re-dumps the arch's rows of that op family into
 // `dump_path` (the reviewable db/<arch>.sql file) when it is not empty: rows of other ops in the

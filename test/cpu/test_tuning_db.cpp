@@ -5,11 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
 #include "catch_compat.hpp"
 #include "core.hpp"
+#include "dump_key.hpp"
 #include "tuning_db.hpp"
 
 namespace {
@@ -308,4 +310,31 @@ TEST_CASE("FLYKERNELS_TUNING_DB: a broken file fails dispatch loudly, a good one
   fly::reload_environment_overlay();
   REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
   CHECK(std::string(fly_last_decision()) != "overlay:exact");
+}
+
+TEST_CASE("dump keys: the first seven values of a tuning row; the shipped dump has no duplicates", "[db]") {
+  using fly::tools::dump_line_key;
+  CHECK(dump_line_key("INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,4096,64,"
+                      "'gemm_bf16_bm64_bn32_st7_sw0_kb2',14.912,'x',15.1,'NVIDIA H200','2026-11-30');") ==
+        "sm_90a|gemm|bf16|nt|4096|4096|64");
+  // A comma inside a quoted value does not end a field.
+  CHECK(dump_line_key("INSERT INTO t VALUES ('a,b','op','d','l',1,2,3,'v');") == "a,b|op|d|l|1|2|3");
+  CHECK(dump_line_key("-- sm_90a tuning rows").empty());
+  CHECK(dump_line_key("").empty());
+  CHECK(dump_line_key("INSERT INTO t VALUES ('a','b',1);").empty());  // fewer than seven values
+
+  std::ifstream in(std::string(FLY_SOURCE_DIR) + "/db/sm_90a.sql");
+  REQUIRE(in.good());
+  std::set<std::string> keys;
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("INSERT", 0) != 0) continue;
+    const std::string k = dump_line_key(line);
+    INFO(line);
+    REQUIRE(!k.empty());
+    CHECK(k.rfind("sm_90a|", 0) == 0);
+    CHECK(keys.insert(k).second);  // INSERT OR REPLACE would silently drop a duplicate
+    ++rows;
+  }
+  CHECK(rows > 100);
 }
