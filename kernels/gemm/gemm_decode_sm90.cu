@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 
 #include "common/sm90.h"
+#include "common/vec.cuh"
 #include "gemm/gemm_decode.h"
 
 #if defined(FLY_DTYPE_IS_BF16)
@@ -65,30 +66,12 @@ struct WBlock {
   uint4 v[MI][2][2];
 };
 
-__device__ __forceinline__ uint4 ldg_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." FLY_MMA_TYPE "." FLY_MMA_TYPE ".f32"
                " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ T from_f(float v) {
-#if defined(FLY_DTYPE_IS_BF16)
-  return __float2bfloat16_rn(v);
-#else
-  return __float2half_rn(v);
-#endif
 }
 
 }  // namespace
@@ -151,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_gemm_sm90(const __g
           const T* src = w + int64_t(n) * p.ldw + k;
 #pragma unroll
           for (int kh = 0; kh < 2; ++kh) {
-            if (it < nkb && n < p.N && k + 32 * kh < p.K) b.v[i][h][kh] = ldg_stream(src + 32 * kh);
+            if (it < nkb && n < p.N && k + 32 * kh < p.K) b.v[i][h][kh] = fly::ld16_stream(src + 32 * kh);
             else b.v[i][h][kh] = make_uint4(0, 0, 0, 0);
           }
         }
@@ -235,8 +218,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_gemm_sm90(const __g
     const uint32_t off = uint32_t(nl * PS + m) * 4u;
     for (int r = 0; r < p.cl; ++r)
       v += r == rank ? part[nl * PS + m] : fly::sm90::ld_cluster_f32(fly::sm90::mapa(part_s + off, uint32_t(r)));
-    if (bias) v += to_f(bias[n]);
-    cptr[int64_t(m) * p.ldc + n] = from_f(v);
+    if (bias) v += fly::to_float(bias[n]);
+    cptr[int64_t(m) * p.ldc + n] = fly::from_float<T>(v);
   }
   // Nobody leaves while a peer may still read its partial tile.
   if (p.cl > 1) fly::sm90::cluster_sync();

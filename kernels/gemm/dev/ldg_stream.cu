@@ -17,15 +17,9 @@
 #include <cstdlib>
 #include <vector>
 
+#include "common/vec.cuh"
 #include "gemm/dev/dev_timing.cuh"
 
-
-__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 
 // SEG lanes per row segment (32 / SEG rows per instruction); each warp owns 16 rows; the CTA's
 // warps own consecutive row blocks; blockIdx.x % split picks the CTA's K range.
@@ -53,7 +47,7 @@ __global__ void stream_rows(const uint4* w, int64_t ld16, int k16, int split, un
 #pragma unroll
     for (int j = 0; j < BATCH; ++j) {
       const uint4* p = s0 + j < total ? addr(s0 + j) : nullptr;
-      buf[j] = p ? ldg_stream(p) : make_uint4(0, 0, 0, 0);
+      buf[j] = p ? fly::ld16_stream(p) : make_uint4(0, 0, 0, 0);
     }
   };
   auto use = [&](const uint4 (&buf)[BATCH]) {
