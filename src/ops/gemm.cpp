@@ -146,6 +146,22 @@ std::string default_variant(fly_dtype dt, int64_t M) {
   return "gemm_" + d + "_bn256_st4_sw0_mc1";
 }
 
+// The launch tail both kernels share: a variant needing more shared memory than the device
+// allows is refused (callers fall back), otherwise the planned grid is launched.
+template <class Params>
+fly_status launch_planned(const DeviceCtx& dc, const Variant& v, CUfunction f, unsigned grid, unsigned threads,
+                          unsigned smem, unsigned cluster, void* stream, const Params& params) {
+  if (int64_t(smem) > dc.max_smem_optin)
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d",
+                v.name.c_str(), smem, dc.max_smem_optin);
+  LaunchConfig cfg;
+  cfg.grid[0] = grid;
+  cfg.block[0] = threads;
+  cfg.smem = smem;
+  cfg.cluster[0] = cluster;
+  return launch1(f, cfg, stream, params);
+}
+
 }  // namespace
 }  // namespace fly
 
@@ -202,29 +218,11 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
     gemm::DecodeLaunch L;
     const CUresult r = gemm::plan_decode(pr, decode_shape(*v), dc->sm_count, d->cuTensorMapEncodeTiled, &L);
     if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
-    if (int(L.smem) > dc->max_smem_optin)
-      return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d",
-                  v->name.c_str(), L.smem, dc->max_smem_optin);
-    LaunchConfig cfg;
-    cfg.grid[0] = L.grid;
-    cfg.block[0] = L.threads;
-    cfg.smem = L.smem;
-    cfg.cluster[0] = L.cluster;
-    return launch1(f, cfg, stream, L.params);
+    return launch_planned(*dc, *v, f, L.grid, L.threads, L.smem, L.cluster, stream, L.params);
   }
-  const gemm::VariantShape vs = VariantShapeOf::of(*v);
-  const int smem_need = gemm::smem_bytes(vs.bn, vs.stages, vs.epi, vs.bm, vs.kb);
-  if (smem_need > dc->max_smem_optin)
-    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %d bytes of shared memory, the device allows %d",
-                v->name.c_str(), smem_need, dc->max_smem_optin);
   gemm::Launch L;
-  const CUresult r = gemm::plan_gemm(pr, vs, dc->sm_count, d->cuTensorMapEncodeTiled, &L,
+  const CUresult r = gemm::plan_gemm(pr, VariantShapeOf::of(*v), dc->sm_count, d->cuTensorMapEncodeTiled, &L,
                                      int(v->get_int("split", 0)));
   if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
-  LaunchConfig cfg;
-  cfg.grid[0] = L.grid;
-  cfg.block[0] = gemm::kThreads;
-  cfg.smem = L.smem;
-  cfg.cluster[0] = L.cluster;
-  return launch1(f, cfg, stream, L.params);
+  return launch_planned(*dc, *v, f, L.grid, gemm::kThreads, L.smem, L.cluster, stream, L.params);
 }
