@@ -67,11 +67,14 @@ def main():
     yd = [desc(y) for y in ys]
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
-    def norm(i=0):
-        st = lib.fly_rms_norm_fwd(ctypes.byref(xd[i]), ctypes.byref(wd), ctypes.c_double(1e-5),
-                                  ctypes.byref(yd[i]), ctypes.byref(rd), stream)
-        if st != 0:
+    def norm_on(i, st):
+        r = lib.fly_rms_norm_fwd(ctypes.byref(xd[i]), ctypes.byref(wd), ctypes.c_double(1e-5),
+                                 ctypes.byref(yd[i]), ctypes.byref(rd), st)
+        if r != 0:
             raise RuntimeError(lib.fly_get_last_error().decode())
+
+    def norm(i=0):
+        norm_on(i, stream)
 
     # Correctness first, against an FP32 reference on these random inputs.
     norm(0)
@@ -89,18 +92,24 @@ def main():
         norm(k[0])
     out["rotated"] = timing.time_us(rot, reps=60)
 
-    def back_to_back(fn):
+    # Per-call time of 20 calls issued back to back (run20 issues them), median of 15.
+    def per_call(run20):
         s = []
         for _ in range(15):
             torch.cuda.synchronize()
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
-            for i in range(20):
-                fn(i % 8)
+            run20()
             e1.record()
             e1.synchronize()
             s.append(e0.elapsed_time(e1) * 1000 / 20)
         return statistics.median(s)
+
+    def back_to_back(fn):
+        def run20():
+            for i in range(20):
+                fn(i % 8)
+        return per_call(run20)
     out["stream"] = back_to_back(norm)
     # The same pattern for a device-to-device copy of the same bytes: the sustained baseline.
     out["copy same"] = timing.time_us(lambda: ys[0].copy_(xs[0]), reps=60)
@@ -115,25 +124,11 @@ def main():
                 fn(i % 8, st)
         return g
 
-    def norm_on(i, st):
-        r = lib.fly_rms_norm_fwd(ctypes.byref(xd[i]), ctypes.byref(wd), ctypes.c_double(1e-5),
-                                 ctypes.byref(yd[i]), ctypes.byref(rd), st)
-        if r != 0:
-            raise RuntimeError(lib.fly_get_last_error().decode())
     for key, fn in (("stream graph", norm_on), ("copy stream graph", lambda i, st: ys[i].copy_(xs[i]))):
         try:
             g = graph_of(fn)
             g.replay()
-            ts = []
-            for _ in range(15):
-                torch.cuda.synchronize()
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.replay()
-                e1.record()
-                e1.synchronize()
-                ts.append(e0.elapsed_time(e1) * 1000 / 20)
-            out[key] = statistics.median(ts)
+            out[key] = per_call(g.replay)
         except Exception as e:  # capture is a measurement aid here, not a feature under test
             print(f"{key}: capture failed: {e}")
 
