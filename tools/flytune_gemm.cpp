@@ -53,14 +53,15 @@ int tune_gemm(const Args& args) {
   // --missing: only the keys that have no row yet in the shipped dump (--dump, else
   // db/<arch>.sql), e.g. to finish a run that --max-minutes cut short.
   std::set<std::string> have;
+  const std::string arch = gpu_arch();
   if (args.has("missing")) {
-    const std::string path = args.get("dump", "db/" + gpu_arch() + ".sql");
+    const std::string path = args.get("dump", "db/" + arch + ".sql");
     have = dump_keys(path);
     if (have.empty()) throw std::runtime_error("--missing: no tuning rows read from " + path);
   }
   auto tuned = [&](const std::string& layout, int64_t N, int64_t K, int64_t M) {
-    return have.count(gpu_arch() + "|gemm|" + dname + "|" + layout + "|" + std::to_string(N) + "|" +
-                      std::to_string(K) + "|" + std::to_string(M)) != 0;
+    return !have.empty() && have.count(arch + "|gemm|" + dname + "|" + layout + "|" + std::to_string(N) + "|" +
+                                       std::to_string(K) + "|" + std::to_string(M)) != 0;
   };
   size_t todo = 0;
   for (auto& layout : layouts)
