@@ -26,22 +26,32 @@ struct GemmBuffers {
   fly_dtype dt;
   int64_t M, N, K;
   bool a_row, b_row;
-  DeviceBuffer a, b, c;
+  DeviceBuffer a, b, c, ws;  // ws: fly_gemm's workspace (stream-K), zero-filled once
   GemmBuffers(fly_dtype dt_, int64_t M_, int64_t N_, int64_t K_, const std::string& layout, uint64_t seed)
       : dt(dt_), M(M_), N(N_), K(K_), a_row(layout[0] == 'n'), b_row(layout[1] == 'n'),
         a(size_t(M_ * K_) * 2), b(size_t(K_ * N_) * 2), c(size_t(M_ * N_) * 2) {
     fill_random(a.ptr, size_t(M * K), dt, seed, -1.f, 1.f);
     fill_random(b.ptr, size_t(K * N), dt, seed + 1, -1.f, 1.f);
+    fly_tensor ta, tb, tc;
+    tensors(&ta, &tb, &tc);
+    size_t bytes = 0;
+    TOOL_FLY(fly_gemm_workspace_size(&ta, &tb, &tc, &bytes));
+    ws = DeviceBuffer(bytes);
+    if (bytes) TOOL_CUDA(cudaMemset(ws.ptr, 0, bytes));
   }
   int64_t lda() const { return a_row ? K : M; }
   int64_t ldb() const { return b_row ? N : K; }
+  void tensors(fly_tensor* ta, fly_tensor* tb, fly_tensor* tc) const {
+    *ta = a_row ? tensor2d(a.ptr, dt, M, K, K) : tensor2d(a.ptr, dt, M, K, 1);
+    if (!a_row) { ta->strides[0] = 1; ta->strides[1] = M; }
+    *tb = b_row ? tensor2d(b.ptr, dt, K, N, N) : tensor2d(b.ptr, dt, K, N, 1);
+    if (!b_row) { tb->strides[0] = 1; tb->strides[1] = K; }
+    *tc = tensor2d(c.ptr, dt, M, N, N);
+  }
   fly_status run(cudaStream_t s) const {
-    fly_tensor ta = a_row ? tensor2d(a.ptr, dt, M, K, K) : tensor2d(a.ptr, dt, M, K, 1);
-    if (!a_row) { ta.strides[0] = 1; ta.strides[1] = M; }
-    fly_tensor tb = b_row ? tensor2d(b.ptr, dt, K, N, N) : tensor2d(b.ptr, dt, K, N, 1);
-    if (!b_row) { tb.strides[0] = 1; tb.strides[1] = K; }
-    fly_tensor tc = tensor2d(c.ptr, dt, M, N, N);
-    return fly_gemm(&ta, &tb, &tc, nullptr, nullptr, 0, s);
+    fly_tensor ta, tb, tc;
+    tensors(&ta, &tb, &tc);
+    return fly_gemm(&ta, &tb, &tc, nullptr, ws.ptr, ws.bytes, s);
   }
   // Largest error over sampled elements in units of the tolerance (<= 1 passes).
   double check(cudaStream_t s, uint64_t seed) const {

@@ -212,6 +212,48 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
   else store_tile_smem_passes<SWAP>(out, u, wg, acc, stage);
 }
 
+// ---- stream-K fixup through global memory (GemmParams::sk_tiles) ------------------------------
+// A cut tile's contributors store their accumulators, as each thread holds them, in their CTA's
+// slot of sk_ws (float4 j of thread t at [j][t]: each warp store is 512 contiguous bytes) and
+// raise their flag; the owner adds the slots of its contributors in CTA order into its own
+// accumulators, then stores the tile like any other. The flag protocol is CUTLASS's barrier
+// pattern: the warpgroup's named barrier orders its 128 threads' stores before thread 0's gpu-scope
+// release; thread 0 of the owner's warpgroup acquires, and the barrier orders the others' loads after.
+__device__ __forceinline__ float4* sk_slot(const GemmParams& p, int cta, int wg) {
+  return reinterpret_cast<float4*>(p.sk_ws + (static_cast<size_t>(cta) * 2 + wg) * 128 * Config::ACC);
+}
+
+__device__ __forceinline__ void sk_park(const GemmParams& p, int wg, const float (&acc)[Config::ACC]) {
+  const int t = threadIdx.x % 128;
+  float4* dst = sk_slot(p, blockIdx.x, wg);
+#pragma unroll
+  for (int j = 0; j < Config::ACC / 4; ++j)
+    __stcg(dst + j * 128 + t, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+  if (t == 0) sm90::st_release_gpu(p.sk_flags + 2 * blockIdx.x + wg, p.sk_epoch);
+}
+
+__device__ __forceinline__ void sk_gather(const GemmParams& p, const WorkUnit& u, int wg, float (&acc)[Config::ACC]) {
+  const int t = threadIdx.x % 128;
+  for (int c = u.first_contrib; c < static_cast<int>(blockIdx.x); ++c) {
+    if (t == 0) {
+      uint32_t* flag = p.sk_flags + 2 * c + wg;
+      while (sm90::ld_acquire_gpu(flag) != p.sk_epoch) __nanosleep(32);
+      *reinterpret_cast<volatile uint32_t*>(flag) = 0u;  // for the next launch (stream-ordered)
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+    const float4* src = sk_slot(p, c, wg);
+#pragma unroll
+    for (int j = 0; j < Config::ACC / 4; ++j) {
+      const float4 v = __ldcg(src + j * 128 + t);
+      acc[4 * j] += v.x;
+      acc[4 * j + 1] += v.y;
+      acc[4 * j + 2] += v.z;
+      acc[4 * j + 3] += v.w;
+    }
+  }
+}
+
 // ---- split-K through distributed shared memory ------------------------------------------------
 // Partial tile layout (fp32): "outer" rows of "inner" contiguous values, inner = C's contiguous
 // direction (j without swap, i with swap), rows padded by 4 floats against bank conflicts.

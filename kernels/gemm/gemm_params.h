@@ -37,6 +37,19 @@ struct GemmParams {
   int32_t k_stagger;       // 1: units spanning all of K start their k walk at an offset spread
                            // over the CTAs (clusters) and wrap around, so the CTAs do not all
                            // read the same k block at once (launch axis "ks" of tuning/gemm.json)
+  // Stream-K (split == 1 only; launch axis split = 1 of tuning/gemm.json, gemm_plan.h plan_stream_k):
+  // the last sk_tiles tiles of the raster order are not given whole to CTAs; their k steps,
+  // sk_tiles * kb_total in all, are cut into gridDim.x contiguous ranges of equal length (+-1),
+  // one per CTA, after the CTA's data-parallel tiles (the first tiles - sk_tiles, a multiple of
+  // gridDim.x). A tile cut between CTAs is finished by the CTA holding its last k step (the
+  // owner): the others (contributors, lower CTA indices) leave fp32 partials in sk_ws, slot
+  // blockIdx.x, and raise sk_flags[2 * blockIdx.x + consumer warpgroup] to sk_epoch; the owner
+  // adds them in CTA order (deterministic), resets the flags to 0 and stores the tile. A CTA only ever waits
+  // for lower-indexed CTAs. sk_tiles == 0: no stream-K (sk_ws, sk_flags unused).
+  int32_t sk_tiles;
+  uint32_t sk_epoch;   // the value contributors raise a flag to: nonzero, new for every launch
+  uint32_t* sk_flags;  // 2 per CTA; 0 between launches (each launch leaves them 0)
+  float* sk_ws;        // one BM x BN fp32 slot per CTA (2 x 128 threads x Config::ACC floats)
 };
 
 // Constants the host needs to size launches (must match the kernel's Config).
@@ -50,6 +63,12 @@ constexpr int kBK = 64;
 // is 64 rows of cols + 8; with swap (C = D^T) cols rows of 64 + 8; the latter is never smaller.
 inline constexpr int epi_pass_cols(int bn) { return bn <= 128 ? bn : 64; }
 inline constexpr int epi_wg_bytes(int bn) { return epi_pass_cols(bn) * (64 + 8) * 2; }
+
+// Stream-K workspace: the flags (2 per CTA, padded to 256 bytes), then one BM x BN fp32 slot per CTA.
+inline constexpr int64_t sk_flags_bytes(int64_t ctas) { return (ctas * 8 + 255) / 256 * 256; }
+inline constexpr int64_t sk_workspace_bytes(int64_t ctas, int bm, int bn) {
+  return sk_flags_bytes(ctas) + ctas * int64_t(bm) * bn * 4;
+}
 
 inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, int kb = 1) {
   // stages * (P tile + Q tile, kb k blocks of each) + barriers + 1 KiB for aligning the base to

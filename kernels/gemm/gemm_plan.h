@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "gemm/gemm_params.h"
@@ -136,17 +137,44 @@ inline int choose_split(int64_t tiles, int64_t kb_total, int sm_count) {
   return best;
 }
 
+// Stream-K (launch axis split = 1): how many of a persistent launch's `tiles` tiles to hand out
+// as equal k-step ranges over `grid` CTAs instead of whole. With at least two waves of tiles, the
+// last partial wave and one full wave before it (so every CTA's stream-K share is 1-2 tiles and
+// most cut tiles have two parts), none when the tiles fill whole waves; with fewer, all of them.
+inline int64_t stream_k_tiles(int64_t tiles, int64_t grid) {
+  if (grid <= 0) return 0;
+  if (tiles >= 2 * grid) return tiles % grid == 0 ? 0 : tiles % grid + grid;
+  return tiles;
+}
+
+// The persistent grid of a stream-K launch (every CTA needs at least one k step) and whether
+// stream-K changes anything: it does not when every CTA's share is exactly whole tiles.
+struct StreamKPlan {
+  int64_t grid = 0, sk_tiles = 0;
+  bool active() const { return sk_tiles > 0; }
+};
+inline StreamKPlan plan_stream_k(int64_t tiles, int64_t kb_total, int sm_count) {
+  StreamKPlan s;
+  s.grid = std::min<int64_t>(sm_count, tiles * kb_total);
+  s.sk_tiles = stream_k_tiles(tiles, s.grid);
+  if (s.sk_tiles * kb_total % s.grid == 0 && (s.sk_tiles * kb_total / s.grid) % kb_total == 0) s.sk_tiles = 0;
+  return s;
+}
+
 // Whether a forced split-K factor (launch axis "split" of tuning/gemm.json) suits the problem:
 // the tiles times the split fit in about two waves and K gives every slice at least two 64-wide
 // k blocks. Split-K is for few-tile shapes; others go to the variants without a forced split.
+// split = 1 (stream-K) suits shapes where it cuts some tile (plan_stream_k), with the same
+// restrictions; without a workspace it runs as a plain persistent launch (plan_gemm).
 inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int split, int sm_count) {
-  if (split <= 1) return split >= 0;
-  if (v.mc > 1) return false;  // the cluster is taken by multicast
+  if (split <= 0) return split == 0;
+  if (v.mc > 1 || v.mp > 1) return false;  // the cluster is taken by multicast
   if (v.bm != kBM) return false;  // narrow tiles have no split-K
   if (v.pp) return false;         // nor do ping-pong consumers
   const int64_t p_rows = v.swap ? pr.N : pr.M, q_rows = v.swap ? pr.M : pr.N;
   const int64_t tiles = ((p_rows + kBM - 1) / kBM) * ((q_rows + v.bn - 1) / v.bn);
   const int64_t steps = (pr.K + kBK * v.kb - 1) / (kBK * v.kb);  // ring stages over K
+  if (split == 1) return plan_stream_k(tiles, steps, sm_count).active();
   return tiles * split <= 2 * int64_t(sm_count) && steps >= 2 * int64_t(split);
 }
 
@@ -162,9 +190,26 @@ inline bool narrow_fits(const Problem& pr, const VariantShape& v) {
   return (Q.kmajor || v.bn % 128 == 0) && (v.mp <= 1 || P.kmajor || v.kb > 1);
 }
 
+// Workspace a launch may use (fly_gemm's workspace argument): stream-K keeps its flags and
+// partial tiles there. A null one (or one too small) plans split = 1 as a plain persistent launch.
+struct Workspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// A new nonzero value per stream-K launch for its flags (GemmParams::sk_epoch).
+inline uint32_t next_sk_epoch() {
+  static std::atomic<uint32_t> counter{0};
+  uint32_t e = counter.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (e == 0) e = counter.fetch_add(1, std::memory_order_relaxed) + 1;
+  return e;
+}
+
+// force_split: 0 lets choose_split decide, 1 asks for stream-K (with workspace), 2..8 force
+// split-K clusters.
 template <class Encode>
 CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encode encode,
-                   Launch* out, int force_split = 0) {
+                   Launch* out, int force_split = 0, Workspace ws = {}) {
   GemmParams& p = out->params;
   std::memset(&p, 0, sizeof(p));
   const Operand& P = v.swap ? pr.bt : pr.a;
@@ -201,7 +246,8 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.group_m = 8;
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
   const int64_t kb_total = (pr.K + kBK * kb - 1) / (kBK * kb);  // k steps (ring stages)
-  int split = force_split > 0 ? force_split : choose_split(tiles, kb_total, sm_count);
+  const bool want_sk = force_split == 1;
+  int split = force_split > 1 ? force_split : want_sk ? 1 : choose_split(tiles, kb_total, sm_count);
   // The cluster is taken by multicast; narrow tiles and ping-pong consumers have no split-K.
   if (v.mc > 1 || v.mp > 1 || v.bm != kBM || v.pp) split = 1;
   split = std::max(1, std::min(split, 8));
@@ -225,6 +271,15 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
     out->cluster = static_cast<unsigned>(split);
     out->grid = split > 1 ? static_cast<unsigned>(tiles * split)
                           : static_cast<unsigned>(std::min<int64_t>(tiles, sm_count));
+    const StreamKPlan sk = want_sk && !v.pp && split == 1 ? plan_stream_k(tiles, kb_total, sm_count) : StreamKPlan{};
+    const int64_t need = sk_workspace_bytes(sk.grid, v.bm, v.bn);
+    if (sk.active() && ws.ptr && reinterpret_cast<uintptr_t>(ws.ptr) % 256 == 0 && int64_t(ws.bytes) >= need) {
+      p.sk_tiles = static_cast<int32_t>(sk.sk_tiles);
+      p.sk_epoch = next_sk_epoch();
+      p.sk_flags = static_cast<uint32_t*>(ws.ptr);
+      p.sk_ws = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + sk_flags_bytes(sk.grid));
+      out->grid = static_cast<unsigned>(sk.grid);
+    }
   }
   out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi, v.bm, kb));
   return CUDA_SUCCESS;

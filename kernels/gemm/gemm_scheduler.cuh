@@ -5,12 +5,15 @@
 
 #include "common/sm90.h"
 #include "gemm/gemm_params.h"
+#include "gemm/gemm_streamk.h"
 
 namespace fly::gemm {
 
 struct WorkUnit {
   int tm, tn;            // tile coordinates in D
   int kb_begin, kb_end;  // k steps (KB x 64 wide, one ring stage each) of this unit
+  int role = kWhole;     // stream-K: kContributor leaves a partial; kOwner adds the partials of
+  int first_contrib = 0;  // CTAs first_contrib .. blockIdx.x - 1, then stores the tile
 };
 
 // MC > 1 (multicast clusters): the cluster walks "super tiles" of MC vertically adjacent tiles;
@@ -24,7 +27,10 @@ struct TileScheduler {
   static constexpr int CL = MC * MP;  // CTAs per multicast cluster
   int tiles_m, tiles_n, total, group_m, split, kb_total, kb_per_split;
   int next, step, rank;
-
+  // Stream-K (CL == 1, split == 1, sk_tiles > 0; gemm_streamk.h): data-parallel tiles up to
+  // dp_end, then unit sk_cur of this CTA's range of the sk_steps stream-K k steps. dp_end < 0:
+  // no stream-K.
+  int dp_end = -1, sk_steps = 0, sk_cur = 0;
   __device__ explicit TileScheduler(const GemmParams& p) {
     tiles_m = (p.tiles_m + MC - 1) / MC;  // super-tile rows
     tiles_n = (p.tiles_n + MP - 1) / MP;  // super-tile columns
@@ -45,15 +51,19 @@ struct TileScheduler {
       rank = 0;
       next = blockIdx.x;
       step = gridDim.x;
+      if (p.sk_tiles > 0) init_stream_k(p.sk_tiles);
     }
   }
 
+  __device__ void init_stream_k(int sk_tiles) {
+    dp_end = total - sk_tiles;
+    sk_steps = sk_tiles * kb_total;
+  }
+
+  // Tile number t of the raster order -> its coordinates.
   // NOTE: grouped rasterization: consecutive tiles walk down a strip of group_m tile-rows before
   // moving right, so the CTAs running at the same time share P rows and Q columns in L2.
-  __device__ bool fetch(WorkUnit& u) {
-    if (next >= total) return false;
-    const int t = next;
-    next += step;
+  __device__ void tile_coords(int t, WorkUnit& u) const {
     const int per_group = group_m * tiles_n;
     const int g = t / per_group;
     const int first_m = g * group_m;
@@ -61,6 +71,33 @@ struct TileScheduler {
     const int r = t - g * per_group;
     u.tm = (first_m + r % gsz) * MC + (MC > 1 ? rank : 0);
     u.tn = (r / gsz) * MP + (MP > 1 ? rank : 0);
+  }
+
+  __device__ bool fetch_stream_k(WorkUnit& u) {
+    if (next < dp_end) {
+      tile_coords(next, u);
+      next += step;
+      u.kb_begin = 0;
+      u.kb_end = kb_total;
+      u.role = kWhole;
+      return true;
+    }
+    SkUnit s;
+    if (!sk_unit(sk_cur++, blockIdx.x, sk_steps, gridDim.x, kb_total, &s)) return false;
+    tile_coords(dp_end + s.tile, u);
+    u.kb_begin = s.kb_begin;
+    u.kb_end = s.kb_end;
+    u.role = s.role;
+    u.first_contrib = s.first_contrib;
+    return true;
+  }
+
+  __device__ bool fetch(WorkUnit& u) {
+    if (CL == 1 && dp_end >= 0) return fetch_stream_k(u);
+    if (next >= total) return false;
+    const int t = next;
+    next += step;
+    tile_coords(t, u);
     if (split > 1) {
       u.kb_begin = min(kb_total, rank * kb_per_split);
       u.kb_end = min(kb_total, u.kb_begin + kb_per_split);

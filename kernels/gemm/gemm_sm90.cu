@@ -5,8 +5,9 @@
 //   wg 0: producer. setmaxnreg.dec; one elected thread issues the TMA loads of the ring.
 //   wg 1, 2: consumers. setmaxnreg.inc; wgmma on rows [0,64) / [64,128) of the BM x BN tile,
 //            then the epilogue.
-// Modes (runtime): split == 1: persistent over tiles (grid <= #SMs); split > 1: the launch has
-// clusters of `split` CTAs along x, one per k slice of a tile, reduced through DSMEM.
+// Modes (runtime): split == 1: persistent over tiles (grid <= #SMs), optionally with stream-K
+// over the last tiles (sk_tiles > 0: gemm_params.h, gemm_scheduler.cuh); split > 1: the launch
+// has clusters of `split` CTAs along x, one per k slice of a tile, reduced through DSMEM.
 // FLY_MC == 2 (compile time, persistent only): clusters of 2 CTAs share the Q tile by multicast;
 // FLY_MP == 2 (narrow tiles): clusters of 2 CTAs share the P tile by multicast.
 // FLY_PP == 1 (ping-pong): the consumer warpgroups take alternate whole tiles (gemm_config.cuh).
@@ -71,6 +72,12 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
   float acc[Config::ACC];
   while (sched.fetch(u)) {
     consumer_mma<TA, TB>(ring, ps, u, wg, acc);
+    // Stream-K: a contributor leaves its partial for the tile's owner, which adds them first.
+    if (u.role == kContributor) {
+      sk_park(p, wg, acc);
+      continue;
+    }
+    if (u.role == kOwner) sk_gather(p, u, wg, acc);
     if constexpr (Config::BM != 128) {
       store_tile(out, u, wg, acc);  // narrow tiles: no split-K (the launcher plans split = 1)
     } else if (p.split > 1) {

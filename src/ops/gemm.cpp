@@ -1,6 +1,7 @@
 // fly_gemm / fly_gemm_workspace_size: validation, dispatch and launch of the gemm family
 // (kernels/gemm/gemm_sm90.cu, host planning shared with the dev harness in gemm/gemm_plan.h; the
 // decode kernel kernels/gemm/gemm_decode_sm90.cu, planned by gemm/gemm_decode.h).
+#include <algorithm>
 #include <cinttypes>
 #include <string>
 
@@ -162,6 +163,21 @@ fly_status launch_planned(const DeviceCtx& dc, const Variant& v, CUfunction f, u
   return launch1(f, cfg, stream, params);
 }
 
+
+// Workspace that lets every path run: stream-K variants (launch axis split = 1) keep flags and
+// partial tiles there, at most one 128 x 256 fp32 tile per CTA of a grid no larger than the SM
+// count. Device independent: bounded by the largest sm_90 part (144 SMs). Split-K clusters
+// reduce through distributed shared memory and need none.
+int64_t workspace_need(const GemmCall& call) {
+  if (call.pr.M == 0 || call.pr.N == 0) return 0;
+  constexpr int kMaxSms = 144;
+  int64_t need = 0;
+  for (const Variant* v : variants_of(kFamily))
+    if (v->get_int("split", 0) == 1 && v->get("dtype") == dtype_name(call.dt))
+      need = std::max(need, gemm::sk_workspace_bytes(kMaxSms, int(v->get_int("bm", gemm::kBM)), int(v->get_int("bn", 128))));
+  return need;
+}
+
 }  // namespace
 }  // namespace fly
 
@@ -173,7 +189,7 @@ extern "C" FLY_API fly_status fly_gemm_workspace_size(const fly_tensor* a, const
   *bytes = 0;
   GemmCall call;
   FLY_TRY(validate(a, b, c, nullptr, &call));
-  // Split-K reduces through distributed shared memory inside a cluster: no workspace, ever.
+  *bytes = size_t(workspace_need(call));
   return FLY_SUCCESS;
 }
 
@@ -182,11 +198,14 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
                                        void* stream) {
   using namespace fly;
   clear_error();
-  (void)workspace;
-  (void)workspace_bytes;
   GemmCall call;
   FLY_TRY(validate(a, b, c, bias, &call));
   const gemm::Problem& pr = call.pr;
+  // The workspace is optional (stream-K variants run as plain persistent launches without one).
+  if (!workspace && workspace_bytes > 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", workspace_bytes);
+  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", workspace);
   if (pr.M == 0 || pr.N == 0) return FLY_SUCCESS;
 
   ScopedContext guard;
@@ -196,6 +215,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(check_device_pointer(*b, "b"));
   FLY_TRY(check_device_pointer(*c, "c"));
   if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
+  if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
 
   DispatchRequest req =
       make_request(kFamily, "gemm", dtype_name(call.dt), call.layout.c_str(), {{"N", pr.N}, {"K", pr.K}, {"M", pr.M}});
@@ -222,7 +242,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   }
   gemm::Launch L;
   const CUresult r = gemm::plan_gemm(pr, VariantShapeOf::of(*v), dc->sm_count, d->cuTensorMapEncodeTiled, &L,
-                                     int(v->get_int("split", 0)));
+                                     int(v->get_int("split", 0)), gemm::Workspace{workspace, workspace_bytes});
   if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
   return launch_planned(*dc, *v, f, L.grid, gemm::kThreads, L.smem, L.cluster, stream, L.params);
 }

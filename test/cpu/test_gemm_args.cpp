@@ -10,6 +10,7 @@
 #include "test_tensors.hpp"
 #include "gemm/gemm_decode.h"
 #include "gemm/gemm_plan.h"
+#include "gemm/gemm_streamk.h"
 
 namespace {
 
@@ -156,7 +157,19 @@ TEST_CASE("gemm rejects malformed descriptors", "[gemm][args]") {
     CHECK(fly_gemm_workspace_size(&a, &b2, &c, &bytes) == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("b: shape"));
     CHECK(fly_gemm_workspace_size(&a, &b, &c, &bytes) == FLY_SUCCESS);
-    CHECK(bytes == 0);
+    // Stream-K variants (split = 1) are bundled (family defaults): room for their flags and one
+    // 128 x 256 fp32 partial per CTA of the largest sm_90 grid (144 SMs).
+    CHECK(bytes == size_t(fly::gemm::sk_workspace_bytes(144, 128, 256)));
+    fly_tensor c0 = mat(kC, FLY_BF16, 0, N, N, 1), a0 = mat(kA, FLY_BF16, 0, K, K, 1);
+    CHECK(fly_gemm_workspace_size(&a0, &b, &c0, &bytes) == FLY_SUCCESS);
+    CHECK(bytes == 0);  // nothing to compute
+  }
+  SECTION("workspace pointer and size") {
+    void* ws_odd = reinterpret_cast<void*>(0x500010);
+    CHECK(fly_gemm(&a, &b, &c, nullptr, ws_odd, 1 << 20, nullptr) == FLY_ERROR_MISALIGNED);
+    CHECK(mentions("workspace"));
+    CHECK(fly_gemm(&a, &b, &c, nullptr, nullptr, 1 << 20, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("workspace"));
   }
 }
 
@@ -227,7 +240,120 @@ TEST_CASE("forced split-K is offered to few-tile shapes with enough K only", "[g
   pr.K = 4096;
   CHECK(!forced_split_fits(pr, multicast, 2, 132));  // multicast takes the cluster
   CHECK(forced_split_fits(pr, multicast, 0, 132));   // 0: the launcher chooses
+  // split = 1 (stream-K): where it cuts some tile. 64x4096x4096 swap64: 32 tiles x 64 k steps on
+  // 132 CTAs; plain64: 64 tiles. 4096^3 at bn = 256: 512 tiles = 3 waves + 116. Never with
+  // multicast or ping-pong; 1056 tiles = 8 whole waves of 132: nothing to cut.
   CHECK(forced_split_fits(pr, swap64, 1, 132));
+  CHECK(forced_split_fits(pr, plain64, 1, 132));
+  CHECK(!forced_split_fits(pr, multicast, 1, 132));
+  fly::gemm::VariantShape pp = plain64;
+  pp.pp = 1;
+  CHECK(!forced_split_fits(pr, pp, 1, 132));
+  pr.M = 4096;
+  CHECK(forced_split_fits(pr, fly::gemm::VariantShape{256, 4, false, 1, 0}, 1, 132));
+  pr.M = 128 * 33;
+  pr.N = 256 * 32;  // 33 x 32 = 1056 = 8 x 132 tiles
+  CHECK(!forced_split_fits(pr, fly::gemm::VariantShape{256, 4, false, 1, 0}, 1, 132));
+}
+
+TEST_CASE("stream-K: every k step of every tile is done once, and each cut tile has one owner", "[gemm][args]") {
+  using namespace fly::gemm;
+  // (tiles, k steps per tile, grid) covering: fewer steps per CTA than a tile (ranges inside one
+  // tile, 3+ parts per tile), about one tile per CTA, 1-2 tiles per CTA, one step per CTA.
+  const int cases[][3] = {{8, 64, 132}, {3, 32, 96}, {96, 64, 132}, {112, 64, 132}, {248, 64, 132},
+                          {133, 7, 132}, {5, 1, 5},   {17, 3, 13},   {200, 130, 132}, {1, 200, 132}};
+  for (const auto& cs : cases) {
+    const int tiles = cs[0], kb = cs[1], grid = cs[2], steps = tiles * kb;
+    INFO("tiles " << tiles << " kb " << kb << " grid " << grid);
+    std::vector<int> done(size_t(steps), 0), owners(size_t(tiles), 0), owner_of(size_t(tiles), -1);
+    std::vector<std::vector<int>> contribs(static_cast<size_t>(tiles));
+    std::vector<int> first_contrib(size_t(tiles), -1);
+    for (int c = 0; c < grid; ++c) {
+      int last_role = kWhole, n_con = 0, n_own = 0;
+      SkUnit u;
+      for (int i = 0; sk_unit(i, c, steps, grid, kb, &u); ++i) {
+        REQUIRE(u.tile >= 0);
+        REQUIRE(u.tile < tiles);
+        REQUIRE(u.kb_begin < u.kb_end);
+        REQUIRE(u.kb_end <= kb);
+        CHECK(u.role >= last_role);  // whole tiles, then the contributor, then the owner
+        last_role = u.role;
+        for (int k = u.kb_begin; k < u.kb_end; ++k) ++done[size_t(u.tile * kb + k)];
+        if (u.role == kWhole) {
+          CHECK(u.kb_begin == 0);
+          CHECK(u.kb_end == kb);
+        } else if (u.role == kContributor) {
+          ++n_con;
+          CHECK(u.kb_end < kb);  // the tile's last step is someone else's
+          contribs[size_t(u.tile)].push_back(c);
+        } else {
+          ++n_own;
+          CHECK(u.kb_begin > 0);
+          CHECK(u.kb_end == kb);  // the owner holds the tile's last step
+          ++owners[size_t(u.tile)];
+          owner_of[size_t(u.tile)] = c;
+          first_contrib[size_t(u.tile)] = u.first_contrib;
+        }
+      }
+      CHECK(n_con <= 1);
+      CHECK(n_own <= 1);
+    }
+    for (int s = 0; s < steps; ++s) REQUIRE(done[size_t(s)] == 1);
+    for (int t = 0; t < tiles; ++t) {
+      INFO("tile " << t);
+      const auto& cv = contribs[size_t(t)];
+      if (cv.empty()) {
+        CHECK(owners[size_t(t)] == 0);  // done whole by one CTA
+        continue;
+      }
+      REQUIRE(owners[size_t(t)] == 1);
+      // The contributors are exactly CTAs first_contrib .. owner - 1: lower than the owner.
+      const int own = owner_of[size_t(t)], first = first_contrib[size_t(t)];
+      CHECK(first == cv.front());
+      CHECK(int(cv.size()) == own - first);
+      for (size_t j = 0; j < cv.size(); ++j) CHECK(cv[j] == first + int(j));
+    }
+  }
+}
+
+TEST_CASE("stream-K plan: the cut tiles, the grid and the workspace", "[gemm][args]") {
+  using namespace fly::gemm;
+  CHECK(stream_k_tiles(512, 132) == 116 + 132);  // 3 waves + 116: the last wave and one before
+  CHECK(stream_k_tiles(264, 132) == 0);          // whole waves
+  CHECK(stream_k_tiles(96, 132) == 96);          // under one wave: all
+  CHECK(stream_k_tiles(200, 132) == 200);        // under two waves: all
+  CHECK(!plan_stream_k(132, 64, 132).active());  // one tile per CTA: nothing to cut
+  CHECK(plan_stream_k(3, 4, 132).grid == 12);    // no more CTAs than k steps
+
+  Problem pr = decode_problem();
+  pr.M = pr.a.rows = 128;
+  pr.N = pr.bt.rows = 6144;  // 96 tiles of 128 x 64 over 64 k steps
+  const VariantShape v{64, 8, false, 1, 1};
+  EncodeLog log;
+  auto encode = log.encoder();
+  Launch L{};
+  const int64_t need = sk_workspace_bytes(132, 128, 64);
+  alignas(256) static char ws[256];
+  // No workspace, one too small, or a misaligned one: a plain persistent launch.
+  for (Workspace w : {Workspace{}, Workspace{ws, size_t(need - 1)}, Workspace{ws + 16, size_t(need)}}) {
+    REQUIRE(plan_gemm(pr, v, 132, encode, &L, 1, w) == CUDA_SUCCESS);
+    CHECK(L.params.sk_tiles == 0);
+    CHECK(L.grid == 96);
+  }
+  REQUIRE(plan_gemm(pr, v, 132, encode, &L, 1, Workspace{ws, size_t(need)}) == CUDA_SUCCESS);
+  CHECK(L.params.sk_tiles == 96);
+  CHECK(L.grid == 132);
+  CHECK(L.cluster == 1);
+  CHECK(L.params.split == 1);
+  CHECK(L.params.sk_epoch != 0);
+  CHECK(static_cast<void*>(L.params.sk_flags) == static_cast<void*>(ws));
+  CHECK(reinterpret_cast<char*>(L.params.sk_ws) == ws + sk_flags_bytes(132));
+  const uint32_t e1 = L.params.sk_epoch;
+  REQUIRE(plan_gemm(pr, v, 132, encode, &L, 1, Workspace{ws, size_t(need)}) == CUDA_SUCCESS);
+  CHECK(L.params.sk_epoch != e1);  // new per launch
+  // split = 0 never plans stream-K, workspace or not.
+  REQUIRE(plan_gemm(pr, v, 132, encode, &L, 0, Workspace{ws, size_t(need)}) == CUDA_SUCCESS);
+  CHECK(L.params.sk_tiles == 0);
 }
 
 TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm][args]") {

@@ -72,7 +72,10 @@ std::string describe(const Case& c) {
 
 // Runs one case through fly_gemm and checks every element (and that padding is untouched).
 // Returns fly_gemm's status; checks values only on success.
-fly_status run_case(const Case& cs, uint64_t seed = 1) {
+// With `repeat`, runs it a second time into a freshly poisoned C and checks the two results are
+// bitwise equal (stream-K's fixed reduction order) and that the call left the workspace's first
+// `zero_words` 32-bit words (stream-K's flags) zero.
+fly_status run_case(const Case& cs, uint64_t seed = 1, bool repeat = false, int zero_words = 0) {
   INFO(describe(cs));
   const int64_t M = cs.M, N = cs.N, K = cs.K;
   const fly_dtype dt = cs.dt;
@@ -111,10 +114,20 @@ fly_status run_case(const Case& cs, uint64_t seed = 1) {
   size_t ws = 1;
   REQUIRE(fly_gemm_workspace_size(&ta, &tb, &tc, &ws) == FLY_SUCCESS);
   Dev dws(ws);
+  // The documented contract: zero-filled before first use (each call leaves it so).
+  REQUIRE(cudaMemset(dws.p, 0, ws ? ws : 16) == cudaSuccess);
   const fly_status st = fly_gemm(&ta, &tb, &tc, cs.bias ? &tbias : nullptr, dws.p, ws, nullptr);
   INFO(fly_get_last_error());
   if (st != FLY_SUCCESS) return st;
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  if (zero_words > 0) {
+    REQUIRE(ws >= size_t(zero_words) * 4);
+    std::vector<uint32_t> flags(static_cast<size_t>(zero_words));
+    REQUIRE(cudaMemcpy(flags.data(), dws.p, flags.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    int64_t raised = 0;
+    for (uint32_t f : flags) raised += f != 0;
+    CHECK(raised == 0);
+  }
   INFO("variant " << fly_last_variant() << " (" << fly_last_decision() << ")");
   std::vector<uint16_t> hc(static_cast<size_t>(M * ldc));
   REQUIRE(cudaMemcpy(hc.data(), dc.p, hc.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -145,6 +158,13 @@ fly_status run_case(const Case& cs, uint64_t seed = 1) {
   }
   INFO("first mismatch at (" << first_m << ", " << first_n << "): got " << first_got << ", want " << first_want);
   CHECK(bad == 0);
+  if (repeat) {
+    REQUIRE(cudaMemset(dc.p, 0xFF, size_t(M * ldc) * 2) == cudaSuccess);
+    REQUIRE(fly_gemm(&ta, &tb, &tc, cs.bias ? &tbias : nullptr, dws.p, ws, nullptr) == FLY_SUCCESS);
+    std::vector<uint16_t> hc2(hc.size());
+    REQUIRE(cudaMemcpy(hc2.data(), dc.p, hc2.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::memcmp(hc.data(), hc2.data(), hc.size() * 2) == 0);
+  }
   return st;
 }
 
@@ -240,6 +260,13 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
       CHECK(run_case({1100, 2900, 200, kRow, kCol, 8, true, dt}, 12) == FLY_SUCCESS);
       CHECK(run_case({1000, 1100, 100, kCol, kRow, 0, false, dt}, 13) == FLY_SUCCESS);
+    } else if (ps.find("split=1;") != std::string::npos || ps.size() >= 8 && ps.compare(ps.size() - 8, 8, ";split=1") == 0) {
+      // Stream-K: ranges inside one tile (8 tiles over 132 CTAs), 1-2 steps per CTA with ragged
+      // edges, bias and an MN-major pair; a shape with nothing to cut is refused (whole waves).
+      CHECK(run_case({256, 1000, 4096, kRow, kCol, 0, true, dt}, 7, true) == FLY_SUCCESS);
+      CHECK(run_case({1000, 1100, 300, kCol, kRow, 8, true, dt}, 8, true) == FLY_SUCCESS);
+      CHECK(run_case({128, 128, 64, kRow, kCol, 0, false, dt}, 9) == FLY_ERROR_UNSUPPORTED);
+      CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 10) == FLY_SUCCESS);
     } else if (ps.find("split=0") == std::string::npos && ps.find("split=") != std::string::npos) {
       // Forced split-K (launch axis): shapes with few tiles and a K of at least 16 k blocks, which
       // every split factor up to 8 accepts; a big shape is refused (other variants serve it).
@@ -257,6 +284,27 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
   }
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
   CHECK(forced >= 6);
+}
+
+TEST_CASE("gemm stream-K: right, deterministic, and leaves its flags zero", "[gemm][gpu]") {
+  int sms = 0;
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+  for (const char* name : {"gemm_bf16_bn256_st4_sw0_mc1_sk1", "gemm_bf16_bn128_st6_sw0_mc1_sk1",
+                           "gemm_fp16_bn256_st4_sw0_mc1_sk1"}) {
+    INFO("forced variant " << name);
+    REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+    const fly_dtype dt = std::string(name).find("fp16") != std::string::npos ? FLY_F16 : FLY_BF16;
+    // Every shape has >= sms k steps, so the grid is the SM count and its flags are 2 x sms words.
+    // 256 x 1024 x 4096: 8 (or 16) tiles, each cut over 8-17 CTAs (middle parts).
+    CHECK(run_case({256, 1024, 4096, kRow, kCol, 0, true, dt}, 21, true, 2 * sms) == FLY_SUCCESS);
+    // 2048 x 2304 x 512: 144 (288) tiles between one and two waves: all stream-K, 8 steps each.
+    CHECK(run_case({2048, 2304, 512, kRow, kCol, 0, false, dt}, 22, true, 2 * sms) == FLY_SUCCESS);
+    // 2176 x 4096 x 128: 272 (544) tiles: whole waves first, then 140 (148) tiles of 2 steps cut
+    // over the grid; TN, padded, bias.
+    CHECK(run_case({2176, 4096, 128, kCol, kCol, 8, true, dt}, 23, true, 2 * sms) == FLY_SUCCESS);
+    CHECK(std::string(fly_last_variant()) == name);
+  }
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
 }
 
 TEST_CASE("gemm refuses misaligned leading dimensions on the device path", "[gemm][gpu]") {
