@@ -215,7 +215,8 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
 // ---- stream-K fixup through global memory (GemmParams::sk_tiles) ------------------------------
 // A cut tile's contributors store their accumulators, as each thread holds them, in their CTA's
 // slot of sk_ws (float4 j of thread t at [j][t]: each warp store is 512 contiguous bytes) and
-// raise their flag; the owner adds the slots of its contributors in CTA order into its own
+// raise their flag; the owner adds the slots of its contributors (the same member of lower CTA
+// groups, GemmParams::sk_group) in CTA order into its own
 // accumulators, then stores the tile like any other. The flag protocol is CUTLASS's barrier
 // pattern: the warpgroup's named barrier orders its 128 threads' stores before thread 0's gpu-scope
 // release; thread 0 of the owner's warpgroup acquires, and the barrier orders the others' loads after.
@@ -235,7 +236,7 @@ __device__ __forceinline__ void sk_park(const GemmParams& p, int wg, const float
 
 __device__ __forceinline__ void sk_gather(const GemmParams& p, const WorkUnit& u, int wg, float (&acc)[Config::ACC]) {
   const int t = threadIdx.x % 128;
-  for (int c = u.first_contrib; c < static_cast<int>(blockIdx.x); ++c) {
+  for (int c = u.first_contrib; c < static_cast<int>(blockIdx.x); c += p.sk_group) {
     if (t == 0) {
       uint32_t* flag = p.sk_flags + 2 * c + wg;
       while (sm90::ld_acquire_gpu(flag) != p.sk_epoch) __nanosleep(32);

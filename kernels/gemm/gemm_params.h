@@ -38,15 +38,17 @@ struct GemmParams {
                            // over the CTAs (clusters) and wrap around, so the CTAs do not all
                            // read the same k block at once (launch axis "ks" of tuning/gemm.json)
   // Stream-K (split == 1 only; launch axis split = 1 of tuning/gemm.json, gemm_plan.h plan_stream_k):
-  // the last sk_tiles tiles of the raster order are not given whole to CTAs; their k steps,
-  // sk_tiles * kb_total in all, are cut into gridDim.x contiguous ranges of equal length (+-1),
-  // one per CTA, after the CTA's data-parallel tiles (the first tiles - sk_tiles, a multiple of
-  // gridDim.x). A tile cut between CTAs is finished by the CTA holding its last k step (the
+  // the last sk_tiles tiles of the raster order are not given whole to CTAs. In super tiles of
+  // sk_group tiles (one column, sk_group rows) and groups of sk_group CTAs (each CTA of a group
+  // takes one row of its group's super tiles), their k steps are cut into gridDim.x / sk_group
+  // contiguous ranges of equal length (+-1), one per group, after the group's data-parallel super
+  // tiles (a multiple of the groups). A tile cut between CTAs is finished by the CTA holding its last k step (the
   // owner): the others (contributors, lower CTA indices) leave fp32 partials in sk_ws, slot
   // blockIdx.x, and raise sk_flags[2 * blockIdx.x + consumer warpgroup] to sk_epoch; the owner
   // adds them in CTA order (deterministic), resets the flags to 0 and stores the tile. A CTA only ever waits
   // for lower-indexed CTAs. sk_tiles == 0: no stream-K (sk_ws, sk_flags unused).
   int32_t sk_tiles;
+  int32_t sk_group;    // tiles per stream-K super tile = CTAs per group (gemm_scheduler.cuh)
   uint32_t sk_epoch;   // the value contributors raise a flag to: nonzero, new for every launch
   uint32_t* sk_flags;  // 2 per CTA; 0 between launches (each launch leaves them 0)
   float* sk_ws;        // one BM x BN fp32 slot per CTA (2 x 128 threads x Config::ACC floats)

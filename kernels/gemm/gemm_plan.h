@@ -137,8 +137,8 @@ inline int choose_split(int64_t tiles, int64_t kb_total, int sm_count) {
   return best;
 }
 
-// Stream-K (launch axis split = 1): how many of a persistent launch's `tiles` tiles to hand out
-// as equal k-step ranges over `grid` CTAs instead of whole. With at least two waves of tiles, the
+// Stream-K (launch axis split = 1): how many of a persistent launch's `tiles` (super) tiles to
+// hand out as equal k-step ranges over `grid` CTA groups instead of whole. With at least two waves of tiles, the
 // last partial wave and one full wave before it (so every CTA's stream-K share is 1-2 tiles and
 // most cut tiles have two parts), none when the tiles fill whole waves; with fewer, all of them.
 inline int64_t stream_k_tiles(int64_t tiles, int64_t grid) {
@@ -147,17 +147,25 @@ inline int64_t stream_k_tiles(int64_t tiles, int64_t grid) {
   return tiles;
 }
 
-// The persistent grid of a stream-K launch (every CTA needs at least one k step) and whether
-// stream-K changes anything: it does not when every CTA's share is exactly whole tiles.
+// The plan of a stream-K launch over `tiles` tiles (tiles_m rows) of kb_total k steps: super tiles
+// of `group` tiles of one column (the largest of 4, 2, 1 dividing tiles_m: the raster's strips are
+// 8 rows tall), as many CTA groups as fit on the SMs (no more than the k steps), and the tiles cut.
+// Inactive when every group's share is whole super tiles.
 struct StreamKPlan {
   int64_t grid = 0, sk_tiles = 0;
+  int group = 1;
   bool active() const { return sk_tiles > 0; }
 };
-inline StreamKPlan plan_stream_k(int64_t tiles, int64_t kb_total, int sm_count) {
+inline StreamKPlan plan_stream_k(int64_t tiles_m, int64_t tiles, int64_t kb_total, int sm_count) {
   StreamKPlan s;
-  s.grid = std::min<int64_t>(sm_count, tiles * kb_total);
-  s.sk_tiles = stream_k_tiles(tiles, s.grid);
-  if (s.sk_tiles * kb_total % s.grid == 0 && (s.sk_tiles * kb_total / s.grid) % kb_total == 0) s.sk_tiles = 0;
+  s.group = tiles_m % 4 == 0 ? 4 : tiles_m % 2 == 0 ? 2 : 1;
+  const int64_t supers = tiles / s.group;
+  const int64_t groups = std::min<int64_t>(sm_count / s.group, supers * kb_total);
+  if (groups <= 0) return s;
+  s.grid = groups * s.group;
+  int64_t sk_supers = stream_k_tiles(supers, groups);
+  if (sk_supers * kb_total % groups == 0 && (sk_supers * kb_total / groups) % kb_total == 0) sk_supers = 0;
+  s.sk_tiles = sk_supers * s.group;
   return s;
 }
 
@@ -172,9 +180,9 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
   if (v.bm != kBM) return false;  // narrow tiles have no split-K
   if (v.pp) return false;         // nor do ping-pong consumers
   const int64_t p_rows = v.swap ? pr.N : pr.M, q_rows = v.swap ? pr.M : pr.N;
-  const int64_t tiles = ((p_rows + kBM - 1) / kBM) * ((q_rows + v.bn - 1) / v.bn);
+  const int64_t tiles_m = (p_rows + kBM - 1) / kBM, tiles = tiles_m * ((q_rows + v.bn - 1) / v.bn);
   const int64_t steps = (pr.K + kBK * v.kb - 1) / (kBK * v.kb);  // ring stages over K
-  if (split == 1) return plan_stream_k(tiles, steps, sm_count).active();
+  if (split == 1) return plan_stream_k(tiles_m, tiles, steps, sm_count).active();
   return tiles * split <= 2 * int64_t(sm_count) && steps >= 2 * int64_t(split);
 }
 
@@ -271,10 +279,12 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
     out->cluster = static_cast<unsigned>(split);
     out->grid = split > 1 ? static_cast<unsigned>(tiles * split)
                           : static_cast<unsigned>(std::min<int64_t>(tiles, sm_count));
-    const StreamKPlan sk = want_sk && !v.pp && split == 1 ? plan_stream_k(tiles, kb_total, sm_count) : StreamKPlan{};
+    const StreamKPlan sk = want_sk && !v.pp && split == 1 ? plan_stream_k(p.tiles_m, tiles, kb_total, sm_count)
+                                                          : StreamKPlan{};
     const int64_t need = sk_workspace_bytes(sk.grid, v.bm, v.bn);
     if (sk.active() && ws.ptr && reinterpret_cast<uintptr_t>(ws.ptr) % 256 == 0 && int64_t(ws.bytes) >= need) {
       p.sk_tiles = static_cast<int32_t>(sk.sk_tiles);
+      p.sk_group = sk.group;
       p.sk_epoch = next_sk_epoch();
       p.sk_flags = static_cast<uint32_t*>(ws.ptr);
       p.sk_ws = reinterpret_cast<float*>(static_cast<char*>(ws.ptr) + sk_flags_bytes(sk.grid));

@@ -13,7 +13,7 @@ struct WorkUnit {
   int tm, tn;            // tile coordinates in D
   int kb_begin, kb_end;  // k steps (KB x 64 wide, one ring stage each) of this unit
   int role = kWhole;     // stream-K: kContributor leaves a partial; kOwner adds the partials of
-  int first_contrib = 0;  // CTAs first_contrib .. blockIdx.x - 1, then stores the tile
+  int first_contrib = 0;  // CTAs first_contrib, + sk_group, .. < blockIdx.x, then stores the tile
 };
 
 // MC > 1 (multicast clusters): the cluster walks "super tiles" of MC vertically adjacent tiles;
@@ -27,10 +27,10 @@ struct TileScheduler {
   static constexpr int CL = MC * MP;  // CTAs per multicast cluster
   int tiles_m, tiles_n, total, group_m, split, kb_total, kb_per_split;
   int next, step, rank;
-  // Stream-K (CL == 1, split == 1, sk_tiles > 0; gemm_streamk.h): data-parallel tiles up to
-  // dp_end, then unit sk_cur of this CTA's range of the sk_steps stream-K k steps. dp_end < 0:
-  // no stream-K.
-  int dp_end = -1, sk_steps = 0, sk_cur = 0;
+  // Stream-K (CL == 1, split == 1, sk_tiles > 0): unit sk_cur of this CTA (gemm_streamk.h
+  // sk_cta_unit: data-parallel super tiles, then stream-K ranges, CTAs in groups of sk_g walking
+  // the same Q columns and k steps at once). sk_tiles == 0: no stream-K.
+  int sk_tiles = 0, sk_g = 1, sk_cur = 0;
   __device__ explicit TileScheduler(const GemmParams& p) {
     tiles_m = (p.tiles_m + MC - 1) / MC;  // super-tile rows
     tiles_n = (p.tiles_n + MP - 1) / MP;  // super-tile columns
@@ -51,13 +51,9 @@ struct TileScheduler {
       rank = 0;
       next = blockIdx.x;
       step = gridDim.x;
-      if (p.sk_tiles > 0) init_stream_k(p.sk_tiles);
+      sk_tiles = p.sk_tiles;
+      sk_g = max(1, p.sk_group);
     }
-  }
-
-  __device__ void init_stream_k(int sk_tiles) {
-    dp_end = total - sk_tiles;
-    sk_steps = sk_tiles * kb_total;
   }
 
   // Tile number t of the raster order -> its coordinates.
@@ -74,17 +70,9 @@ struct TileScheduler {
   }
 
   __device__ bool fetch_stream_k(WorkUnit& u) {
-    if (next < dp_end) {
-      tile_coords(next, u);
-      next += step;
-      u.kb_begin = 0;
-      u.kb_end = kb_total;
-      u.role = kWhole;
-      return true;
-    }
     SkUnit s;
-    if (!sk_unit(sk_cur++, blockIdx.x, sk_steps, gridDim.x, kb_total, &s)) return false;
-    tile_coords(dp_end + s.tile, u);
+    if (!sk_cta_unit(sk_cur++, blockIdx.x, total, sk_tiles, sk_g, gridDim.x, kb_total, &s)) return false;
+    tile_coords(s.tile, u);
     u.kb_begin = s.kb_begin;
     u.kb_end = s.kb_end;
     u.role = s.role;
@@ -93,7 +81,7 @@ struct TileScheduler {
   }
 
   __device__ bool fetch(WorkUnit& u) {
-    if (CL == 1 && dp_end >= 0) return fetch_stream_k(u);
+    if (CL == 1 && sk_tiles > 0) return fetch_stream_k(u);
     if (next >= total) return false;
     const int t = next;
     next += step;

@@ -75,4 +75,29 @@ FLY_SK_HD bool sk_unit(int i, int c, int steps, int grid, int kb_total, SkUnit* 
   return true;
 }
 
+// Unit i of CTA c in a whole stream-K launch (GemmParams::sk_tiles > 0): `total` tiles in the
+// raster order, the last sk_tiles of them stream-K, in super tiles of g consecutive tiles (one
+// column, g rows); the grid's CTAs form grid / g groups, and member c % g of group c / g takes
+// tile row c % g of each super tile its group takes. First the group's data-parallel super tiles
+// (group, + groups, ...; their count is a multiple of the groups), then its stream-K units
+// (sk_unit over the groups). u->tile is a raster tile index; u->first_contrib a CTA index (the
+// same member of the first contributing group; the others follow every g CTAs).
+FLY_SK_HD bool sk_cta_unit(int i, int c, int total, int sk_tiles, int g, int grid, int kb_total, SkUnit* u) {
+  const int groups = grid / g, grp = c / g, member = c % g;
+  const int dp_supers = (total - sk_tiles) / g;
+  const int dp_n = dp_supers / groups;  // data-parallel super tiles per group
+  if (i < dp_n) {
+    u->tile = (grp + i * groups) * g + member;
+    u->kb_begin = 0;
+    u->kb_end = kb_total;
+    u->role = kWhole;
+    u->first_contrib = 0;
+    return true;
+  }
+  if (!sk_unit(i - dp_n, grp, sk_tiles / g * kb_total, groups, kb_total, u)) return false;
+  u->tile = (dp_supers + u->tile) * g + member;
+  u->first_contrib = u->first_contrib * g + member;
+  return true;
+}
+
 }  // namespace fly::gemm

@@ -258,27 +258,34 @@ TEST_CASE("forced split-K is offered to few-tile shapes with enough K only", "[g
 
 TEST_CASE("stream-K: every k step of every tile is done once, and each cut tile has one owner", "[gemm][args]") {
   using namespace fly::gemm;
-  // (tiles, k steps per tile, grid) covering: fewer steps per CTA than a tile (ranges inside one
-  // tile, 3+ parts per tile), about one tile per CTA, 1-2 tiles per CTA, one step per CTA.
-  const int cases[][3] = {{8, 64, 132}, {3, 32, 96}, {96, 64, 132}, {112, 64, 132}, {248, 64, 132},
-                          {133, 7, 132}, {5, 1, 5},   {17, 3, 13},   {200, 130, 132}, {1, 200, 132}};
+  // (total tiles, stream-K tiles, group, grid, k steps per tile) covering: fewer steps per group
+  // than a tile (ranges inside one tile, 3+ parts per tile), about one tile per group, 1-2 tiles
+  // per group after data-parallel waves, one step per CTA; groups of 1, 2 and 4.
+  const int cases[][5] = {{8, 8, 1, 132, 64},    {3, 3, 1, 96, 32},     {96, 96, 1, 132, 64},
+                          {112, 112, 1, 132, 64}, {512, 248, 4, 132, 64}, {224, 224, 2, 132, 64},
+                          {133, 133, 1, 132, 7},  {5, 5, 1, 5, 1},        {17, 17, 1, 13, 3},
+                          {400, 136, 2, 132, 130}, {1, 1, 1, 132, 200},   {544, 148, 4, 132, 2}};
   for (const auto& cs : cases) {
-    const int tiles = cs[0], kb = cs[1], grid = cs[2], steps = tiles * kb;
-    INFO("tiles " << tiles << " kb " << kb << " grid " << grid);
-    std::vector<int> done(size_t(steps), 0), owners(size_t(tiles), 0), owner_of(size_t(tiles), -1);
-    std::vector<std::vector<int>> contribs(static_cast<size_t>(tiles));
-    std::vector<int> first_contrib(size_t(tiles), -1);
+    const int total = cs[0], sk = cs[1], g = cs[2], grid = cs[3], kb = cs[4];
+    INFO("tiles " << total << " stream-K " << sk << " group " << g << " grid " << grid << " kb " << kb);
+    REQUIRE((total - sk) / g % (grid / g) == 0);  // whole data-parallel waves (stream_k_tiles)
+    REQUIRE(sk / g == (total == sk ? sk / g : stream_k_tiles(total / g, grid / g)));
+    std::vector<int> done(size_t(total) * kb, 0), owners(size_t(total), 0), owner_of(size_t(total), -1);
+    std::vector<std::vector<int>> contribs(static_cast<size_t>(total));
+    std::vector<int> first_contrib(size_t(total), -1);
     for (int c = 0; c < grid; ++c) {
       int last_role = kWhole, n_con = 0, n_own = 0;
       SkUnit u;
-      for (int i = 0; sk_unit(i, c, steps, grid, kb, &u); ++i) {
+      for (int i = 0; sk_cta_unit(i, c, total, sk, g, grid, kb, &u); ++i) {
         REQUIRE(u.tile >= 0);
-        REQUIRE(u.tile < tiles);
+        REQUIRE(u.tile < total);
         REQUIRE(u.kb_begin < u.kb_end);
         REQUIRE(u.kb_end <= kb);
         CHECK(u.role >= last_role);  // whole tiles, then the contributor, then the owner
         last_role = u.role;
-        for (int k = u.kb_begin; k < u.kb_end; ++k) ++done[size_t(u.tile * kb + k)];
+        if (u.tile < total - sk) CHECK(u.role == kWhole);  // data-parallel tiles stay whole
+        if (g > 1) CHECK(u.tile % g == c % g);             // the member's row of each super tile
+        for (int k = u.kb_begin; k < u.kb_end; ++k) ++done[size_t(u.tile) * kb + k];
         if (u.role == kWhole) {
           CHECK(u.kb_begin == 0);
           CHECK(u.kb_end == kb);
@@ -298,8 +305,8 @@ TEST_CASE("stream-K: every k step of every tile is done once, and each cut tile 
       CHECK(n_con <= 1);
       CHECK(n_own <= 1);
     }
-    for (int s = 0; s < steps; ++s) REQUIRE(done[size_t(s)] == 1);
-    for (int t = 0; t < tiles; ++t) {
+    for (size_t s = 0; s < done.size(); ++s) REQUIRE(done[s] == 1);
+    for (int t = 0; t < total; ++t) {
       INFO("tile " << t);
       const auto& cv = contribs[size_t(t)];
       if (cv.empty()) {
@@ -307,11 +314,11 @@ TEST_CASE("stream-K: every k step of every tile is done once, and each cut tile 
         continue;
       }
       REQUIRE(owners[size_t(t)] == 1);
-      // The contributors are exactly CTAs first_contrib .. owner - 1: lower than the owner.
+      // The contributors are CTAs first_contrib, + g, ... below the owner: lower CTAs only.
       const int own = owner_of[size_t(t)], first = first_contrib[size_t(t)];
       CHECK(first == cv.front());
-      CHECK(int(cv.size()) == own - first);
-      for (size_t j = 0; j < cv.size(); ++j) CHECK(cv[j] == first + int(j));
+      CHECK(int(cv.size()) == (own - first) / g);
+      for (size_t j = 0; j < cv.size(); ++j) CHECK(cv[j] == first + g * int(j));
     }
   }
 }
@@ -322,8 +329,18 @@ TEST_CASE("stream-K plan: the cut tiles, the grid and the workspace", "[gemm][ar
   CHECK(stream_k_tiles(264, 132) == 0);          // whole waves
   CHECK(stream_k_tiles(96, 132) == 96);          // under one wave: all
   CHECK(stream_k_tiles(200, 132) == 200);        // under two waves: all
-  CHECK(!plan_stream_k(132, 64, 132).active());  // one tile per CTA: nothing to cut
-  CHECK(plan_stream_k(3, 4, 132).grid == 12);    // no more CTAs than k steps
+  CHECK(!plan_stream_k(1, 132, 64, 132).active());  // one tile per CTA: nothing to cut
+  CHECK(plan_stream_k(1, 3, 4, 132).grid == 12);     // no more CTAs than k steps
+  // Super tiles of 4, 2 or 1 tile rows (what divides tiles_m): 4096^3 at bn = 256 (32 x 16 tiles):
+  // groups of 4, 33 groups, 128 super tiles = 1 wave + 62 -> 62 stream-K super tiles.
+  const StreamKPlan big = plan_stream_k(32, 512, 64, 132);
+  CHECK(big.group == 4);
+  CHECK(big.grid == 132);
+  CHECK(big.sk_tiles == 62 * 4);
+  const StreamKPlan two = plan_stream_k(2, 224, 128, 132);  // 256 x 28672 x 8192 at bn = 256
+  CHECK(two.group == 2);
+  CHECK(two.sk_tiles == 224);
+  CHECK(plan_stream_k(17, 17 * 16, 2, 132).group == 1);
 
   Problem pr = decode_problem();
   pr.M = pr.a.rows = 128;
@@ -342,6 +359,7 @@ TEST_CASE("stream-K plan: the cut tiles, the grid and the workspace", "[gemm][ar
   }
   REQUIRE(plan_gemm(pr, v, 132, encode, &L, 1, Workspace{ws, size_t(need)}) == CUDA_SUCCESS);
   CHECK(L.params.sk_tiles == 96);
+  CHECK(L.params.sk_group == 1);  // one tile row
   CHECK(L.grid == 132);
   CHECK(L.cluster == 1);
   CHECK(L.params.split == 1);

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Times chosen GEMM variants on one shape through the library's C ABI (forced with
+fly_force_variant), beside torch.mm, after checking each against an FP32 reference.
+
+  python3 bench/gemm_probe.py --lib build-tune/libflykernels.so -M 128 -N 6144 -K 4096 \
+      gemm_bf16_bn64_st7_sw0_mc1_e1 gemm_bf16_bn64_st7_sw0_mc1_e1_sk1
+
+NT layout (A[M,K] row-major, B = W^T with W[N,K] row-major), bf16. Timing: bench/timing.py (L2
+flushed by a read before every call, CUDA events, median). fly_gemm gets a zero-filled workspace of
+fly_gemm_workspace_size bytes (stream-K variants use it). --profile R: after the timing, R more
+calls of each variant with no flush, for ncu (--kernel-name fly_gemm_sm90); --no-time skips
+the timing then.
+"""
+import argparse
+import ctypes
+
+import torch
+
+import timing
+
+FLY_BF16 = 2
+
+
+class FlyTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_int32),
+                ("sizes", ctypes.c_int64 * 8), ("strides", ctypes.c_int64 * 8)]
+
+
+def desc(t):
+    d = FlyTensor()
+    d.data = t.data_ptr()
+    d.dtype = FLY_BF16
+    d.rank = t.dim()
+    for i in range(t.dim()):
+        d.sizes[i] = t.shape[i]
+        d.strides[i] = t.stride(i)
+    return d
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", required=True, help="path to libflykernels.so")
+    ap.add_argument("-M", type=int, required=True)
+    ap.add_argument("-N", type=int, required=True)
+    ap.add_argument("-K", type=int, required=True)
+    ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--no-time", action="store_true", help="skip the timing (with --profile, for ncu)")
+    ap.add_argument("variants", nargs="+")
+    a = ap.parse_args()
+    lib = ctypes.CDLL(a.lib)
+    lib.fly_get_last_error.restype = ctypes.c_char_p
+    lib.fly_last_variant.restype = ctypes.c_char_p
+    torch.manual_seed(0)
+    x = torch.randn(a.M, a.K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(a.N, a.K, device="cuda", dtype=torch.bfloat16)
+    b = w.t()  # [K, N], column-major: NT
+    c = torch.empty(a.M, a.N, device="cuda", dtype=torch.bfloat16)
+    xd, bd, cd = desc(x), desc(b), desc(c)
+    nbytes = ctypes.c_size_t(0)
+    assert lib.fly_gemm_workspace_size(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nbytes)) == 0
+    ws = torch.zeros(max(nbytes.value, 256), device="cuda", dtype=torch.uint8)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    ref = (x.float() @ w.float().t())
+
+    def call():
+        r = lib.fly_gemm(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), None, ctypes.c_void_p(ws.data_ptr()),
+                         ctypes.c_size_t(nbytes.value), stream)
+        if r != 0:
+            raise RuntimeError(lib.fly_get_last_error().decode())
+
+    floor_us = a.N * a.K * 2 / 4.2e6
+    base = float("nan") if a.no_time else timing.time_us(lambda: torch.mm(x, b))
+    print(f"{a.M}x{a.N}x{a.K}  torch.mm {base:8.2f} us   (weights at 4.2 TB/s: {floor_us:.2f} us)")
+    for v in a.variants:
+        if lib.fly_force_variant(v.encode()) != 0:
+            print(f"{v:44s} not bundled: {lib.fly_get_last_error().decode()}")
+            continue
+        try:
+            c.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            err = ((c.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+            t = float("nan") if a.no_time else timing.time_us(call)
+            print(f"{v:44s} {t:8.2f} us  {base / t:6.3f}x torch.mm  max rel err {err:.2e}")
+            for _ in range(a.profile):
+                call()
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            print(f"{v:44s} refused: {e}")
+    lib.fly_force_variant(None)
+
+
+if __name__ == "__main__":
+    main()
