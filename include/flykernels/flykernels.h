@@ -119,7 +119,12 @@ FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int largest, int det
  * accumulation. A and B may each be row- or column-major (read from the strides); leading
  * dimensions may be padded. C row-major with unit inner stride. Inputs the kernels cannot take
  * (for example a leading dimension breaking TMA's 16-byte rule) return FLY_ERROR_UNSUPPORTED.
- * Split-K paths need workspace: query fly_gemm_workspace_size; with less, they are not used. */
+ * Workspace (optional): stream-K variants keep flags and fp32 partial tiles there. Query
+ * fly_gemm_workspace_size (device and shape independent, about 19 MB when stream-K variants are
+ * bundled; 0 otherwise) and pass a 256-byte aligned device buffer that large, zero-filled once
+ * before first use: each call leaves its flags zero again, so it can be reused on one stream and
+ * in CUDA graphs, but not by two GEMMs running at once. NULL/0 (or too small) runs those variants
+ * without stream-K. Misaligned: FLY_ERROR_MISALIGNED; NULL with a size: FLY_ERROR_INVALID_ARGUMENT. */
 FLY_API fly_status fly_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
                                            const fly_tensor* c, size_t* bytes);
 FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c,
