@@ -17,25 +17,7 @@ import ctypes
 import torch
 
 import timing
-
-FLY_BF16 = 2
-
-
-class FlyTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_int32),
-                ("sizes", ctypes.c_int64 * 8), ("strides", ctypes.c_int64 * 8)]
-
-
-def desc(t):
-    d = FlyTensor()
-    d.data = t.data_ptr()
-    d.dtype = FLY_BF16
-    d.rank = t.dim()
-    for i in range(t.dim()):
-        d.sizes[i] = t.shape[i]
-        d.strides[i] = t.stride(i)
-    return d
-
+from fly_abi import desc, load
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,9 +29,7 @@ def main():
     ap.add_argument("--no-time", action="store_true", help="skip the timing (with --profile, for ncu)")
     ap.add_argument("variants", nargs="+")
     a = ap.parse_args()
-    lib = ctypes.CDLL(a.lib)
-    lib.fly_get_last_error.restype = ctypes.c_char_p
-    lib.fly_last_variant.restype = ctypes.c_char_p
+    lib = load(a.lib)
     torch.manual_seed(0)
     x = torch.randn(a.M, a.K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(a.N, a.K, device="cuda", dtype=torch.bfloat16)

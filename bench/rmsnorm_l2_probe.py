@@ -26,25 +26,7 @@ import statistics
 import torch
 
 import timing
-
-FLY_BF16, FLY_F16, FLY_F32 = 2, 1, 3
-
-
-class FlyTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_int32),
-                ("sizes", ctypes.c_int64 * 8), ("strides", ctypes.c_int64 * 8)]
-
-
-def desc(t):
-    d = FlyTensor()
-    d.data = t.data_ptr()
-    d.dtype = {torch.bfloat16: FLY_BF16, torch.float16: FLY_F16, torch.float32: FLY_F32}[t.dtype]
-    d.rank = t.dim()
-    for i in range(t.dim()):
-        d.sizes[i] = t.shape[i]
-        d.strides[i] = t.stride(i)
-    return d
-
+from fly_abi import desc, load
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,8 +35,7 @@ def main():
     ap.add_argument("-M", type=int, default=8192)
     ap.add_argument("-N", type=int, default=4096)
     a = ap.parse_args()
-    lib = ctypes.CDLL(a.lib)
-    lib.fly_get_last_error.restype = ctypes.c_char_p
+    lib = load(a.lib)
     M, N = a.M, a.N
     dev = "cuda"
     torch.manual_seed(0)

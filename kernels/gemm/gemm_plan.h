@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstring>
 
 #include "gemm/gemm_params.h"
@@ -161,7 +162,8 @@ inline StreamKPlan plan_stream_k(int64_t tiles_m, int64_t tiles, int64_t kb_tota
   s.group = tiles_m % 4 == 0 ? 4 : tiles_m % 2 == 0 ? 2 : 1;
   const int64_t supers = tiles / s.group;
   const int64_t groups = std::min<int64_t>(sm_count / s.group, supers * kb_total);
-  if (groups <= 0) return s;
+  // The kernel numbers stream-K steps in 32-bit ints: at most 2 waves of super tiles are cut.
+  if (groups <= 0 || (2 * groups + 1) * kb_total > INT32_MAX) return s;
   s.grid = groups * s.group;
   int64_t sk_supers = stream_k_tiles(supers, groups);
   if (sk_supers * kb_total % groups == 0 && (sk_supers * kb_total / groups) % kb_total == 0) sk_supers = 0;

@@ -341,6 +341,7 @@ TEST_CASE("stream-K plan: the cut tiles, the grid and the workspace", "[gemm][ar
   CHECK(two.group == 2);
   CHECK(two.sk_tiles == 224);
   CHECK(plan_stream_k(17, 17 * 16, 2, 132).group == 1);
+  CHECK(!plan_stream_k(1, 100, int64_t(1) << 25, 132).active());  // steps past 32 bits: none
 
   Problem pr = decode_problem();
   pr.M = pr.a.rows = 128;
