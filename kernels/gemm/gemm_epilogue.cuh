@@ -215,11 +215,11 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
 // ---- stream-K fixup through global memory (GemmParams::sk_tiles) ------------------------------
 // A cut tile's contributors store their accumulators, as each thread holds them, in their CTA's
 // slot of sk_ws (float4 j of thread t at [j][t]: each warp store is 512 contiguous bytes) and
-// raise their flag; the owner adds the slots of its contributors (the same member of lower CTA
-// groups, GemmParams::sk_group) in CTA order into its own
-// accumulators, then stores the tile like any other. The flag protocol is CUTLASS's barrier
-// pattern: the warpgroup's named barrier orders its 128 threads' stores before thread 0's gpu-scope
-// release; thread 0 of the owner's warpgroup acquires, and the barrier orders the others' loads after.
+// raise their flag to the launch's epoch; the owner adds the slots of its contributors (the same
+// member of lower CTA groups: every sk_group-th CTA) in CTA order into its own accumulators, then
+// stores the tile like any other. The flag protocol is CUTLASS's barrier pattern: the warpgroup's
+// named barrier orders its 128 threads' stores before thread 0's gpu-scope release; thread 0 of
+// the owner's warpgroup acquires, and the barrier orders the others' loads after.
 __device__ __forceinline__ float4* sk_slot(const GemmParams& p, int cta, int wg) {
   return reinterpret_cast<float4*>(p.sk_ws + (static_cast<size_t>(cta) * 2 + wg) * 128 * Config::ACC);
 }
