@@ -37,16 +37,17 @@ struct GemmParams {
   int32_t k_stagger;       // 1: units spanning all of K start their k walk at an offset spread
                            // over the CTAs (clusters) and wrap around, so the CTAs do not all
                            // read the same k block at once (launch axis "ks" of tuning/gemm.json)
-  // Stream-K (split == 1 only; launch axis split = 1 of tuning/gemm.json, gemm_plan.h plan_stream_k):
-  // the last sk_tiles tiles of the raster order are not given whole to CTAs. In super tiles of
-  // sk_group tiles (one column, sk_group rows) and groups of sk_group CTAs (each CTA of a group
-  // takes one row of its group's super tiles), their k steps are cut into gridDim.x / sk_group
-  // contiguous ranges of equal length (+-1), one per group, after the group's data-parallel super
-  // tiles (a multiple of the groups). A tile cut between CTAs is finished by the CTA holding its last k step (the
-  // owner): the others (contributors, lower CTA indices) leave fp32 partials in sk_ws, slot
-  // blockIdx.x, and raise sk_flags[2 * blockIdx.x + consumer warpgroup] to sk_epoch; the owner
-  // adds them in CTA order (deterministic), resets the flags to 0 and stores the tile. A CTA only ever waits
-  // for lower-indexed CTAs. sk_tiles == 0: no stream-K (sk_ws, sk_flags unused).
+  // Stream-K (split == 1 only; launch axis split = 1 of tuning/gemm.json; gemm_plan.h
+  // plan_stream_k, gemm_streamk.h sk_cta_unit): the last sk_tiles tiles of the raster order are
+  // not given whole to CTAs. In super tiles of sk_group tiles (one column, sk_group rows) and
+  // groups of sk_group CTAs (each CTA of a group takes one row of its group's super tiles), their
+  // k steps are cut into gridDim.x / sk_group contiguous ranges of equal length (+-1), one per
+  // group, after the group's data-parallel super tiles (a multiple of the groups). A tile cut
+  // between CTAs is finished by the CTA holding its last k step (the owner): the others
+  // (contributors, lower CTA indices) leave fp32 partials in sk_ws, slot blockIdx.x, and raise
+  // sk_flags[2 * blockIdx.x + consumer warpgroup] to sk_epoch; the owner adds them in CTA order
+  // (deterministic), resets the flags to 0 and stores the tile. A CTA only ever waits for
+  // lower-indexed CTAs. sk_tiles == 0: no stream-K (sk_ws, sk_flags unused).
   int32_t sk_tiles;
   int32_t sk_group;    // tiles per stream-K super tile = CTAs per group (gemm_scheduler.cuh)
   uint32_t sk_epoch;   // the value contributors raise a flag to: nonzero, new for every launch
