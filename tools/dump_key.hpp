@@ -3,9 +3,20 @@
 // 4096,64,'variant',...);" and its key is the first seven values joined by '|' with the quotes
 // dropped: "sm_90a|gemm|bf16|nt|4096|4096|64".
 #pragma once
+#include <initializer_list>
 #include <string>
 
 namespace fly::tools {
+
+// A key from its seven values (arch, op, dtype, layout, k0, k1, k2), as dump_line_key reads it.
+inline std::string tuning_key(std::initializer_list<std::string> values) {
+  std::string key;
+  for (const std::string& v : values) {
+    if (!key.empty()) key += '|';
+    key += v;
+  }
+  return key;
+}
 
 // "" for a line that is not a tuning row (a comment, a blank line, fewer than seven values).
 inline std::string dump_line_key(const std::string& line) {

@@ -60,8 +60,8 @@ int tune_gemm(const Args& args) {
     if (have.empty()) throw std::runtime_error("--missing: no tuning rows read from " + path);
   }
   auto tuned = [&](const std::string& layout, int64_t N, int64_t K, int64_t M) {
-    return !have.empty() && have.count(arch + "|gemm|" + dname + "|" + layout + "|" + std::to_string(N) + "|" +
-                                       std::to_string(K) + "|" + std::to_string(M)) != 0;
+    return !have.empty() && have.count(tuning_key({arch, "gemm", dname, layout, std::to_string(N), std::to_string(K),
+                                                   std::to_string(M)})) != 0;
   };
   size_t todo = 0;
   for (auto& layout : layouts)

@@ -422,8 +422,7 @@ void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
       return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
     };
     while (sqlite3_step(st) == SQLITE_ROW) {
-      std::string key = col(0) + "|" + col(1) + "|" + col(2) + "|" + col(3) + "|" + col(4) + "|" + col(5) + "|" + col(6);
-      keys.insert(key);
+      keys.insert(tuning_key({col(0), col(1), col(2), col(3), col(4), col(5), col(6)}));
       char buf[96];
       std::snprintf(buf, sizeof buf, "%.3f", sqlite3_column_double(st, 8));
       std::string t1 = buf;

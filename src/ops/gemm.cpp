@@ -163,7 +163,6 @@ fly_status launch_planned(const DeviceCtx& dc, const Variant& v, CUfunction f, u
   return launch1(f, cfg, stream, params);
 }
 
-
 // Workspace that lets every path run: stream-K variants (launch axis split = 1) keep flags and
 // partial tiles there, at most one 128 x 256 fp32 tile per CTA of a grid no larger than the SM
 // count. Device independent: bounded by the largest sm_90 part (144 SMs). Split-K clusters

@@ -322,6 +322,9 @@ TEST_CASE("dump keys: the first seven values of a tuning row; the shipped dump h
   CHECK(dump_line_key("-- sm_90a tuning rows").empty());
   CHECK(dump_line_key("").empty());
   CHECK(dump_line_key("INSERT INTO t VALUES ('a','b',1);").empty());  // fewer than seven values
+  // The key the tools build from values (flytune --missing) is the one read from a line.
+  CHECK(fly::tools::tuning_key({"sm_90a", "gemm", "bf16", "nt", "4096", "4096", "64"}) ==
+        "sm_90a|gemm|bf16|nt|4096|4096|64");
 
   std::ifstream in(std::string(FLY_SOURCE_DIR) + "/db/sm_90a.sql");
   REQUIRE(in.good());

@@ -260,14 +260,14 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
       CHECK(run_case({1100, 2900, 200, kRow, kCol, 8, true, dt}, 12) == FLY_SUCCESS);
       CHECK(run_case({1000, 1100, 100, kCol, kRow, 0, false, dt}, 13) == FLY_SUCCESS);
-    } else if (ps.find("split=1;") != std::string::npos || ps.size() >= 8 && ps.compare(ps.size() - 8, 8, ";split=1") == 0) {
+    } else if (param_of(ps, "split") == 1) {
       // Stream-K: ranges inside one tile (8 tiles over 132 CTAs), 1-2 steps per CTA with ragged
       // edges, bias and an MN-major pair; a shape with nothing to cut is refused (whole waves).
       CHECK(run_case({256, 1000, 4096, kRow, kCol, 0, true, dt}, 7, true) == FLY_SUCCESS);
       CHECK(run_case({1000, 1100, 300, kCol, kRow, 8, true, dt}, 8, true) == FLY_SUCCESS);
       CHECK(run_case({128, 128, 64, kRow, kCol, 0, false, dt}, 9) == FLY_ERROR_UNSUPPORTED);
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 10) == FLY_SUCCESS);
-    } else if (ps.find("split=0") == std::string::npos && ps.find("split=") != std::string::npos) {
+    } else if (param_of(ps, "split") > 1) {
       // Forced split-K (launch axis): shapes with few tiles and a K of at least 16 k blocks, which
       // every split factor up to 8 accepts; a big shape is refused (other variants serve it).
       CHECK(run_case({40, 520, 2048, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
