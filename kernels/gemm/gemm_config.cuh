@@ -45,7 +45,7 @@ constexpr bool kBF16 = true;
 struct Config {
   // BM = 128: the 2 consumer warpgroups take 64 rows each (wgmma M is 64) of a BM x BN tile.
   // BM = 64 (narrow decode tiles, as cuBLAS runs small-M shapes): both take the same 64 rows and
-  // split the tile's BN columns, WG_N = BN / 2 each; no split-K, no multicast, no staged epilogue.
+  // split the tile's BN columns, WG_N = BN / 2 each; no split-K, no staged epilogue.
   static constexpr int BM = FLY_BM;
   static constexpr int BN = FLY_BN;
   static constexpr int WG_N = BM == 64 ? BN / 2 : BN;  // wgmma N of each consumer warpgroup
@@ -67,9 +67,13 @@ struct Config {
   static constexpr int STAGES = FLY_STAGES;
   // MC = 2: clusters of 2 CTAs on vertically adjacent tiles (same Q columns); each CTA loads half
   // of the Q tile and multicasts it to both, halving L2->SM traffic for Q. Persistent mode only.
+  // Narrow tiles too: cuBLAS runs 128 x 6144 x 4096 as 64 x 96 tiles whose two 64-row halves of M
+  // share the weight tile this way (bench/logs/cublas-kernels.txt).
   static constexpr int MC = FLY_MC;
-  // MP = 2 (narrow tiles): clusters of 2 CTAs on horizontally adjacent tiles (same P rows); each
-  // loads half of the P tile's rows and multicasts it to both: the layout cuBLAS runs on decode.
+  // MP = 2: clusters of 2 CTAs on horizontally adjacent tiles (same P rows); each loads half of
+  // the P tile's rows and multicasts it to both. Narrow tiles: cuBLAS's layout on 64 x 4096 x 4096;
+  // 128-row tiles: cuBLAS's on 512 x 4096 x 4096 and 128 x 14336 x 4096 (112-wide Q tiles), where
+  // every CTA reads the same activations.
   static constexpr int MP = FLY_MP;
   static constexpr int CLUSTER = MC * MP;  // CTAs that write into each other's rings
   static constexpr int P_KB_BYTES = BM * BK * 2;  // one k block of the P tile
@@ -93,14 +97,18 @@ struct Config {
   static constexpr int CONSUMER_REGS = BM == 64 ? 224 : 232;
 
   static_assert(BM == 128 || BM == 64, "tile rows: 128 (two 64-row halves) or 64 (shared rows)");
-  static_assert((BN % 64 == 0 && BN >= 64 && BN <= 256) || (BM == 64 && BN == 32),
-                "wgmma N: 64..256 (TMA MN chunks of 64); narrow tiles also 32");
-  static_assert(BM == 128 || (EPI == 0 && FLY_MC == 1 && BN <= 128),
-                "narrow tiles: no staged epilogue, no Q multicast, BN <= 128");
-  static_assert(MP == 1 || (MP == 2 && BM == 64), "P multicast: narrow tiles, clusters of 2");
+  // wgmma N (BN, or BN / 2 for narrow tiles) is any multiple of 8 from 8 to 256; common/wgmma_ops.h
+  // instantiates the ones tuning/gemm.json uses. BN that is not a multiple of 64 (48, 96, 112: tile
+  // counts that fill the 132 SMs on decode shapes) needs a K-major Q: an MN-major Q tile is loaded
+  // in 64-wide chunks (gemm_plan.h layout_fits refuses the rest).
+  static_assert(BN % 16 == 0 && BN >= 32 && BN <= 256, "tile N: a multiple of 16 in 32..256");
+  static_assert(EPI == 0 || (BN >= 64 && (BN <= 128 || BN % 64 == 0)),
+                "staged epilogue: bn >= 64 (epi_wg_bytes), passes of 64 columns above 128");
+  static_assert(BM == 128 || (EPI == 0 && BN <= 128), "narrow tiles: no staged epilogue, BN <= 128");
+  static_assert(MP == 1 || MP == 2, "P multicast: clusters of 2");
   static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
                 "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
-  static_assert(MC == 1 || (MC == 2 && BN % 128 == 0), "multicast halves must be 64-col chunks");
+  static_assert(MC == 1 || (MC == 2 && BN % 16 == 0), "Q multicast: each CTA loads BN / 2 rows (8-row atoms)");
   static_assert(KB == 1 || ((KB == 2 || KB == 4) && MC == 1 && (MP == 1 || KB == 2)),
                 "2 or 4 k blocks per stage: no Q multicast; P multicast with 2 only");
   static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");

@@ -62,19 +62,19 @@ __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* ma
           sm90::tma_load_2d(dst + j * ROWS * Config::BK * 2, map, bar, k0 + j * Config::BK, row0);
       }
     }
-  } else if constexpr (ROWS >= 64) {
+  } else if constexpr (ROWS % 64 == 0) {
 #pragma unroll
     for (int c = 0; c < ROWS / 64; ++c) sm90::tma_load_2d(dst + c * kMnChunkBytes, map, bar, row0 + 64 * c, k0);
   } else {
-    __trap();  // an MN-major tile narrower than 64: the launcher never plans one (narrow_fits)
+    __trap();  // an MN-major tile that is not whole 64-wide chunks: the launcher never plans one (layout_fits)
   }
 }
 
 // One operand tile, loaded by this CTA alone (CL == 1) or shared by a multicast cluster of 2
 // (CL == 2: Q tiles with Config::MC, P tiles with Config::MP): then CTA `rank` loads its half of
 // the tile's rows into both CTAs. K-major: a box {64 k, ROWS/2}; MN-major: ROWS/128 of the 64-wide
-// chunks, so ROWS/2 must be a whole number of chunks (gemm_plan.h narrow_fits keeps 64-row
-// MN-major tiles away from multicast).
+// chunks, so ROWS/2 must be a whole number of chunks (gemm_plan.h layout_fits refuses the
+// MN-major operands whose halves are not).
 template <int ROWS, int CL>
 __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, const CUtensorMap* map3,
                                           uint64_t* bar, bool kmajor, int row0, int k0, int k, int rank) {
@@ -89,13 +89,13 @@ __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, 
     const int kr = k0 + rank * Config::BK;
     if (kmajor) {
       sm90::tma_load_2d_multicast(dst + rank * ROWS * Config::BK * 2, map, bar, kr, row0, both);
-    } else if constexpr (ROWS >= 64) {
+    } else if constexpr (ROWS % 64 == 0) {
 #pragma unroll
       for (int c = 0; c < ROWS / 64; ++c)
         sm90::tma_load_2d_multicast(dst + c * kMnChunkBytes + rank * 64 * Config::BK * 2, map, bar, row0 + 64 * c,
                                     kr, both);
     } else {
-      __trap();  // an MN-major tile narrower than 64: the launcher never plans one (narrow_fits)
+      __trap();  // an MN-major tile that is not whole 64-wide chunks: the launcher never plans one (layout_fits)
     }
   } else {
     static_assert(CL == 2 && Config::KB == 1, "multicast clusters of 2");
@@ -103,14 +103,14 @@ __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, 
     const uint16_t both = 0x3;
     if (kmajor) {
       sm90::tma_load_2d_multicast(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, both);
-    } else if constexpr (HALF >= 64) {
+    } else if constexpr (HALF % 64 == 0) {
 #pragma unroll
       for (int c = 0; c < HALF / 64; ++c) {
         const int chunk = rank * (HALF / 64) + c;
         sm90::tma_load_2d_multicast(dst + chunk * 64 * Config::BK * 2, map, bar, row0 + 64 * chunk, k0, both);
       }
     } else {
-      __trap();  // half an MN-major chunk: the launcher never plans one (narrow_fits)
+      __trap();  // MN-major halves that are not whole chunks: the launcher never plans one (layout_fits)
     }
   }
 }

@@ -188,16 +188,21 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
   return tiles * split <= 2 * int64_t(sm_count) && steps >= 2 * int64_t(split);
 }
 
-// Whether a narrow-tile variant (bm = 64: the two consumer warpgroups split the Q tile's columns)
-// can take the problem: its Q tile must be K-major, or MN-major with each half a whole 64-wide
-// chunk (bn = 128); with P multicast (mp = 2) and one k block per stage its P tile must be
-// K-major too (each CTA loads 32 of the 64 rows, narrower than an MN-major 64-wide chunk; with
-// kb = 2 each loads a k block of all 64 rows instead). Other variants take everything.
-inline bool narrow_fits(const Problem& pr, const VariantShape& v) {
-  if (v.bm == kBM) return true;
+// Whether a variant's tiles can take the problem's operand layouts. An MN-major operand is loaded
+// in 64-wide chunks (128B swizzling caps the box's inner extent at 64 elements), so each piece a
+// CTA or warpgroup takes of it must be whole chunks:
+//  * Q: the columns each consumer warpgroup multiplies (bn, or bn / 2 for narrow tiles, bm = 64)
+//    and, with Q multicast (mc = 2, one k block per stage), the bn / 2 rows each CTA loads;
+//  * P: with P multicast (mp = 2) and one k block per stage, the bm / 2 rows each CTA loads (with
+//    kb = 2 each loads a whole k block of all bm rows instead).
+// K-major operands take any tile; so do ordinary 128-row tiles with bn a multiple of 64.
+inline bool layout_fits(const Problem& pr, const VariantShape& v) {
   const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
-  return (Q.kmajor || v.bn % 128 == 0) && (v.mp <= 1 || P.kmajor || v.kb > 1);
+  const int q_cols = v.bm == kBM ? v.bn : v.bn / 2;
+  const bool q_ok = Q.kmajor || (q_cols % 64 == 0 && (v.mc <= 1 || v.kb > 1 || (v.bn / v.mc) % 64 == 0));
+  const bool p_ok = P.kmajor || v.mp <= 1 || v.kb > 1 || (v.bm / v.mp) % 64 == 0;
+  return q_ok && p_ok;
 }
 
 // Workspace a launch may use (fly_gemm's workspace argument): stream-K keeps its flags and

@@ -379,13 +379,13 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   using namespace fly::gemm;
   Problem pr = decode_problem();
   VariantShape narrow{32, 8, true, 1, 0, 64};  // swap: P = B^T (4096 rows), Q = A^T (64 rows)
-  CHECK(narrow_fits(pr, narrow));
+  CHECK(layout_fits(pr, narrow));
   CHECK(!forced_split_fits(pr, narrow, 2, 132));  // no split-K for narrow tiles
   CHECK(forced_split_fits(pr, narrow, 0, 132));
   pr.a.kmajor = false;  // A column-major: Q = A^T is MN-major
-  CHECK(!narrow_fits(pr, narrow));                                   // a 16-wide half of a 64 chunk
-  CHECK(narrow_fits(pr, VariantShape{128, 8, true, 1, 0, 64}));      // halves of 64: whole chunks
-  CHECK(narrow_fits(pr, VariantShape{64, 8, true, 1, 0, kBM}));      // ordinary tiles take all
+  CHECK(!layout_fits(pr, narrow));                                   // a 16-wide half of a 64 chunk
+  CHECK(layout_fits(pr, VariantShape{128, 8, true, 1, 0, 64}));      // halves of 64: whole chunks
+  CHECK(layout_fits(pr, VariantShape{64, 8, true, 1, 0, kBM}));      // ordinary tiles take all
   pr.a.kmajor = true;
 
   // The plan: P tiles of 64 rows, P's TMA box 64 rows tall, no split, persistent grid.
@@ -413,7 +413,7 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   // P multicast (mp = 2): clusters of 2 along the tile columns, each CTA loading 32 of the 64 P
   // rows; only a K-major P can be halved that way.
   VariantShape mp2{32, 8, true, 1, 0, 64, 2};
-  CHECK(narrow_fits(pr, mp2));
+  CHECK(layout_fits(pr, mp2));
   CHECK(!forced_split_fits(pr, mp2, 2, 132));
   box_rows.clear();
   REQUIRE(plan_gemm(pr, mp2, 132, encode, &L) == CUDA_SUCCESS);
@@ -424,8 +424,8 @@ TEST_CASE("narrow tiles (bm = 64): layouts they take, no split-K, plan", "[gemm]
   CHECK(box_rows[0] == 32);  // P box: half of the tile's rows
   CHECK(box_rows[1] == 32);
   pr.bt.kmajor = false;  // B row-major: P = B^T is MN-major
-  CHECK(!narrow_fits(pr, mp2));
-  CHECK(narrow_fits(pr, VariantShape{32, 8, true, 1, 0, 64, 1}));  // without multicast it is fine
+  CHECK(!layout_fits(pr, mp2));
+  CHECK(layout_fits(pr, VariantShape{32, 8, true, 1, 0, 64, 1}));  // without multicast it is fine
   pr.bt.kmajor = true;
   // More super tiles than the clusters that fit: the grid is capped at whole clusters.
   pr.M = pr.a.rows = 4096;
@@ -467,7 +467,7 @@ TEST_CASE("ping-pong variants (pp = 1): persistent, never split", "[gemm][args]"
   auto encode = log.encoder();
   VariantShape pp{128, 5, true, 1, 0, kBM};
   pp.pp = 1;
-  CHECK(narrow_fits(pr, pp));
+  CHECK(layout_fits(pr, pp));
   CHECK(!forced_split_fits(pr, pp, 2, 132));  // no forced split-K
   CHECK(forced_split_fits(pr, pp, 0, 132));
   Launch L{};
@@ -555,14 +555,14 @@ TEST_CASE("two k blocks per stage (kb = 2): 3-D maps for K-major operands, talle
   CHECK(log.maps[2].box == std::vector<unsigned>{64, 32, 2});
   pr.bt.kmajor = false;  // P = B^T MN-major
   pr.bt.ld = 4096;
-  CHECK(narrow_fits(pr, mpkb));
+  CHECK(layout_fits(pr, mpkb));
   log.maps.clear();
   REQUIRE(plan_gemm(pr, mpkb, 132, encode, &L) == CUDA_SUCCESS);
   REQUIRE(log.maps.size() == 3);  // P 2-D, Q 2-D and 3-D
   CHECK(log.maps[0].box == std::vector<unsigned>{64, 64});  // 64 mn x one k block
   CHECK(log.maps[2].rank == 3);
   mpkb.kb = 1;
-  CHECK(!narrow_fits(pr, mpkb));  // one k block: each CTA would need half a 64-wide chunk
+  CHECK(!layout_fits(pr, mpkb));  // one k block: each CTA would need half a 64-wide chunk
 
   // kb = 4: boxes 4 k blocks deep (3-D {64, rows, 4}; MN-major {64 mn, 256 k}), 3-D maps only
   // when K holds a whole step of 256.
@@ -668,4 +668,65 @@ TEST_CASE("decode variants: NT only, M within the tile, K % 8, cluster split of 
   CHECK(log.maps[0].strides == std::vector<uint64_t>{16});
   CHECK(L.cluster == 1);
   CHECK(L.grid == 64);  // 4096 rows / 64 per CTA
+}
+
+TEST_CASE("tiles shaped like cuBLAS's decode kernels: odd bn, P multicast on 128-row tiles, Q multicast on narrow tiles",
+          "[gemm][args]") {
+  using namespace fly::gemm;
+  Problem pr = decode_problem();
+  pr.M = pr.a.rows = 128;
+  pr.N = pr.bt.rows = 14336;
+  EncodeLog log;
+  auto encode = log.encoder();
+  Launch L{};
+
+  // 128 x 112 tiles with P multicast (cuBLAS's 112x128 2x1 kernel on 128 x 14336 x 4096): 128 tiles
+  // in 64 clusters of 2 along N, each CTA loading 64 of the 128 P rows.
+  VariantShape v112{112, 7, false, 1, 0};
+  v112.mp = 2;
+  CHECK(layout_fits(pr, v112));
+  CHECK(!forced_split_fits(pr, v112, 2, 132));  // the cluster is taken by multicast
+  REQUIRE(plan_gemm(pr, v112, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.tiles_m == 1);
+  CHECK(L.params.tiles_n == 128);
+  CHECK(L.params.split == 1);
+  CHECK(L.cluster == 2);
+  CHECK(L.grid == 128);
+  REQUIRE(log.box_rows.size() == 2);
+  CHECK(log.box_rows[0] == 64);   // P box: half of the 128 rows
+  CHECK(log.box_rows[1] == 112);  // Q box: the whole 112-row tile
+  CHECK(L.smem == unsigned(smem_bytes(112, 7)));
+  // An MN-major Q cannot be loaded in 112-wide tiles (64-wide chunks); an MN-major P can be
+  // halved (64-row halves are whole chunks), also without multicast.
+  pr.bt.kmajor = false;
+  CHECK(!layout_fits(pr, v112));
+  CHECK(!layout_fits(pr, VariantShape{112, 7, false, 1, 0}));
+  CHECK(layout_fits(pr, VariantShape{128, 7, false, 1, 0}));
+  pr.bt.kmajor = true;
+  pr.a.kmajor = false;
+  CHECK(layout_fits(pr, v112));
+  pr.a.kmajor = true;
+
+  // Narrow 64 x 96 tiles with Q multicast (cuBLAS's 96x64 1x2 kernel on 128 x 6144 x 4096): the two
+  // 64-row tiles of M share the 96-row weight tile, each CTA loading 48 rows; 128 CTAs.
+  pr.N = pr.bt.rows = 6144;
+  VariantShape n96{96, 10, false, 2, 0, 64};
+  CHECK(layout_fits(pr, n96));
+  CHECK(!forced_split_fits(pr, n96, 2, 132));
+  log.box_rows.clear();
+  REQUIRE(plan_gemm(pr, n96, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.tiles_m == 2);
+  CHECK(L.params.tiles_n == 64);
+  CHECK(L.cluster == 2);
+  CHECK(L.grid == 128);
+  REQUIRE(log.box_rows.size() == 2);
+  CHECK(log.box_rows[0] == 64);  // P box: the narrow tile's rows
+  CHECK(log.box_rows[1] == 48);  // Q box: half of the 96 rows
+  CHECK(L.smem == unsigned(smem_bytes(96, 10, 0, 64)));
+  CHECK(L.smem <= 227u * 1024u);
+  // MN-major Q: 48-wide halves are refused; 128-wide narrow tiles with multicast give each CTA and
+  // each warpgroup 64 columns, whole chunks.
+  pr.bt.kmajor = false;
+  CHECK(!layout_fits(pr, n96));
+  CHECK(layout_fits(pr, VariantShape{128, 8, false, 2, 0, 64}));
 }

@@ -5,6 +5,7 @@
 // between rows must stay untouched.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -182,6 +183,20 @@ int64_t param_of(const std::string& params, const std::string& key) {
   return -1;
 }
 
+// Which MN-major operands a TMA-tile variant takes, from its parameters: the test's own statement
+// of gemm_plan.h layout_fits. MN-major tiles come in 64-wide chunks, so the Q columns of each
+// consumer warpgroup (bn, or bn / 2 on narrow tiles) and the rows each multicast CTA loads (one k
+// block per stage) must be whole chunks.
+struct MnFits {
+  bool p, q;  // an MN-major P operand (A, or B^T with swap) / Q operand
+};
+MnFits mn_fits(const std::string& ps) {
+  const int64_t bm = param_of(ps, "bm") > 0 ? param_of(ps, "bm") : 128, bn = param_of(ps, "bn");
+  const int64_t mc = std::max<int64_t>(1, param_of(ps, "mc")), mp = std::max<int64_t>(1, param_of(ps, "mp"));
+  const int64_t kb = std::max<int64_t>(1, param_of(ps, "kb"));
+  const int64_t q_cols = bm == 128 ? bn : bn / 2;
+  return {mp == 1 || kb > 1 || (bm / mp) % 64 == 0, q_cols % 64 == 0 && (mc == 1 || kb > 1 || (bn / mc) % 64 == 0)};
+}
 }  // namespace
 
 TEST_CASE("gemm matches the reference in all four layouts", "[gemm][gpu]") {
@@ -241,12 +256,12 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       CHECK(run_case({mmax, 520, 700, kRow, kCol, 0, false, dt}, 12) == FLY_ERROR_UNSUPPORTED);
       CHECK(run_case({mmax, 256, 8192, kRow, kCol, 0, true, dt}, 13) == FLY_SUCCESS);
     } else if (ps.find("bm=64") != std::string::npos) {
-      // Narrow tiles: K-major Q always; an MN-major Q only with bn = 128 (whole 64-wide halves);
-      // with P multicast (mp = 2) the P operand must be K-major as well, unless kb = 2 (each CTA
-      // then brings a whole k block of P). K = 700 ends on a partial k block and, at kb = 2 or 4,
-      // one wholly past K (with mp = 2: the peer's box).
-      const bool mn_ok = ps.find("bn=128") != std::string::npos &&
-                         (ps.find("mp=2") == std::string::npos || ps.find("kb=2") != std::string::npos);
+      // Narrow tiles: K-major Q always; an MN-major Q only with whole 64-wide chunks per warpgroup
+      // (bn = 128) and per multicast CTA (mc = 2); with P multicast (mp = 2) the P operand must be
+      // K-major as well, unless kb = 2 (each CTA then brings a whole k block of P). K = 700 ends on
+      // a partial k block and, at kb = 2 or 4, one wholly past K (with mp = 2: the peer's box).
+      const MnFits f = mn_fits(ps);
+      const bool mn_ok = f.p && f.q;
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
       CHECK(run_case({64, 1000, 700, kRow, kCol, 8, false, dt}, 10) == FLY_SUCCESS);  // decode-like, ragged
       CHECK(run_case({40, 520, 512, kCol, kRow, 8, false, dt}, 8) == (mn_ok ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));
@@ -264,20 +279,34 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       // Stream-K: ranges inside one tile (8 tiles over 132 CTAs), 1-2 steps per CTA with ragged
       // edges, bias and an MN-major pair; a shape with nothing to cut is refused (whole waves).
       CHECK(run_case({256, 1000, 4096, kRow, kCol, 0, true, dt}, 7, true) == FLY_SUCCESS);
-      CHECK(run_case({1000, 1100, 300, kCol, kRow, 8, true, dt}, 8, true) == FLY_SUCCESS);
+      const MnFits f = mn_fits(ps);  // bn = 96 / 112 take no MN-major Q
+      CHECK(run_case({1000, 1100, 300, kCol, kRow, 8, true, dt}, 8, true) ==
+            (f.p && f.q ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));
       CHECK(run_case({128, 128, 64, kRow, kCol, 0, false, dt}, 9) == FLY_ERROR_UNSUPPORTED);
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 10) == FLY_SUCCESS);
     } else if (param_of(ps, "split") > 1) {
       // Forced split-K (launch axis): shapes with few tiles and a K of at least 16 k blocks, which
       // every split factor up to 8 accepts; a big shape is refused (other variants serve it).
       CHECK(run_case({40, 520, 2048, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
-      CHECK(run_case({100, 300, 2100, kCol, kRow, 8, false, dt}, 8) == FLY_SUCCESS);  // 17+ k steps at kb = 2
+      const MnFits f = mn_fits(ps);  // bn = 96 / 112 take no MN-major Q
+      CHECK(run_case({100, 300, 2100, kCol, kRow, 8, false, dt}, 8) ==
+            (f.p && f.q ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));  // 17+ k steps at kb = 2
       CHECK(run_case({4096, 4096, 256, kRow, kCol, 0, false, dt}, 9) == FLY_ERROR_UNSUPPORTED);
     } else {
+      // 128-row tiles, also with P multicast (mp = 2) and bn = 96 / 112; the last two need a
+      // K-major Q, so they refuse the MN-major cases (and then run one they take).
+      const MnFits f = mn_fits(ps);
+      const bool swap = param_of(ps, "swap") == 1;
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
-      CHECK(run_case({40, 520, 512, kCol, kRow, 8, false, dt}, 8) == FLY_SUCCESS);
-      // A K tail: with kb = 2 the last k step holds a partial k block and one wholly past K.
-      CHECK(run_case({130, 200, 300, kRow, kRow, 0, false, dt}, 14) == FLY_SUCCESS);
+      CHECK(run_case({40, 520, 512, kCol, kRow, 8, false, dt}, 8) ==
+            (f.p && f.q ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));
+      // A K tail: with kb = 2 the last k step holds a partial k block and one wholly past K. B is
+      // MN-major: the Q operand without swap, P with it.
+      const bool nn_ok = swap ? f.p : f.q;
+      CHECK(run_case({130, 200, 300, kRow, kRow, 0, false, dt}, 14) == (nn_ok ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));
+      if (!nn_ok) {
+        CHECK(run_case({130, 200, 300, kRow, kCol, 8, true, dt}, 15) == FLY_SUCCESS);
+      }
     }
     CHECK(std::string(fly_last_variant()) == name);
     ++forced;
