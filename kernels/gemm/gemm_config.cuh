@@ -109,8 +109,10 @@ struct Config {
   static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
                 "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
   static_assert(MC == 1 || (MC == 2 && BN % 16 == 0), "Q multicast: each CTA loads BN / 2 rows (8-row atoms)");
-  static_assert(KB == 1 || ((KB == 2 || KB == 4) && MC == 1 && (MP == 1 || KB == 2)),
-                "2 or 4 k blocks per stage: no Q multicast; P multicast with 2 only");
+  // With KB = 2 a multicast cluster of 2 (P or Q) splits each stage's two k blocks: CTA rank r
+  // brings k block r of the shared operand, all its rows, into both (gemm_mainloop.cuh load_tile).
+  static_assert(KB == 1 || ((KB == 2 || KB == 4) && (CLUSTER == 1 || KB == 2) && (MC == 1 || BM == 64)),
+                "2 or 4 k blocks per stage; multicast with 2 only; Q multicast with 2 on narrow tiles only");
   static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
   static_assert(P_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms are 1024 B");

@@ -237,14 +237,17 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, p_split_k ? v.bm : v.bm / std::max(v.mp, 1), pr.bf16, l2,
                               p_split_k ? 1 : kb);
   if (r != CUDA_SUCCESS) return r;
-  // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}).
-  r = encode_operand(encode, &p.tm_q, Q, pr.K, v.bn / std::max(v.mc, 1), pr.bf16, l2, kb);
+  // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}), or with
+  // kb = 2 (narrow tiles) one of the stage's two k blocks, as P multicast does.
+  const bool q_split_k = v.mc > 1 && kb > 1;
+  r = encode_operand(encode, &p.tm_q, Q, pr.K, q_split_k ? v.bn : v.bn / std::max(v.mc, 1), pr.bf16, l2,
+                     q_split_k ? 1 : kb);
   if (r != CUDA_SUCCESS) return r;
   const bool whole_step = pr.K >= int64_t(kBK) * kb;  // some k step lies wholly inside K
   if (kb > 1 && whole_step && P.kmajor && !p_split_k &&
       (r = encode_operand_3d(encode, &p.tm_p3, P, pr.K, v.bm, kb, pr.bf16, l2)) != CUDA_SUCCESS)
     return r;
-  if (kb > 1 && whole_step && Q.kmajor &&
+  if (kb > 1 && whole_step && Q.kmajor && !q_split_k &&
       (r = encode_operand_3d(encode, &p.tm_q3, Q, pr.K, v.bn, kb, pr.bf16, l2)) != CUDA_SUCCESS)
     return r;
   p.c = pr.c;

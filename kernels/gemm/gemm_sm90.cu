@@ -8,8 +8,9 @@
 // Modes (runtime): split == 1: persistent over tiles (grid <= #SMs), optionally with stream-K
 // over the last tiles (sk_tiles > 0: gemm_params.h, gemm_scheduler.cuh); split > 1: the launch
 // has clusters of `split` CTAs along x, one per k slice of a tile, reduced through DSMEM.
-// FLY_MC == 2 (compile time, persistent only): clusters of 2 CTAs share the Q tile by multicast;
-// FLY_MP == 2 (narrow tiles): clusters of 2 CTAs share the P tile by multicast.
+// FLY_MC == 2 (compile time, persistent only): clusters of 2 CTAs share the Q tile by multicast
+// (128-row and narrow tiles);
+// FLY_MP == 2: clusters of 2 CTAs share the P tile by multicast (narrow and 128-row tiles).
 // FLY_PP == 1 (ping-pong): the consumer warpgroups take alternate whole tiles (gemm_config.cuh).
 // Layouts (runtime): p_kmajor / q_kmajor pick one of four consumer instantiations (the wgmma
 // transpose bits are immediates), so one kernel serves NN/NT/TN/TT and swap-AB.
@@ -125,11 +126,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     fly::sm90::tma_prefetch_desc(&p.tm_p);
     fly::sm90::tma_prefetch_desc(&p.tm_q);
     if constexpr (Config::KB > 1) {
-      // The 3-D views exist for K-major operands when some k step is whole, P's only without
-      // multicast (gemm_plan.h).
+      // The 3-D views exist for K-major operands when some k step is whole, only for an operand
+      // that is not multicast (gemm_plan.h).
       if (p.k >= Config::KSTEP) {
         if (p.p_kmajor && Config::MP == 1) fly::sm90::tma_prefetch_desc(&p.tm_p3);
-        if (p.q_kmajor) fly::sm90::tma_prefetch_desc(&p.tm_q3);
+        if (p.q_kmajor && Config::MC == 1) fly::sm90::tma_prefetch_desc(&p.tm_q3);
       }
     }
   }

@@ -726,7 +726,21 @@ TEST_CASE("tiles shaped like cuBLAS's decode kernels: odd bn, P multicast on 128
   CHECK(L.smem <= 227u * 1024u);
   // MN-major Q: 48-wide halves are refused; 128-wide narrow tiles with multicast give each CTA and
   // each warpgroup 64 columns, whole chunks.
+  // With two k blocks per stage the pair splits each stage's k blocks instead: each CTA brings one
+  // whole k block of the 96 rows (a 2-D box; no 3-D view of Q), as P multicast with kb = 2 does.
+  VariantShape n96kb2 = n96;
+  n96kb2.stages = 5;
+  n96kb2.kb = 2;
+  log.maps.clear();
+  REQUIRE(plan_gemm(pr, n96kb2, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.cluster == 2);
+  CHECK(L.grid == 128);
+  REQUIRE(log.maps.size() == 3);  // P 2-D, Q 2-D, P 3-D
+  CHECK(log.maps[1].box == std::vector<unsigned>{64, 96});
+  CHECK(log.maps[2].rank == 3u);
+  CHECK(log.maps[2].box == std::vector<unsigned>{64, 64, 2});
   pr.bt.kmajor = false;
   CHECK(!layout_fits(pr, n96));
+  CHECK(!layout_fits(pr, n96kb2));  // the warpgroups' 48-column halves are still not whole chunks
   CHECK(layout_fits(pr, VariantShape{128, 8, false, 2, 0, 64}));
 }
