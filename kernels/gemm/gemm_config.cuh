@@ -48,7 +48,12 @@ struct Config {
   // split the tile's BN columns, WG_N = BN / 2 each; no split-K, no staged epilogue.
   static constexpr int BM = FLY_BM;
   static constexpr int BN = FLY_BN;
-  static constexpr int WG_N = BM == 64 ? BN / 2 : BN;  // wgmma N of each consumer warpgroup
+  static constexpr int WG_N = BM == 64 ? BN / 2 : BN;  // Q columns of each consumer warpgroup
+  // BN = 320 (cuBLAS's 320 x 128 tile on the largest shapes: 25% more output per k block than
+  // 128 x 256 for 17% more operand bytes): each warpgroup issues two wgmma n160 per k16 slice, whose
+  // accumulators lie one after the other (the same column order as one n320 would have).
+  static constexpr int MMA_N = WG_N > 256 ? WG_N / 2 : WG_N;  // wgmma N
+  static constexpr int NQ = WG_N / MMA_N;                      // wgmmas per warpgroup and k16 slice
   // PP = 1 (ping-pong): each consumer warpgroup takes whole 128 x BN tiles (both 64-row halves of
   // P, MH = 2), the two alternating over the CTA's tiles: one runs its mainloop while the other
   // stores its previous tile. Persistent, no split-K, no multicast, direct-store epilogue.
@@ -101,7 +106,8 @@ struct Config {
   // instantiates the ones tuning/gemm.json uses. BN that is not a multiple of 64 (48, 96, 112: tile
   // counts that fill the 132 SMs on decode shapes) needs a K-major Q: an MN-major Q tile is loaded
   // in 64-wide chunks (gemm_plan.h layout_fits refuses the rest).
-  static_assert(BN % 16 == 0 && BN >= 32 && BN <= 256, "tile N: a multiple of 16 in 32..256");
+  static_assert(BN % 16 == 0 && BN >= 32 && (BN <= 256 || (BN == 320 && BM == 128 && KB == 1 && !PP)),
+                "tile N: a multiple of 16 in 32..256, or 320 (128-row tiles, one k block per stage)");
   static_assert(EPI == 0 || (BN >= 64 && (BN <= 128 || BN % 64 == 0)),
                 "staged epilogue: bn >= 64 (epi_wg_bytes), passes of 64 columns above 128");
   static_assert(BM == 128 || (EPI == 0 && BN <= 128), "narrow tiles: no staged epilogue, BN <= 128");

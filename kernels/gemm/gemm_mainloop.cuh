@@ -52,7 +52,9 @@ __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* ma
                                              uint64_t* bar, bool kmajor, int row0, int k0, int k) {
   if (kmajor) {
     if constexpr (Config::KB == 1) {
-      sm90::tma_load_2d(dst, map, bar, k0, row0);
+      constexpr int BOX = tma_box_rows(ROWS);  // 320-row tiles: two boxes of 160
+#pragma unroll
+      for (int b = 0; b < ROWS / BOX; ++b) sm90::tma_load_2d(dst + b * BOX * Config::BK * 2, map, bar, k0, row0 + b * BOX);
     } else {
       if (k0 + Config::KSTEP <= k) {
         sm90::tma_load_3d(dst, map3, bar, 0, row0, k0 / Config::BK);
@@ -208,8 +210,8 @@ __device__ __forceinline__ void release_stage(const Ring& ring, int stage) {
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, const WorkUnit& u,
                                              int wg, float (&acc)[Config::ACC]) {
-  using Mma = sm90::Wgmma<Config::WG_N, TA, TB, kBF16>;
-  static_assert(Mma::kRegs * Config::MH == Config::ACC, "accumulator count");
+  using Mma = sm90::Wgmma<Config::MMA_N, TA, TB, kBF16>;
+  static_assert(Mma::kRegs * Config::MH * Config::NQ == Config::ACC, "accumulator count");
   const bool signal = (threadIdx.x % 128) == 0;
 #pragma unroll
   for (int i = 0; i < Config::ACC; ++i) acc[i] = 0.f;
@@ -232,12 +234,16 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
 #pragma unroll
     for (int h = 0; h < Config::MH; ++h) dp[h] = desc_lo<TA == 0>(st + p_off + sub_offset<TA == 0>(h));
     const uint32_t dq = desc_lo<TB == 0>(st + Config::P_BYTES + q_off);
+    // NQ = 2 (BN = 320): the second wgmma takes Q rows MMA_N.. (K-major only: gemm_plan.h layout_fits).
+    constexpr uint32_t kQHalf = (Config::MMA_N * Config::BK * 2) >> 4;
 #pragma unroll
     for (int kk = 0; kk < Config::KSTEP / 16; ++kk)
 #pragma unroll
       for (int h = 0; h < Config::MH; ++h)
-        Mma::mma(acc + h * Mma::kRegs, desc(dp[h] + slice_offset<TA == 0, Config::P_KB_BYTES>(kk)),
-                 desc(dq + slice_offset<TB == 0, Config::Q_KB_BYTES>(kk)), 1);
+#pragma unroll
+        for (int nq = 0; nq < Config::NQ; ++nq)
+          Mma::mma(acc + (h * Config::NQ + nq) * Mma::kRegs, desc(dp[h] + slice_offset<TA == 0, Config::P_KB_BYTES>(kk)),
+                   desc(dq + nq * kQHalf + slice_offset<TB == 0, Config::Q_KB_BYTES>(kk)), 1);
     sm90::wgmma_commit();
     fence_acc(acc);
     // NOTE: keep one wgmma group in flight; the stage read by the previous group is free now.

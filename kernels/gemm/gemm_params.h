@@ -64,6 +64,10 @@ constexpr int kBK = 64;
 // block of D as 16-bit C elements, rows padded by 8 elements against bank conflicts, staged in
 // passes of epi_pass_cols(bn) D columns (all of them up to bn = 128, else 64). Without swap a pass
 // is 64 rows of cols + 8; with swap (C = D^T) cols rows of 64 + 8; the latter is never smaller.
+// Rows of one TMA box of an operand tile of `rows` rows (`rows` / cluster when multicast): a box
+// spans at most 256 rows, so a 320-row Q tile comes in two boxes of 160.
+inline constexpr int tma_box_rows(int rows) { return rows > 256 ? rows / 2 : rows; }
+
 inline constexpr int epi_pass_cols(int bn) { return bn <= 128 ? bn : 64; }
 inline constexpr int epi_wg_bytes(int bn) { return epi_pass_cols(bn) * (64 + 8) * 2; }
 

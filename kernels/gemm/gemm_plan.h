@@ -181,6 +181,7 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
   if (v.mc > 1 || v.mp > 1) return false;  // the cluster is taken by multicast
   if (v.bm != kBM) return false;  // narrow tiles have no split-K
   if (v.pp) return false;         // nor do ping-pong consumers
+  if (v.bn > 256) return false;   // nor 320-wide tiles
   const int64_t p_rows = v.swap ? pr.N : pr.M, q_rows = v.swap ? pr.M : pr.N;
   const int64_t tiles_m = (p_rows + kBM - 1) / kBM, tiles = tiles_m * ((q_rows + v.bn - 1) / v.bn);
   const int64_t steps = (pr.K + kBK * v.kb - 1) / (kBK * v.kb);  // ring stages over K
@@ -191,15 +192,18 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
 // Whether a variant's tiles can take the problem's operand layouts. An MN-major operand is loaded
 // in 64-wide chunks (128B swizzling caps the box's inner extent at 64 elements), so each piece a
 // CTA or warpgroup takes of it must be whole chunks:
-//  * Q: the columns each consumer warpgroup multiplies (bn, or bn / 2 for narrow tiles, bm = 64)
-//    and, with Q multicast (mc = 2, one k block per stage), the bn / 2 rows each CTA loads;
+//  * Q: the columns of each wgmma (bn; bn / 2 for narrow tiles, bm = 64, whose two consumer
+//    warpgroups split the columns, and for bn = 320, two wgmma n160) and, with Q multicast
+//    (mc = 2, one k block per stage), the bn / 2 rows each CTA loads;
 //  * P: with P multicast (mp = 2) and one k block per stage, the bm / 2 rows each CTA loads (with
 //    kb = 2 each loads a whole k block of all bm rows instead).
-// K-major operands take any tile; so do ordinary 128-row tiles with bn a multiple of 64.
+// K-major operands take any tile; so do ordinary 128-row tiles with bn a multiple of 64. 320-wide
+// tiles (no swap-AB epilogue) refuse swap variants.
 inline bool layout_fits(const Problem& pr, const VariantShape& v) {
   const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
-  const int q_cols = v.bm == kBM ? v.bn : v.bn / 2;
+  if (v.swap && v.bn > 256) return false;  // 320-wide tiles store C in one orientation only
+  const int q_cols = v.bm == kBM ? (v.bn > 256 ? v.bn / 2 : v.bn) : v.bn / 2;  // Q columns per wgmma
   const bool q_ok = Q.kmajor || (q_cols % 64 == 0 && (v.mc <= 1 || v.kb > 1 || (v.bn / v.mc) % 64 == 0));
   const bool p_ok = P.kmajor || v.mp <= 1 || v.kb > 1 || (v.bm / v.mp) % 64 == 0;
   return q_ok && p_ok;
@@ -240,8 +244,8 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}), or with
   // kb = 2 (narrow tiles) one of the stage's two k blocks, as P multicast does.
   const bool q_split_k = v.mc > 1 && kb > 1;
-  r = encode_operand(encode, &p.tm_q, Q, pr.K, q_split_k ? v.bn : v.bn / std::max(v.mc, 1), pr.bf16, l2,
-                     q_split_k ? 1 : kb);
+  r = encode_operand(encode, &p.tm_q, Q, pr.K, q_split_k ? v.bn : tma_box_rows(v.bn / std::max(v.mc, 1)), pr.bf16,
+                     l2, q_split_k ? 1 : kb);
   if (r != CUDA_SUCCESS) return r;
   const bool whole_step = pr.K >= int64_t(kBK) * kb;  // some k step lies wholly inside K
   if (kb > 1 && whole_step && P.kmajor && !p_split_k &&
@@ -266,8 +270,9 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   const int64_t kb_total = (pr.K + kBK * kb - 1) / (kBK * kb);  // k steps (ring stages)
   const bool want_sk = force_split == 1;
   int split = force_split > 1 ? force_split : want_sk ? 1 : choose_split(tiles, kb_total, sm_count);
-  // The cluster is taken by multicast; narrow tiles and ping-pong consumers have no split-K.
-  if (v.mc > 1 || v.mp > 1 || v.bm != kBM || v.pp) split = 1;
+  // The cluster is taken by multicast; narrow tiles, ping-pong consumers and 320-wide tiles have
+  // no split-K.
+  if (v.mc > 1 || v.mp > 1 || v.bm != kBM || v.pp || v.bn > 256) split = 1;
   split = std::max(1, std::min(split, 8));
   int kbps = static_cast<int>((kb_total + split - 1) / split);
   if (split > 1) split = static_cast<int>((kb_total + kbps - 1) / std::max(kbps, 1));

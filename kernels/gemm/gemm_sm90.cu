@@ -81,6 +81,11 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
     if (u.role == kOwner) sk_gather(p, u, wg, acc);
     if constexpr (Config::BM != 128) {
       store_tile(out, u, wg, acc);  // narrow tiles: no split-K (the launcher plans split = 1)
+    } else if constexpr (Config::BN > 256) {
+      // 320-wide tiles: no split-K, no swap-AB (the launcher plans neither): the epilogue of one
+      // orientation only, which keeps the 160 accumulators in registers.
+      if constexpr (Config::EPI != 0) store_tile_smem<false>(out, u, wg, acc, epi_stage);
+      else store_tile(out, u, wg, acc);
     } else if (p.split > 1) {
       // Both consumer warpgroups must be done reading the ring before it holds partials.
       asm volatile("bar.sync 1, 256;\n" ::: "memory");

@@ -744,3 +744,49 @@ TEST_CASE("tiles shaped like cuBLAS's decode kernels: odd bn, P multicast on 128
   CHECK(!layout_fits(pr, n96kb2));  // the warpgroups' 48-column halves are still not whole chunks
   CHECK(layout_fits(pr, VariantShape{128, 8, false, 2, 0, 64}));
 }
+
+TEST_CASE("320-wide tiles: two TMA boxes of Q, no split-K, no swap, K-major Q only", "[gemm][args]") {
+  using namespace fly::gemm;
+  Problem pr = decode_problem();
+  pr.M = pr.a.rows = 4096;
+  pr.N = pr.bt.rows = 28672;
+  pr.K = 8192;
+  pr.a.ld = pr.bt.ld = 8192;
+  EncodeLog log;
+  auto encode = log.encoder();
+  Launch L{};
+  const VariantShape v{320, 3, false, 1, 1};
+  CHECK(tma_box_rows(320) == 160);
+  CHECK(tma_box_rows(256) == 256);
+  CHECK(layout_fits(pr, v));
+  CHECK(!forced_split_fits(pr, v, 1, 132));  // no stream-K
+  CHECK(!forced_split_fits(pr, v, 2, 132));  // no split-K
+  REQUIRE(plan_gemm(pr, v, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.tiles_m == 32);
+  CHECK(L.params.tiles_n == 90);  // 28672 / 320, the last ragged
+  CHECK(L.params.split == 1);
+  CHECK(L.grid == 132);
+  REQUIRE(log.box_rows.size() == 2);
+  CHECK(log.box_rows[0] == 128);
+  CHECK(log.box_rows[1] == 160);  // Q: two boxes of 160 rows
+  CHECK(L.smem == unsigned(smem_bytes(320, 3, 1)));
+  CHECK(L.smem <= 227u * 1024u);
+  // Few tiles would make the launcher split K on other tiles; not on these.
+  pr.M = pr.a.rows = 128;
+  pr.N = pr.bt.rows = 640;
+  REQUIRE(plan_gemm(pr, v, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.split == 1);
+  CHECK(L.cluster == 1);
+  // Q multicast: each CTA loads its 160-row half in one box.
+  log.box_rows.clear();
+  REQUIRE(plan_gemm(pr, VariantShape{320, 3, false, 2, 1}, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(log.box_rows[1] == 160);
+  CHECK(L.cluster == 2);
+  // Refused: swap-AB (one epilogue orientation) and an MN-major Q (n160 halves are not 64-wide chunks).
+  CHECK(!layout_fits(pr, VariantShape{320, 3, true, 1, 1}));
+  pr.bt.kmajor = false;
+  CHECK(!layout_fits(pr, v));
+  pr.bt.kmajor = true;
+  pr.a.kmajor = false;  // an MN-major P is fine
+  CHECK(layout_fits(pr, v));
+}

@@ -194,7 +194,7 @@ MnFits mn_fits(const std::string& ps) {
   const int64_t bm = param_of(ps, "bm") > 0 ? param_of(ps, "bm") : 128, bn = param_of(ps, "bn");
   const int64_t mc = std::max<int64_t>(1, param_of(ps, "mc")), mp = std::max<int64_t>(1, param_of(ps, "mp"));
   const int64_t kb = std::max<int64_t>(1, param_of(ps, "kb"));
-  const int64_t q_cols = bm == 128 ? bn : bn / 2;
+  const int64_t q_cols = bm == 128 && bn <= 256 ? bn : bn / 2;  // per wgmma (bn = 320: two n160)
   return {mp == 1 || kb > 1 || (bm / mp) % 64 == 0, q_cols % 64 == 0 && (mc == 1 || kb > 1 || (bn / mc) % 64 == 0)};
 }
 }  // namespace
@@ -293,7 +293,7 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
             (f.p && f.q ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));  // 17+ k steps at kb = 2
       CHECK(run_case({4096, 4096, 256, kRow, kCol, 0, false, dt}, 9) == FLY_ERROR_UNSUPPORTED);
     } else {
-      // 128-row tiles, also with P multicast (mp = 2) and bn = 96 / 112; the last two need a
+      // 128-row tiles, also with P multicast (mp = 2) and bn = 96 / 112 / 320; those bn need a
       // K-major Q, so they refuse the MN-major cases (and then run one they take).
       const MnFits f = mn_fits(ps);
       const bool swap = param_of(ps, "swap") == 1;
@@ -306,6 +306,10 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       CHECK(run_case({130, 200, 300, kRow, kRow, 0, false, dt}, 14) == (nn_ok ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));
       if (!nn_ok) {
         CHECK(run_case({130, 200, 300, kRow, kCol, 8, true, dt}, 15) == FLY_SUCCESS);
+      }
+      if (param_of(ps, "bn") > 256) {  // 320-wide tiles: several per CTA, ragged in both directions
+        CHECK(run_case({1000, 1100, 300, kRow, kCol, 8, true, dt}, 16) == FLY_SUCCESS);
+        CHECK(run_case({1000, 1100, 300, kCol, kCol, 0, false, dt}, 17) == FLY_SUCCESS);
       }
     }
     CHECK(std::string(fly_last_variant()) == name);
