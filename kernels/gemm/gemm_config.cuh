@@ -88,9 +88,11 @@ struct Config {
   static constexpr int STAGE_BYTES = P_BYTES + Q_BYTES;
   static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   // EPI = 1: the persistent path stages each tile in shared memory and writes C with coalesced
-  // 16-byte stores; 0: stores straight from the accumulators.
+  // 16-byte stores; 0: stores straight from the accumulators. EPI = 2: stages 64 x 64 boxes and
+  // stores them with TMA, asynchronously, so the warpgroup goes on to its next tile while C is
+  // written (gemm_epilogue.cuh store_tile_tma).
   static constexpr int EPI = FLY_EPI;
-  static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN);
+  static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN, EPI);
   static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM, KB);
   static constexpr int ACC = MH * WG_N / 2;  // fp32 accumulators per consumer thread (MH x 64 x WG_N / 128)
   static constexpr int STAGE_READERS = PP ? 1 : 2;  // consumer warpgroups that read each stage
@@ -111,6 +113,8 @@ struct Config {
   static_assert(EPI == 0 || (BN >= 64 && (BN <= 128 || BN % 64 == 0)),
                 "staged epilogue: bn >= 64 (epi_wg_bytes), passes of 64 columns above 128");
   static_assert(BM == 128 || (EPI == 0 && BN <= 128), "narrow tiles: no staged epilogue, BN <= 128");
+  static_assert(EPI != 2 || (BM == 128 && BN % 64 == 0 && BN <= 256 && !PP),
+                "TMA-store epilogue: 128-row tiles, passes of 64 columns");
   static_assert(MP == 1 || MP == 2, "P multicast: clusters of 2");
   static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
                 "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");

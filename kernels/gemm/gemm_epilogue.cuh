@@ -212,6 +212,57 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
   else store_tile_smem_passes<SWAP>(out, u, wg, acc, stage);
 }
 
+// ---- TMA-store epilogue (Config::EPI == 2, GemmParams::c_tma) ------------------------------------
+// The warpgroup's 64 x BN block goes out in passes of 64 columns. Each pass writes its columns
+// (biased, converted) into one of the warpgroup's two 64 x 64 boxes, laid out as tm_c's 128B
+// swizzle wants it (16-byte chunk c of row r at chunk c ^ (r % 8): a warp's pair stores then hit 8
+// distinct chunks, all 32 banks), and one thread stores the box with cp.async.bulk.tensor, which
+// clips it to C. The stores run on asynchronously: the warpgroup goes on to its next pass or tile
+// (mainloop included) and only waits, before writing a box again, until the store issued from it
+// two passes back has read it. `npass` counts the warpgroup's passes (which box is next).
+__device__ __forceinline__ void stage_box_sw128(const OutView& out, uint8_t* box, const float (&acc)[Config::ACC],
+                                                int j8_0, int j_base, int r0, int c0) {
+  using Elem2 = OutView::Elem2;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {  // the pass's 8 column groups: 16-byte chunk jj of each row
+    const int j8 = j8_0 + jj;
+    const int j = j_base + c0 + 8 * jj;
+    const float b0 = out.bias && j < out.cols ? to_f(out.bias[j]) : 0.f;
+    const float b1 = out.bias && j + 1 < out.cols ? to_f(out.bias[j + 1]) : 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      Elem2 pr;
+      pr.x = from_f(acc[4 * j8 + 2 * h] + b0);
+      pr.y = from_f(acc[4 * j8 + 2 * h + 1] + b1);
+      *reinterpret_cast<Elem2*>(box + r * 128 + ((jj ^ (r & 7)) << 4) + c0 * 2) = pr;
+    }
+  }
+}
+
+__device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutView& out, const WorkUnit& u, int wg,
+                                               const float (&acc)[Config::ACC], uint8_t* boxes, uint32_t& npass) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int bar = 2 + wg;
+  const int i_base = u.tm * Config::BM + wg * 64;  // C row of the block's first row
+  const int r0 = warp * 16 + lane / 4;             // this thread's local rows: r0, r0 + 8
+  const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
+#pragma unroll
+  for (int pass = 0; pass < Config::BN / 64; ++pass, ++npass) {
+    uint8_t* box = boxes + (npass & 1) * kEpiTmaBox;
+    if (t == 0) sm90::bulk_wait_group_read<1>();  // the store from this box two passes back read it
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+    const int j_base = u.tn * Config::BN + pass * 64;
+    stage_box_sw128(out, box, acc, pass * 8, j_base, r0, c0);
+    sm90::fence_proxy_async_smem();  // the box's generic-proxy writes, visible to the TMA
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+    if (t == 0) {
+      sm90::tma_store_2d(&p.tm_c, box, j_base, i_base);
+      sm90::bulk_commit_group();
+    }
+  }
+}
+
 // ---- stream-K fixup through global memory (GemmParams::sk_tiles) ------------------------------
 // A cut tile's contributors store their accumulators, as each thread holds them, in their CTA's
 // slot of sk_ws (float4 j of thread t at [j][t]: each warp store is 512 contiguous bytes) and

@@ -22,6 +22,10 @@ struct GemmParams {
   // also with P multicast (MP = 2), whose CTAs each bring one k block through tm_p ({64, BM} box).
   CUtensorMap tm_p3;
   CUtensorMap tm_q3;
+  // The TMA-store epilogue (epi = 2) writes C through this map: dims {N, M}, box {64, 64},
+  // 128B-swizzled. Encoded only when c_tma is 1 (no swap-AB, C 16-byte aligned, ldc * 2 a multiple
+  // of 16); otherwise those variants store straight from the accumulators.
+  CUtensorMap tm_c;
   void* c;           // C[M, N] row-major, leading stride ldc (elements)
   const void* bias;  // bias[N] or nullptr
   int64_t ldc;
@@ -33,6 +37,7 @@ struct GemmParams {
   int32_t split;           // split-K factor == cluster size along x (1: persistent, no split)
   int32_t kb_per_split;    // k steps (KB x 64 wide: one ring stage each) per split
   int32_t c_vec;           // 1: C base 8-byte aligned and ldc % 4 == 0 (vector stores allowed)
+  int32_t c_tma;           // 1: tm_c is valid (epi = 2 variants store C with TMA)
   int32_t mc;              // CTAs per multicast cluster along M (must equal the variant's FLY_MC)
   int32_t k_stagger;       // 1: units spanning all of K start their k walk at an offset spread
                            // over the CTAs (clusters) and wrap around, so the CTAs do not all
@@ -69,7 +74,12 @@ constexpr int kBK = 64;
 inline constexpr int tma_box_rows(int rows) { return rows > 256 ? rows / 2 : rows; }
 
 inline constexpr int epi_pass_cols(int bn) { return bn <= 128 ? bn : 64; }
-inline constexpr int epi_wg_bytes(int bn) { return epi_pass_cols(bn) * (64 + 8) * 2; }
+// epi = 2 (TMA stores): two 64 x 64 boxes (8 KiB each, 128B-swizzled) per warpgroup, used in turn by
+// the passes of 64 columns, after 1 KiB-aligning the area (smem_bytes adds the slack).
+inline constexpr int kEpiTmaBox = 64 * 64 * 2;
+inline constexpr int epi_wg_bytes(int bn, int epi = 1) {
+  return epi == 2 ? 2 * kEpiTmaBox : epi_pass_cols(bn) * (64 + 8) * 2;
+}
 
 // Stream-K workspace: the flags (2 per CTA, padded to 256 bytes), then one BM x BN fp32 slot per CTA.
 inline constexpr int64_t sk_flags_bytes(int64_t ctas) { return (ctas * 8 + 255) / 256 * 256; }
@@ -79,8 +89,10 @@ inline constexpr int64_t sk_workspace_bytes(int64_t ctas, int bm, int bn) {
 
 inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, int kb = 1) {
   // stages * (P tile + Q tile, kb k blocks of each) + barriers + 1 KiB for aligning the base to
-  // 1024 bytes, then the two consumer warpgroups' epilogue staging tiles (epi = 1).
-  return stages * kb * (bm * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 + (epi ? 2 * epi_wg_bytes(bn) : 0);
+  // 1024 bytes, then the two consumer warpgroups' epilogue staging tiles (epi = 1, or epi = 2 with
+  // 1 KiB of alignment slack).
+  return stages * kb * (bm * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 +
+         (epi == 2 ? 1024 + 2 * epi_wg_bytes(bn, 2) : epi ? 2 * epi_wg_bytes(bn) : 0);
 }
 
 }  // namespace fly::gemm

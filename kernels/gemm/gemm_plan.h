@@ -280,6 +280,16 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.split = split;
   p.kb_per_split = kbps;
   p.c_vec = (reinterpret_cast<uintptr_t>(pr.c) % 8 == 0) && (pr.ldc % 4 == 0);
+  // The TMA-store epilogue (epi = 2) writes C through a tensor map, when TMA can address C (16-byte
+  // aligned base and rows); otherwise (and with swap-AB) those variants store from the registers.
+  if (v.epi == 2 && !v.swap && reinterpret_cast<uintptr_t>(pr.c) % 16 == 0 && (pr.M <= 1 || (pr.ldc * 2) % 16 == 0)) {
+    const cuuint64_t dims[2] = {cuuint64_t(pr.N), cuuint64_t(pr.M)};
+    const cuuint64_t strides[1] = {cuuint64_t(pr.M > 1 ? pr.ldc * 2 : (pr.N * 2 + 15) / 16 * 16)};
+    const cuuint32_t box[2] = {64, 64}, estr[2] = {1, 1};
+    p.c_tma = encode(&p.tm_c, pr.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, pr.c,
+                     dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
   p.mc = v.mc > 1 ? v.mc : 1;
   p.k_stagger = v.ks != 0;
   const int mp = v.mp > 1 ? v.mp : 1;

@@ -790,3 +790,33 @@ TEST_CASE("320-wide tiles: two TMA boxes of Q, no split-K, no swap, K-major Q on
   pr.a.kmajor = false;  // an MN-major P is fine
   CHECK(layout_fits(pr, v));
 }
+
+TEST_CASE("TMA-store epilogue (epi = 2): C's tensor map only where TMA can address C", "[gemm][args]") {
+  using namespace fly::gemm;
+  Problem pr = decode_problem();
+  pr.M = pr.a.rows = 1000;
+  pr.N = pr.bt.rows = 1104;
+  pr.ldc = 1104;
+  EncodeLog log;
+  auto encode = log.encoder();
+  Launch L{};
+  const VariantShape v{256, 4, false, 1, 2};
+  REQUIRE(plan_gemm(pr, v, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.c_tma == 1);
+  REQUIRE(log.maps.size() == 3);  // P, Q, C
+  CHECK(log.maps[2].dims == std::vector<uint64_t>{1104, 1000});
+  CHECK(log.maps[2].strides == std::vector<uint64_t>{1104 * 2});
+  CHECK(log.maps[2].box == std::vector<unsigned>{64, 64});
+  CHECK(L.smem == unsigned(smem_bytes(256, 4, 2)));
+  CHECK(L.smem == unsigned(4 * 49152 + 64 + 1024 + 1024 + 2 * 16384));
+  CHECK(L.smem <= 227u * 1024u);
+  // Rows of 129 elements (258 bytes), swap-AB, or another epilogue: no map, register stores.
+  for (auto [ldc, vv] : {std::pair<int64_t, VariantShape>{129, v}, {1104, VariantShape{256, 4, true, 1, 2}},
+                         {1104, VariantShape{256, 4, false, 1, 1}}}) {
+    pr.ldc = ldc;
+    log.maps.clear();
+    REQUIRE(plan_gemm(pr, vv, 132, encode, &L) == CUDA_SUCCESS);
+    CHECK(L.params.c_tma == 0);
+    CHECK(log.maps.size() == 2);
+  }
+}

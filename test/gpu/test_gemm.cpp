@@ -307,6 +307,14 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       if (!nn_ok) {
         CHECK(run_case({130, 200, 300, kRow, kCol, 8, true, dt}, 15) == FLY_SUCCESS);
       }
+      if (param_of(ps, "epi") == 2) {
+        // TMA-store epilogue: several tiles per CTA (the two staging boxes in turn across tiles),
+        // ragged M and a last pass of 16 columns; then a C whose rows TMA cannot address (ldc = 129
+        // elements: 258 bytes), stored from the registers instead.
+        CHECK(run_case({1000, 1104, 300, kRow, kCol, 0, true, dt}, 18) == FLY_SUCCESS);
+        CHECK(run_case({300, 129, 200, kRow, kCol, 0, true, dt}, 19) == FLY_SUCCESS);
+        CHECK(run_case({1000, 1104, 300, kRow, kCol, 0, false, dt}, 20) == FLY_SUCCESS);
+      }
       if (param_of(ps, "bn") > 256) {  // 320-wide tiles: several per CTA, ragged in both directions
         CHECK(run_case({1000, 1100, 300, kRow, kCol, 8, true, dt}, 16) == FLY_SUCCESS);
         CHECK(run_case({1000, 1100, 300, kCol, kCol, 0, false, dt}, 17) == FLY_SUCCESS);
