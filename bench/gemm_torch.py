@@ -90,6 +90,14 @@ def main():
     if not args.no_triton:
         import torch._inductor.config as icfg
         icfg.max_autotune_gemm_backends = "TRITON"
+        import torch._dynamo.config as dcfg
+        # One compile per suite shape (dynamic=False): more shapes than dynamo's default limit of 8
+        # recompiles, past which it silently runs torch.mm eagerly (cuBLAS) under the Triton label.
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dcfg, name):
+                setattr(dcfg, name, 1024)
+        if hasattr(dcfg, "accumulated_recompile_limit"):
+            dcfg.accumulated_recompile_limit = max(dcfg.accumulated_recompile_limit, 4096)
         triton_mm = torch.compile(torch.mm, mode="max-autotune-no-cudagraphs", dynamic=False)
 
     rows = []
