@@ -116,12 +116,17 @@ __device__ __forceinline__ void copy_staged(const OutView& out, const Elem* s, i
 // Writes the warpgroup's D columns 8 j8_0 .. 8 j8_0 + W - 1 (biased, converted; the first is D
 // column j_base) into the staging tile `s` in C's orientation: 64 rows of W + 8, or with SWAP
 // (C = D^T) W rows of 64 + 8. r0, c0: this thread's first local D row and column.
-template <bool SWAP, int W>
+// SW128 (without SWAP, W = 64): the tile is one TMA-store box instead, 64 rows of 128 bytes in the
+// 128B swizzle of GemmParams::tm_c (16-byte chunk k of row r at chunk k ^ (r % 8): a warp's pair
+// stores then hit 8 distinct chunks, all 32 banks); column c0 + 8 jj is in chunk jj (c0 < 8).
+template <bool SWAP, int W, bool SW128 = false>
 __device__ __forceinline__ void stage_columns(const OutView& out, Elem* s, const float (&acc)[Config::ACC], int j8_0,
                                               int i_base, int j_base, int r0, int c0) {
   using Elem2 = OutView::Elem2;
+  static_assert(!SW128 || (!SWAP && W == 64), "a TMA-store box holds 64 x 64 C elements");
   if constexpr (!SWAP) {
     constexpr int LD = W + 8;
+    uint8_t* const box = reinterpret_cast<uint8_t*>(s);  // SW128: byte addressing
 #pragma unroll
     for (int jj = 0; jj < W / 8; ++jj) {
       const int j8 = j8_0 + jj;
@@ -133,7 +138,11 @@ __device__ __forceinline__ void stage_columns(const OutView& out, Elem* s, const
         Elem2 pr;
         pr.x = from_f(acc[4 * j8 + 2 * h] + b0);
         pr.y = from_f(acc[4 * j8 + 2 * h + 1] + b1);
-        *reinterpret_cast<Elem2*>(s + (r0 + 8 * h) * LD + c) = pr;
+        const int r = r0 + 8 * h;
+        if constexpr (SW128)
+          *reinterpret_cast<Elem2*>(box + r * 128 + ((jj ^ (r & 7)) << 4) + c0 * 2) = pr;
+        else
+          *reinterpret_cast<Elem2*>(s + r * LD + c) = pr;
       }
     }
   } else {
@@ -215,31 +224,11 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
 // ---- TMA-store epilogue (Config::EPI == 2, GemmParams::c_tma) ------------------------------------
 // The warpgroup's 64 x BN block goes out in passes of 64 columns. Each pass writes its columns
 // (biased, converted) into one of the warpgroup's two 64 x 64 boxes, laid out as tm_c's 128B
-// swizzle wants it (16-byte chunk c of row r at chunk c ^ (r % 8): a warp's pair stores then hit 8
-// distinct chunks, all 32 banks), and one thread stores the box with cp.async.bulk.tensor, which
-// clips it to C. The stores run on asynchronously: the warpgroup goes on to its next pass or tile
-// (mainloop included) and only waits, before writing a box again, until the store issued from it
-// two passes back has read it. `npass` counts the warpgroup's passes (which box is next).
-__device__ __forceinline__ void stage_box_sw128(const OutView& out, uint8_t* box, const float (&acc)[Config::ACC],
-                                                int j8_0, int j_base, int r0, int c0) {
-  using Elem2 = OutView::Elem2;
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {  // the pass's 8 column groups: 16-byte chunk jj of each row
-    const int j8 = j8_0 + jj;
-    const int j = j_base + c0 + 8 * jj;
-    const float b0 = out.bias && j < out.cols ? to_f(out.bias[j]) : 0.f;
-    const float b1 = out.bias && j + 1 < out.cols ? to_f(out.bias[j + 1]) : 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = r0 + 8 * h;
-      Elem2 pr;
-      pr.x = from_f(acc[4 * j8 + 2 * h] + b0);
-      pr.y = from_f(acc[4 * j8 + 2 * h + 1] + b1);
-      *reinterpret_cast<Elem2*>(box + r * 128 + ((jj ^ (r & 7)) << 4) + c0 * 2) = pr;
-    }
-  }
-}
-
+// swizzle wants it (stage_columns with SW128), and one thread stores the box with
+// cp.async.bulk.tensor, which clips it to C. The stores run on asynchronously: the warpgroup goes
+// on to its next pass or tile (mainloop included) and only waits, before writing a box again, until
+// the store issued from it two passes back has read it. `npass` counts the warpgroup's passes
+// (which box is next).
 __device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutView& out, const WorkUnit& u, int wg,
                                                const float (&acc)[Config::ACC], uint8_t* boxes, uint32_t& npass) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -253,7 +242,7 @@ __device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutVie
     if (t == 0) sm90::bulk_wait_group_read<1>();  // the store from this box two passes back read it
     asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
     const int j_base = u.tn * Config::BN + pass * 64;
-    stage_box_sw128(out, box, acc, pass * 8, j_base, r0, c0);
+    stage_columns<false, 64, true>(out, reinterpret_cast<Elem*>(box), acc, pass * 8, i_base, j_base, r0, c0);
     sm90::fence_proxy_async_smem();  // the box's generic-proxy writes, visible to the TMA
     asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
     if (t == 0) {
