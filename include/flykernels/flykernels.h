@@ -123,8 +123,9 @@ FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int largest, int det
  * fly_gemm_workspace_size (device and shape independent, about 19 MB when stream-K variants are
  * bundled; 0 otherwise) and pass a 256-byte aligned device buffer that large, zero-filled once
  * before first use: each call leaves its flags zero again, so it can be reused on one stream and
- * in CUDA graphs, but never by two GEMMs running at once (that can hang or corrupt). NULL/0 (or too small) runs those variants
- * without stream-K. Misaligned: FLY_ERROR_MISALIGNED; NULL with a size: FLY_ERROR_INVALID_ARGUMENT. */
+ * in CUDA graphs, but never by two GEMMs running at once (that can hang or corrupt). NULL/0 (or
+ * too small) runs those variants without stream-K. Misaligned: FLY_ERROR_MISALIGNED; NULL with a
+ * size: FLY_ERROR_INVALID_ARGUMENT. */
 FLY_API fly_status fly_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
                                            const fly_tensor* c, size_t* bytes);
 FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c,

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "gemm/gemm_params.h"  // encode_sw128
+
 namespace fly::gemm {
 
 struct DecodeParams {
@@ -78,11 +80,9 @@ CUresult plan_decode(const Problem& pr, const DecodeShape& v, int sm_count, Enco
   std::memset(&p, 0, sizeof(p));
   const cuuint64_t dims[2] = {cuuint64_t(pr.K), cuuint64_t(pr.M)};
   const cuuint64_t strides[1] = {cuuint64_t(pr.M > 1 ? pr.a.ld * 2 : ((pr.K * 2 + 15) / 16) * 16)};
-  const cuuint32_t box[2] = {64, cuuint32_t(8 * v.mt)}, estr[2] = {1, 1};
-  const CUresult r = encode(&p.tm_a, pr.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                            const_cast<void*>(pr.a.data), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const cuuint32_t box[2] = {64, cuuint32_t(8 * v.mt)};
+  const CUresult r = encode_sw128(encode, &p.tm_a, 2, pr.a.data, dims, strides, box, pr.bf16,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   if (r != CUDA_SUCCESS) return r;
   const int rows = decode_rows(v.nw, v.rpw);
   const int64_t tiles = (pr.N + rows - 1) / rows;

@@ -54,7 +54,8 @@ __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* ma
     if constexpr (Config::KB == 1) {
       constexpr int BOX = tma_box_rows(ROWS);  // 320-row tiles: two boxes of 160
 #pragma unroll
-      for (int b = 0; b < ROWS / BOX; ++b) sm90::tma_load_2d(dst + b * BOX * Config::BK * 2, map, bar, k0, row0 + b * BOX);
+      for (int b = 0; b < ROWS / BOX; ++b)
+        sm90::tma_load_2d(dst + b * BOX * Config::BK * 2, map, bar, k0, row0 + b * BOX);
     } else {
       if (k0 + Config::KSTEP <= k) {
         sm90::tma_load_3d(dst, map3, bar, 0, row0, k0 / Config::BK);
@@ -242,7 +243,8 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
       for (int h = 0; h < Config::MH; ++h)
 #pragma unroll
         for (int nq = 0; nq < Config::NQ; ++nq)
-          Mma::mma(acc + (h * Config::NQ + nq) * Mma::kRegs, desc(dp[h] + slice_offset<TA == 0, Config::P_KB_BYTES>(kk)),
+          Mma::mma(acc + (h * Config::NQ + nq) * Mma::kRegs,
+                   desc(dp[h] + slice_offset<TA == 0, Config::P_KB_BYTES>(kk)),
                    desc(dq + nq * kQHalf + slice_offset<TB == 0, Config::Q_KB_BYTES>(kk)), 1);
     sm90::wgmma_commit();
     fence_acc(acc);

@@ -65,14 +65,14 @@ constexpr int kThreads = 384;  // 1 producer + 2 consumer warpgroups
 constexpr int kBM = 128;  // tile rows of P (the default; narrow variants use 64)
 constexpr int kBK = 64;
 
-// Staging tile of one consumer warpgroup for the shared-memory epilogue (epi = 1): its 64 x bn
-// block of D as 16-bit C elements, rows padded by 8 elements against bank conflicts, staged in
-// passes of epi_pass_cols(bn) D columns (all of them up to bn = 128, else 64). Without swap a pass
-// is 64 rows of cols + 8; with swap (C = D^T) cols rows of 64 + 8; the latter is never smaller.
 // Rows of one TMA box of an operand tile of `rows` rows (`rows` / cluster when multicast): a box
 // spans at most 256 rows, so a 320-row Q tile comes in two boxes of 160.
 inline constexpr int tma_box_rows(int rows) { return rows > 256 ? rows / 2 : rows; }
 
+// Staging tile of one consumer warpgroup for the shared-memory epilogue (epi = 1): its 64 x bn
+// block of D as 16-bit C elements, rows padded by 8 elements against bank conflicts, staged in
+// passes of epi_pass_cols(bn) D columns (all of them up to bn = 128, else 64). Without swap a pass
+// is 64 rows of cols + 8; with swap (C = D^T) cols rows of 64 + 8; the latter is never smaller.
 inline constexpr int epi_pass_cols(int bn) { return bn <= 128 ? bn : 64; }
 // epi = 2 (TMA stores): two 64 x 64 boxes (8 KiB each, 128B-swizzled) per warpgroup, used in turn by
 // the passes of 64 columns, after 1 KiB-aligning the area (smem_bytes adds the slack).
@@ -85,6 +85,19 @@ inline constexpr int epi_wg_bytes(int bn, int epi = 1) {
 inline constexpr int64_t sk_flags_bytes(int64_t ctas) { return (ctas * 8 + 255) / 256 * 256; }
 inline constexpr int64_t sk_workspace_bytes(int64_t ctas, int bm, int bn) {
   return sk_flags_bytes(ctas) + ctas * int64_t(bm) * bn * 4;
+}
+
+// Host planning (gemm_plan.h, gemm_decode.h): one 128B-swizzled tiled tensor map of 16-bit
+// elements, which every map of both GEMM kernels is. `encode` is the driver's
+// cuTensorMapEncodeTiled (or a test's stand-in); dims, the outer dims' byte strides and the box
+// are the caller's, innermost first.
+template <class Encode>
+CUresult encode_sw128(Encode encode, CUtensorMap* map, cuuint32_t rank, const void* data, const cuuint64_t* dims,
+                      const cuuint64_t* strides, const cuuint32_t* box, bool bf16, CUtensorMapL2promotion l2) {
+  const cuuint32_t estr[3] = {1, 1, 1};
+  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, rank,
+                const_cast<void*>(data), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, int kb = 1) {

@@ -84,7 +84,7 @@ CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64
                         bool bf16, CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, int kb = 1) {
   const int64_t kk = std::max<int64_t>(k, 1);
   cuuint64_t dims[2], strides[1];
-  cuuint32_t box[2], estr[2] = {1, 1};
+  cuuint32_t box[2];
   if (o.kmajor) {
     dims[0] = kk;
     dims[1] = o.rows;
@@ -98,10 +98,7 @@ CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64
     box[1] = static_cast<cuuint32_t>(kBK * kb);
     strides[0] = kk > 1 ? o.ld * 2 : ((o.rows * 2 + 15) / 16) * 16;
   }
-  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                const_cast<void*>(o.data), dims, strides, box, estr,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, l2,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return encode_sw128(encode, map, 2, o.data, dims, strides, box, bf16, l2);
 }
 
 // The 3-D view of a K-major operand for kb > 1: (64 k, rows, K / 64 whole k blocks), the k-block
@@ -114,10 +111,8 @@ CUresult encode_operand_3d(Encode encode, CUtensorMap* map, const Operand& o, in
                            bool bf16, CUtensorMapL2promotion l2) {
   const cuuint64_t dims[3] = {cuuint64_t(kBK), cuuint64_t(o.rows), cuuint64_t(k / kBK)};
   const cuuint64_t strides[2] = {cuuint64_t(o.rows > 1 ? o.ld * 2 : ((k * 2 + 15) / 16) * 16), cuuint64_t(kBK * 2)};
-  const cuuint32_t box[3] = {cuuint32_t(kBK), cuuint32_t(box_rows), cuuint32_t(kb)}, estr[3] = {1, 1, 1};
-  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-                const_cast<void*>(o.data), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const cuuint32_t box[3] = {cuuint32_t(kBK), cuuint32_t(box_rows), cuuint32_t(kb)};
+  return encode_sw128(encode, map, 3, o.data, dims, strides, box, bf16, l2);
 }
 
 // Clusters of s CTAs (one 384-thread, ~200 KiB CTA per SM) resident at once on a 132-SM H100/H200,
@@ -285,10 +280,9 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   if (v.epi == 2 && !v.swap && reinterpret_cast<uintptr_t>(pr.c) % 16 == 0 && (pr.M <= 1 || (pr.ldc * 2) % 16 == 0)) {
     const cuuint64_t dims[2] = {cuuint64_t(pr.N), cuuint64_t(pr.M)};
     const cuuint64_t strides[1] = {cuuint64_t(pr.M > 1 ? pr.ldc * 2 : (pr.N * 2 + 15) / 16 * 16)};
-    const cuuint32_t box[2] = {64, 64}, estr[2] = {1, 1};
-    p.c_tma = encode(&p.tm_c, pr.bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, pr.c,
-                     dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    const cuuint32_t box[2] = {64, 64};
+    p.c_tma = encode_sw128(encode, &p.tm_c, 2, pr.c, dims, strides, box, pr.bf16, CU_TENSOR_MAP_L2_PROMOTION_NONE) ==
+              CUDA_SUCCESS;
   }
   p.mc = v.mc > 1 ? v.mc : 1;
   p.k_stagger = v.ks != 0;
