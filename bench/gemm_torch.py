@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """FlyKernels GEMM vs cuBLAS (torch.mm) and Inductor's Triton GEMM on the gemm_bf16 suite.
 
-Runs `flybench gemm --json` as a subprocess (same machine, same run), then times torch.mm and
-torch.compile(mode="max-autotune-no-cudagraphs") with only the TRITON GEMM backend on the same
-shapes and layouts, flushing L2 (reading 256 MiB, bench/timing.py) before every timed call as flybench does.
-Prints per-shape times and the ratio FlyKernels / faster baseline (speedup, > 1 is faster), the
-geometric means, and saves a PNG bar chart.
+Runs `flybench gemm --json` as a subprocess first (its correctness check, chosen variants and
+weight-read floors, and its own times), then, per shape, times FlyKernels through the C ABI
+(libflykernels.so beside flybench, ctypes), torch.mm and torch.compile(mode=
+"max-autotune-no-cudagraphs") with only the TRITON GEMM backend, INTERLEAVED: ROUNDS rounds, each
+timing every contender once in a rotating order, each time after ~WARM_MS of back-to-back calls,
+with the L2 flushed (reading 256 MiB, bench/timing.py) before every timed call; each contender's
+time is its median over the rounds. A large GEMM's time moves by 5-10% with the GPU's clock and
+temperature (bench/clock_probe.py), so contenders timed minutes apart, as flybench's times are
+from the baselines', differ by that much for no reason of their own; interleaving gives them the
+same conditions. Prints per-shape times and the ratio FlyKernels / faster baseline (speedup, > 1
+is faster), the geometric means, the issue's targets, and saves a PNG bar chart.
 
-  python3 bench/gemm_torch.py [--flybench build/flybench] [--suite suites/gemm_bf16.json]
-                              [--layouts nt,nn,tn,tt] [--no-triton] [--png gemm_torch.png]
+  python3 bench/gemm_torch.py [--flybench build/flybench] [--lib build/libflykernels.so]
+                              [--suite suites/gemm_bf16.json] [--layouts nt,nn,tn,tt]
+                              [--no-triton] [--triton-layouts nt] [--png gemm_torch.png] [--json F]
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -21,6 +29,12 @@ import tempfile
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import time_us  # noqa: E402
+from fly_abi import desc, load  # noqa: E402
+
+# Warm-up of about this many ms of back-to-back calls before timing, on both sides (flybench gemm
+# uses the same): large GEMMs reach their sustained, power-limited clock only after that.
+WARM_MS = 30.0
+ROUNDS = 3
 
 
 def make_operands(M, N, K, layout, dtype):
@@ -39,7 +53,8 @@ def geomean(xs):
 def target_summary(rows, fly):
     """Issue 4's targets from one run: NT geomean >= 1.10x over the faster baseline with no shape
     below 0.97x; M <= 128 shapes at >= 70% of the weight-read floor (flybench's floor_us: B's bytes
-    at the measured copy bandwidth); NN/TN/TT within 5% of NT (our times)."""
+    at the measured copy bandwidth); NN/TN/TT within 5% of NT (our times). `fly`: our time
+    ("us") and flybench's floor ("floor_us") per (layout, M, N, K)."""
     out = []
     nt = [r["speedup"] for r in rows if r["layout"] == "nt"]
     if nt:
@@ -47,7 +62,7 @@ def target_summary(rows, fly):
         out.append(f"target NT >= 1.10x geomean, no shape < 0.97x: {g:.3f}x, min {lo:.3f}x -> "
                    f"{'met' if g >= 1.10 and lo >= 0.97 else 'not met'}")
     dec = [(k, v["floor_us"] / v["us"]) for k, v in sorted(fly.items())
-           if k[0] == "nt" and k[1] <= 128 and "floor_us" in v]
+           if k[0] == "nt" and k[1] <= 128 and v.get("floor_us")]
     if dec:
         shares = ", ".join(f"{M}x{N}x{K} {100 * f:.0f}%" for (_, M, N, K), f in dec)
         hit = sum(f >= 0.70 for _, f in dec)
@@ -67,6 +82,7 @@ def target_summary(rows, fly):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flybench", default="build/flybench")
+    ap.add_argument("--lib", default="", help="libflykernels.so (default: beside --flybench)")
     ap.add_argument("--suite", default="suites/gemm_bf16.json")
     ap.add_argument("--layouts", default="nt,nn,tn,tt")
     ap.add_argument("--no-triton", action="store_true", help="skip the Inductor/Triton baseline")
@@ -100,8 +116,11 @@ def main():
             dcfg.accumulated_recompile_limit = max(dcfg.accumulated_recompile_limit, 4096)
         triton_mm = torch.compile(torch.mm, mode="max-autotune-no-cudagraphs", dynamic=False)
 
-    rows = []
-    print(f"{'layout':6} {'M':>6} {'N':>6} {'K':>6} {'fly_us':>9} {'cublas_us':>9} {'triton_us':>9} {'speedup':>8}")
+    lib = load(args.lib or os.path.join(os.path.dirname(os.path.abspath(args.flybench)), "libflykernels.so"))
+    rows, timed = [], {}
+    print(f"interleaved timing: {ROUNDS} rounds, ~{WARM_MS:.0f} ms warm-up before each, L2 flushed before every call")
+    print(f"{'layout':6} {'M':>6} {'N':>6} {'K':>6} {'fly_us':>9} {'cublas_us':>9} {'triton_us':>9} {'speedup':>8}"
+          f" {'flybench':>9}")
     for layout in layouts:
         for c in suite["cases"]:
             M, N, K = c["M"], c["N"], c["K"]
@@ -109,27 +128,55 @@ def main():
             if key not in fly:
                 continue
             a, b = make_operands(M, N, K, layout, dtype)
-            reps = 10 if M * N * K > 1e11 else 30
-            cub = time_us(lambda: torch.mm(a, b), reps)
-            tri = float("nan")
+            c = torch.empty(M, N, device="cuda", dtype=dtype)
+            ad, bd, cd = desc(a), desc(b), desc(c)
+            nbytes = ctypes.c_size_t(0)
+            if lib.fly_gemm_workspace_size(ctypes.byref(ad), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nbytes)):
+                raise RuntimeError(lib.fly_get_last_error().decode())
+            ws = torch.zeros(max(nbytes.value, 256), device="cuda", dtype=torch.uint8)
+            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+            def fly_call():
+                if lib.fly_gemm(ctypes.byref(ad), ctypes.byref(bd), ctypes.byref(cd), None,
+                                ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nbytes.value), stream):
+                    raise RuntimeError(lib.fly_get_last_error().decode())
+
+            c.fill_(float("nan"))
+            fly_call()
+            ref = a.float() @ b.float()
+            err = ((c.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+            del ref
+            if not err < 0.05:  # NaN (an unwritten element) fails too
+                raise RuntimeError(f"{key}: FlyKernels result off the FP32 reference (max rel err {err})")
+            contenders = [("fly", fly_call), ("cublas", lambda: torch.mm(a, b))]
             if not args.no_triton and layout in args.triton_layouts.split(","):
                 try:
-                    tri = time_us(lambda: triton_mm(a, b), reps)
+                    triton_mm(a, b)  # compile and autotune outside the timing
+                    contenders.append(("triton", lambda: triton_mm(a, b)))
                 except Exception as e:  # an autotune failure must not hide the other numbers
                     print(f"triton failed on {key}: {e}", file=sys.stderr)
+            reps = 10 if M * N * K > 1e11 else 30
+            seen = {name: [] for name, _ in contenders}
+            for r in range(ROUNDS):
+                for j in range(len(contenders)):
+                    name, fn = contenders[(j + r) % len(contenders)]
+                    seen[name].append(time_us(fn, reps, warm_ms=WARM_MS))
+            med = {name: sorted(v)[len(v) // 2] for name, v in seen.items()}
+            fus, cub, tri = med["fly"], med["cublas"], med.get("triton", float("nan"))
             best = min(x for x in (cub, tri) if not math.isnan(x))
-            fus = fly[key]["us"]
             sp = best / fus
-            rows.append({"layout": layout, "M": M, "N": N, "K": K, "fly_us": fus, "cublas_us": cub,
-                         "triton_us": tri, "speedup": sp, "variant": fly[key].get("variant", "")})
-            print(f"{layout:6} {M:6d} {N:6d} {K:6d} {fus:9.1f} {cub:9.1f} {tri:9.1f} {sp:7.3f}x", flush=True)
+            timed[key] = {"us": fus, "floor_us": fly[key].get("floor_us")}
+            rows.append({"layout": layout, "M": M, "N": N, "K": K, "fly_us": fus, "flybench_us": fly[key]["us"],
+                         "cublas_us": cub, "triton_us": tri, "speedup": sp, "variant": fly[key].get("variant", "")})
+            print(f"{layout:6} {M:6d} {N:6d} {K:6d} {fus:9.1f} {cub:9.1f} {tri:9.1f} {sp:7.3f}x"
+                  f" {fly[key]['us']:9.1f}", flush=True)
 
     for layout in layouts:
         sps = [r["speedup"] for r in rows if r["layout"] == layout]
         if sps:
             g = math.exp(sum(math.log(s) for s in sps) / len(sps))
             print(f"{layout}: geomean speedup over the faster baseline {g:.3f}x, min {min(sps):.3f}x ({len(sps)} shapes)")
-    for line in target_summary(rows, fly):
+    for line in target_summary(rows, timed):
         print(line)
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)

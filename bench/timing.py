@@ -3,7 +3,9 @@ CUDA events around each call, warm-up, median; before every timed call the L2 is
 READING a 256 MiB buffer (a sum), which leaves the L2 clean. A memset flush (triton's do_bench)
 leaves ~50 MB of dirty lines whose write-back the timed kernel would pay for.
 FLYBENCH_FLUSH=write switches both sides back to a memset flush, for comparison."""
+import math
 import os
+import time
 
 import torch
 
@@ -24,11 +26,23 @@ def flush_l2(i=0):
         _buf.sum()
 
 
-def time_us(fn, reps=50, warmup=5):
-    """Median microseconds of fn() over `reps` timed calls, each after an L2 flush."""
+def time_us(fn, reps=50, warmup=5, warm_ms=0.0):
+    """Median microseconds of fn() over `reps` timed calls, each after an L2 flush. warm_ms > 0
+    extends the warm-up to about that many milliseconds of back-to-back calls (as
+    time_median_us's warm_ms in tools/tool_common.cpp: a large GEMM's clock settles under the
+    power limit only after some tens of milliseconds)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if warm_ms > 0:  # time 3 calls, then about warm_ms worth more (at most 25 calls)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        per_ms = (time.perf_counter() - t0) * 1e3 / 3
+        for _ in range(min(25, math.ceil(warm_ms / per_ms))):
+            fn()
+        torch.cuda.synchronize()
     ts = []
     for i in range(reps):
         flush_l2(i)

@@ -1,7 +1,7 @@
 // flybench gemm: the gemm suite through the library's dispatch, NT first, then NN, TN and TT on the
 // same shapes: time (median, L2 flushed), TFLOP/s, and for M <= 128 the fraction of the
 // weight-read floor (bytes of B / measured copy bandwidth).
-//   flybench gemm [--suite FILE] [--layouts nt,nn,tn,tt] [--json PATH]
+//   flybench gemm [--suite FILE] [--layouts nt,nn,tn,tt] [--json PATH] [--warm-ms 30]
 // --json writes [{"M","N","K","layout","us","tflops","floor_us","variant"}].
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,6 +25,8 @@ int bench_gemm(const Args& args) {
   std::printf("%-6s %6s %6s %6s %10s %8s %8s  %s\n", "layout", "M", "N", "K", "time_us", "TFLOP/s", "%floor",
               "variant");
   nlohmann::json out = nlohmann::json::array();
+  // --warm-ms: warm-up in ms of back-to-back calls before timing (bench/gemm_torch.py's WARM_MS).
+  const double warm_ms = args.get_double("warm-ms", 30);
   bool ok = true;
   for (auto& layout : layouts)
     for (auto& c : suite["cases"]) {
@@ -33,7 +35,7 @@ int bench_gemm(const Args& args) {
       const bool good = buf.check(s, uint64_t(M * 7 + N)) <= 1.0;
       ok = ok && good;
       const std::string variant = fly_last_variant(), decision = fly_last_decision();
-      const double us = time_median_us([&] { TOOL_FLY(buf.run(s)); }, s, 3, 20);
+      const double us = time_median_us([&] { TOOL_FLY(buf.run(s)); }, s, 3, 20, true, warm_ms);
       const double tflops = 2.0 * double(M) * N * K / (us * 1e-6) / 1e12;
       // Weight-read floor: B's bytes at the measured copy bandwidth (copy bandwidth counts read +
       // write bytes, so it is the rate at which the memory moves bytes; a pure read runs as fast).

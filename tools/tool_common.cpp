@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -221,10 +222,21 @@ const char* l2_flush_method() {
 }
 
 double time_median_us(const std::function<void()>& fn, cudaStream_t stream, int warmup, int reps,
-                      bool flush_l2) {
+                      bool flush_l2, double warm_ms) {
   for (int i = 0; i < warmup; ++i) fn();
   TOOL_CUDA(cudaGetLastError());
   TOOL_CUDA(cudaStreamSynchronize(stream));
+  if (warm_ms > 0) {  // time 3 runs, then about warm_ms worth more (at most 25 runs)
+    const auto w0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 3; ++i) fn();
+    TOOL_CUDA(cudaStreamSynchronize(stream));
+    const double per_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count() / 3;
+    const int more = int(std::min(25.0, std::ceil(warm_ms / std::max(per_ms, 1e-3))));
+    for (int i = 0; i < more; ++i) fn();
+    TOOL_CUDA(cudaGetLastError());
+    TOOL_CUDA(cudaStreamSynchronize(stream));
+  }
   cudaEvent_t a, b;
   TOOL_CUDA(cudaEventCreate(&a));
   TOOL_CUDA(cudaEventCreate(&b));

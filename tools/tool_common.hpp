@@ -88,9 +88,12 @@ std::vector<double> to_host_double(const void* dev, size_t count, fly_dtype dt);
 // Timing: runs fn() `warmup` times, then `reps` times each between CUDA events on `stream`,
 // flushing L2 before each timed run unless flush_l2 is false: a kernel reads a 256 MiB buffer,
 // which leaves the L2 clean (FLYBENCH_FLUSH=write: a memset instead; see l2_flush_method).
-// Returns the median in microseconds. Checks cudaGetLastError after every run.
+// Returns the median in microseconds. Checks cudaGetLastError after every run. warm_ms > 0 extends
+// the warm-up by about that many milliseconds of back-to-back runs (at most 25 runs, so short
+// kernels pay little): a large GEMM's clock settles under the power limit only after some tens of
+// milliseconds, and a cold GPU ranks variants by a clock that sustained work never sees.
 double time_median_us(const std::function<void()>& fn, cudaStream_t stream, int warmup = 5,
-                      int reps = 25, bool flush_l2 = true);
+                      int reps = 25, bool flush_l2 = true, double warm_ms = 0);
 // How the L2 is flushed, for reports.
 const char* l2_flush_method();
 // Measured device-to-device copy bandwidth (bytes read + written per second), cached per run.

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""How a GEMM's time moves over the first few hundred back-to-back calls (the GPU clock settling
+under its power limit), per variant and for torch.mm, on one NT bf16 shape.
+
+  python3 bench/clock_probe.py --lib build/libflykernels.so -M 8192 -N 8192 -K 8192 VARIANT...
+
+Each series starts after --cool seconds idle, then times --calls calls (L2 flushed by a read
+before each, CUDA events) and prints the median of each window of calls: the first numbers are a
+cold GPU's, the last a sustained run's. A second pass alternates the series without cooling.
+"""
+import argparse
+import ctypes
+import time
+
+import torch
+
+import timing
+from fly_abi import desc, load
+
+WINDOWS = [(0, 5), (5, 15), (15, 30), (30, 60), (60, 120), (120, 250), (250, 400)]
+
+
+def series(fn, calls):
+    ts = []
+    for i in range(calls):
+        timing.flush_l2(i)
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1000.0)
+    out = []
+    for a, b in WINDOWS:
+        w = sorted(ts[a:min(b, calls)])
+        if w:
+            out.append(w[len(w) // 2])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("-M", type=int, required=True)
+    ap.add_argument("-N", type=int, required=True)
+    ap.add_argument("-K", type=int, required=True)
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--cool", type=float, default=2.0)
+    ap.add_argument("variants", nargs="+")
+    a = ap.parse_args()
+    lib = load(a.lib)
+    torch.manual_seed(0)
+    x = torch.randn(a.M, a.K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(a.N, a.K, device="cuda", dtype=torch.bfloat16)
+    b = w.t()
+    c = torch.empty(a.M, a.N, device="cuda", dtype=torch.bfloat16)
+    xd, bd, cd = desc(x), desc(b), desc(c)
+    nbytes = ctypes.c_size_t(0)
+    assert lib.fly_gemm_workspace_size(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nbytes)) == 0
+    ws = torch.zeros(max(nbytes.value, 256), device="cuda", dtype=torch.uint8)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def fly(v):
+        def call():
+            r = lib.fly_gemm(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), None,
+                             ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nbytes.value), stream)
+            if r != 0:
+                raise RuntimeError(lib.fly_get_last_error().decode())
+        return call
+
+    def force(name):
+        if lib.fly_force_variant(None if name == "torch.mm" else name.encode()) != 0:
+            raise RuntimeError(lib.fly_get_last_error().decode())
+
+    runs = [("torch.mm", lambda: torch.mm(x, b))] + [(v, fly(v)) for v in a.variants]
+    for name, fn in runs:  # load every module first
+        force(name)
+        fn()
+    torch.cuda.synchronize()
+    print(f"{a.M}x{a.N}x{a.K} NT bf16; window medians (us) over calls " + " ".join(f"{p}-{q}" for p, q in WINDOWS))
+    for label, cool in (("cooled", a.cool), ("back-to-back", 0.0)):
+        print(f"-- {label}")
+        for name, fn in runs:
+            force(name)
+            time.sleep(cool)
+            print(f"{name:44s} " + " ".join(f"{t:8.1f}" for t in series(fn, a.calls)), flush=True)
+    lib.fly_force_variant(None)
+
+
+if __name__ == "__main__":
+    main()
