@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Where a GEMM's event-timed microseconds go, FlyKernels (C ABI, ctypes) beside torch.mm, NT bf16:
+the CUDA-event median as bench/timing.py takes it, the kernels' own durations from the profiler
+(summed per call, the flush excluded), and the host time of one call; with torch.randn operands
+and with uniform(-1, 1) ones (flybench's).
+
+  python3 bench/timing_probe.py --lib build/libflykernels.so 64x4096x4096 2048x14336x4096
+"""
+import argparse
+import ctypes
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import timing
+from fly_abi import desc, load
+
+
+def kernel_us(fn, calls=30):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            timing.flush_l2(i)
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type.name != "CUDA" or e.name.startswith("void at::native::reduce_kernel"):
+            continue  # the flush (bench/timing.py: one reduction)
+        per.setdefault(e.name, []).append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    total = sum(sum(v) for v in per.values()) / calls
+    names = ", ".join(f"{n[:40]} x{len(v) / calls:.0f}" for n, v in per.items())
+    return total, names
+
+
+def host_us(fn, calls=200):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("shapes", nargs="+")
+    a = ap.parse_args()
+    lib = load(a.lib)
+    for shape in a.shapes:
+        M, N, K = (int(x) for x in shape.split("x"))
+        for data in ("randn", "uniform"):
+            torch.manual_seed(0)
+            if data == "randn":
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+            else:
+                x = torch.rand(M, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
+                w = torch.rand(N, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
+            b = w.t()
+            c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            xd, bd, cd = desc(x), desc(b), desc(c)
+            nb = ctypes.c_size_t(0)
+            assert lib.fly_gemm_workspace_size(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nb)) == 0
+            ws = torch.zeros(max(nb.value, 256), device="cuda", dtype=torch.uint8)
+            st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+            def fly():
+                if lib.fly_gemm(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), None,
+                                ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nb.value), st):
+                    raise RuntimeError(lib.fly_get_last_error().decode())
+
+            for name, fn in (("fly", fly), ("torch.mm", lambda: torch.mm(x, b))):
+                fn()
+                ev = timing.time_us(fn, 30)
+                ev_warm = timing.time_us(fn, 30, warm_ms=30)
+                k, names = kernel_us(fn)
+                h = host_us(fn)
+                print(f"{shape:16s} {data:7s} {name:8s} events {ev:8.1f}  events+warm {ev_warm:8.1f}  kernels {k:8.1f}"
+                      f"  host/call {h:6.1f} us   [{names}]", flush=True)
+            print(f"{'':16s} fly variant: {lib.fly_last_variant().decode()}")
+
+
+if __name__ == "__main__":
+    main()
