@@ -34,7 +34,7 @@ from fly_abi import desc, load  # noqa: E402
 # Warm-up of about this many ms of back-to-back calls before timing, on both sides (flybench gemm
 # uses the same): large GEMMs reach their sustained, power-limited clock only after that.
 WARM_MS = 30.0
-ROUNDS = 3
+ROUNDS = 5
 
 
 def make_operands(M, N, K, layout, dtype):

@@ -10,6 +10,7 @@ import time
 import torch
 
 _buf = None
+SPIN_CYCLES = 200_000  # torch.cuda._sleep: ~100 us at the H200's clocks; touches no memory
 
 
 def flush_method():
@@ -49,6 +50,10 @@ def time_us(fn, reps=50, warmup=5, warm_ms=0.0):
     ts = []
     for i in range(reps):
         flush_l2(i)
+        # A ~100 us spin after the flush, so the host is ahead of the GPU when e0 fires: the flush
+        # alone (~65 us) does not cover torch.compile'd callables' launch overhead, which the
+        # events would then count.
+        torch.cuda._sleep(SPIN_CYCLES)
         e0 = torch.cuda.Event(enable_timing=True)
         e1 = torch.cuda.Event(enable_timing=True)
         e0.record()
