@@ -9,28 +9,18 @@ before each, CUDA events) and prints the median of each window of calls: the fir
 cold GPU's, the last a sustained run's. A second pass alternates the series without cooling.
 """
 import argparse
-import ctypes
 import time
 
 import torch
 
 import timing
-from fly_abi import desc, load
+from fly_abi import gemm_caller, load
 
 WINDOWS = [(0, 5), (5, 15), (15, 30), (30, 60), (60, 120), (120, 250), (250, 400)]
 
 
 def series(fn, calls):
-    ts = []
-    for i in range(calls):
-        timing.flush_l2(i)
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1000.0)
+    ts = timing.timed_calls(fn, calls)
     out = []
     for a, b in WINDOWS:
         w = sorted(ts[a:min(b, calls)])
@@ -55,25 +45,13 @@ def main():
     w = torch.randn(a.N, a.K, device="cuda", dtype=torch.bfloat16)
     b = w.t()
     c = torch.empty(a.M, a.N, device="cuda", dtype=torch.bfloat16)
-    xd, bd, cd = desc(x), desc(b), desc(c)
-    nbytes = ctypes.c_size_t(0)
-    assert lib.fly_gemm_workspace_size(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nbytes)) == 0
-    ws = torch.zeros(max(nbytes.value, 256), device="cuda", dtype=torch.uint8)
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-
-    def fly(v):
-        def call():
-            r = lib.fly_gemm(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), None,
-                             ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nbytes.value), stream)
-            if r != 0:
-                raise RuntimeError(lib.fly_get_last_error().decode())
-        return call
+    fly = gemm_caller(lib, x, b, c)
 
     def force(name):
         if lib.fly_force_variant(None if name == "torch.mm" else name.encode()) != 0:
             raise RuntimeError(lib.fly_get_last_error().decode())
 
-    runs = [("torch.mm", lambda: torch.mm(x, b))] + [(v, fly(v)) for v in a.variants]
+    runs = [("torch.mm", lambda: torch.mm(x, b))] + [(v, fly) for v in a.variants]
     for name, fn in runs:  # load every module first
         force(name)
         fn()

@@ -12,12 +12,11 @@ calls of each variant with no flush, for ncu (--kernel-name fly_gemm_sm90); --no
 the timing then.
 """
 import argparse
-import ctypes
 
 import torch
 
 import timing
-from fly_abi import desc, load
+from fly_abi import gemm_caller, load
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,18 +34,8 @@ def main():
     w = torch.randn(a.N, a.K, device="cuda", dtype=torch.bfloat16)
     b = w.t()  # [K, N], column-major: NT
     c = torch.empty(a.M, a.N, device="cuda", dtype=torch.bfloat16)
-    xd, bd, cd = desc(x), desc(b), desc(c)
-    nbytes = ctypes.c_size_t(0)
-    assert lib.fly_gemm_workspace_size(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nbytes)) == 0
-    ws = torch.zeros(max(nbytes.value, 256), device="cuda", dtype=torch.uint8)
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     ref = (x.float() @ w.float().t())
-
-    def call():
-        r = lib.fly_gemm(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), None, ctypes.c_void_p(ws.data_ptr()),
-                         ctypes.c_size_t(nbytes.value), stream)
-        if r != 0:
-            raise RuntimeError(lib.fly_get_last_error().decode())
+    call = gemm_caller(lib, x, b, c)
 
     floor_us = a.N * a.K * 2 / 4.2e6
     base = float("nan") if a.no_time else timing.time_us(lambda: torch.mm(x, b))

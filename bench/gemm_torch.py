@@ -18,7 +18,6 @@ is faster), the geometric means, the issue's targets, and saves a PNG bar chart.
                               [--no-triton] [--triton-layouts nt] [--png gemm_torch.png] [--json F]
 """
 import argparse
-import ctypes
 import json
 import math
 import os
@@ -29,7 +28,7 @@ import tempfile
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import time_us  # noqa: E402
-from fly_abi import desc, load  # noqa: E402
+from fly_abi import gemm_caller, load  # noqa: E402
 
 # Warm-up of about this many ms of back-to-back calls before timing, on both sides (flybench gemm
 # uses the same): large GEMMs reach their sustained, power-limited clock only after that.
@@ -129,18 +128,7 @@ def main():
                 continue
             a, b = make_operands(M, N, K, layout, dtype)
             c = torch.empty(M, N, device="cuda", dtype=dtype)
-            ad, bd, cd = desc(a), desc(b), desc(c)
-            nbytes = ctypes.c_size_t(0)
-            if lib.fly_gemm_workspace_size(ctypes.byref(ad), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nbytes)):
-                raise RuntimeError(lib.fly_get_last_error().decode())
-            ws = torch.zeros(max(nbytes.value, 256), device="cuda", dtype=torch.uint8)
-            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-
-            def fly_call():
-                if lib.fly_gemm(ctypes.byref(ad), ctypes.byref(bd), ctypes.byref(cd), None,
-                                ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nbytes.value), stream):
-                    raise RuntimeError(lib.fly_get_last_error().decode())
-
+            fly_call = gemm_caller(lib, a, b, c)
             c.fill_(float("nan"))
             fly_call()
             ref = a.float() @ b.float()

@@ -43,10 +43,16 @@ def time_us(fn, reps=50, warmup=5, warm_ms=0.0):
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
-        per_ms = (time.perf_counter() - t0) * 1e3 / 3
+        per_ms = max((time.perf_counter() - t0) * 1e3 / 3, 1e-3)
         for _ in range(min(25, math.ceil(warm_ms / per_ms))):
             fn()
         torch.cuda.synchronize()
+    ts = sorted(timed_calls(fn, reps))
+    return ts[len(ts) // 2]
+
+
+def timed_calls(fn, reps):
+    """Microseconds of each of `reps` calls of fn(), in order, each after an L2 flush and a spin."""
     ts = []
     for i in range(reps):
         flush_l2(i)
@@ -61,5 +67,4 @@ def time_us(fn, reps=50, warmup=5, warm_ms=0.0):
         e1.record()
         e1.synchronize()
         ts.append(e0.elapsed_time(e1) * 1000.0)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return ts

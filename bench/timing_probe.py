@@ -7,14 +7,13 @@ and with uniform(-1, 1) ones (flybench's).
   python3 bench/timing_probe.py --lib build/libflykernels.so 64x4096x4096 2048x14336x4096
 """
 import argparse
-import ctypes
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import timing
-from fly_abi import desc, load
+from fly_abi import gemm_caller, load
 
 
 def kernel_us(fn, calls=30):
@@ -61,16 +60,7 @@ def main():
                 w = torch.rand(N, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
             b = w.t()
             c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            xd, bd, cd = desc(x), desc(b), desc(c)
-            nb = ctypes.c_size_t(0)
-            assert lib.fly_gemm_workspace_size(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nb)) == 0
-            ws = torch.zeros(max(nb.value, 256), device="cuda", dtype=torch.uint8)
-            st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-
-            def fly():
-                if lib.fly_gemm(ctypes.byref(xd), ctypes.byref(bd), ctypes.byref(cd), None,
-                                ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nb.value), st):
-                    raise RuntimeError(lib.fly_get_last_error().decode())
+            fly = gemm_caller(lib, x, b, c)
 
             for name, fn in (("fly", fly), ("torch.mm", lambda: torch.mm(x, b))):
                 fn()

@@ -33,7 +33,8 @@ int main(int argc, char** argv) try {
                 "key is written as soon as it is measured, so a run cut short keeps its rows;\n"
                 "--missing then tunes only the keys with no row in the dump yet).\n"
                 "--rounds R (gemm, default 3) re-times the variants within 5%% of the best R - 1 more\n"
-                "times, interleaved, and ranks them by the median (1: one pass).\n"
+                "times, interleaved, and ranks them by the median (1: one pass); --warm-ms X\n"
+                "(gemm, default 30) runs about X ms of back-to-back calls before each timing.\n"
                 "--times FILE appends every variant's time per key (tab-separated, fastest first).\n"
                 "families:\n");
     for (auto& e : entries) std::printf("  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");

@@ -106,6 +106,7 @@ int tune_gemm(const Args& args) {
       }
       GemmBuffers buf(dt, M, N, K, layout, 1000 + uint64_t(M + N + K));
       std::vector<std::pair<double, std::string>> timed;
+      const int reps = quick ? 7 : (2.0 * double(M) * N * K > 2e11 ? 9 : 15);
       const std::string what = layout + " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
       for (auto& v : variants) {
         bar.step(what + " " + v);
@@ -117,16 +118,12 @@ int tune_gemm(const Args& args) {
           ++rejected;
           continue;
         }
-        const double flop = 2.0 * double(M) * N * K;
-        const int reps = quick ? 7 : (flop > 2e11 ? 9 : 15);
         timed.emplace_back(time_median_us([&] { TOOL_FLY(buf.run(s)); }, s, 2, reps, true, warm_ms), v);
       }
       std::sort(timed.begin(), timed.end());
       size_t finalists = 0;
       while (finalists < timed.size() && finalists < 6 && timed[finalists].first <= timed[0].first * 1.05) ++finalists;
       if (rounds > 1 && finalists > 1) {
-        const double flop = 2.0 * double(M) * N * K;
-        const int reps = quick ? 7 : (flop > 2e11 ? 9 : 15);
         std::vector<std::vector<double>> seen(finalists);
         for (size_t i = 0; i < finalists; ++i) seen[i].push_back(timed[i].first);
         for (int r = 1; r < rounds; ++r)
