@@ -14,7 +14,7 @@ import time
 import torch
 
 import timing
-from fly_abi import gemm_caller, load
+from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem
 
 WINDOWS = [(0, 5), (5, 15), (15, 30), (30, 60), (60, 120), (120, 250), (250, 400)]
 
@@ -31,25 +31,18 @@ def series(fn, calls):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("-M", type=int, required=True)
-    ap.add_argument("-N", type=int, required=True)
-    ap.add_argument("-K", type=int, required=True)
+    add_nt_args(ap)
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--cool", type=float, default=2.0)
     ap.add_argument("variants", nargs="+")
     a = ap.parse_args()
     lib = load(a.lib)
-    torch.manual_seed(0)
-    x = torch.randn(a.M, a.K, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(a.N, a.K, device="cuda", dtype=torch.bfloat16)
+    x, w, c = nt_problem(a.M, a.N, a.K)
     b = w.t()
-    c = torch.empty(a.M, a.N, device="cuda", dtype=torch.bfloat16)
     fly = gemm_caller(lib, x, b, c)
 
     def force(name):
-        if lib.fly_force_variant(None if name == "torch.mm" else name.encode()) != 0:
-            raise RuntimeError(lib.fly_get_last_error().decode())
+        force_variant(lib, None if name == "torch.mm" else name)
 
     runs = [("torch.mm", lambda: torch.mm(x, b))] + [(v, fly) for v in a.variants]
     for name, fn in runs:  # load every module first
@@ -63,7 +56,7 @@ def main():
             force(name)
             time.sleep(cool)
             print(f"{name:44s} " + " ".join(f"{t:8.1f}" for t in series(fn, a.calls)), flush=True)
-    lib.fly_force_variant(None)
+    force_variant(lib, None)
 
 
 if __name__ == "__main__":

@@ -51,3 +51,26 @@ def gemm_caller(lib, a, b, c, bias=None):
             raise RuntimeError(lib.fly_get_last_error().decode())
     call.workspace = ws  # kept alive with the callable
     return call
+
+
+def add_nt_args(ap):
+    """The options every NT probe takes: --lib and the shape."""
+    ap.add_argument("--lib", required=True, help="path to libflykernels.so")
+    ap.add_argument("-M", type=int, required=True)
+    ap.add_argument("-N", type=int, required=True)
+    ap.add_argument("-K", type=int, required=True)
+
+
+def nt_problem(M, N, K):
+    """bf16 operands of an NT GEMM from seed 0: x [M, K], w [N, K] (B = w.t(), column-major) and an
+    uninitialised c [M, N]."""
+    torch.manual_seed(0)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    return x, w, torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+
+
+def force_variant(lib, name):
+    """fly_force_variant(name); None restores the database's choice. RuntimeError if not bundled."""
+    if lib.fly_force_variant(None if name is None else name.encode()) != 0:
+        raise RuntimeError(lib.fly_get_last_error().decode())

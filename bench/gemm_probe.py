@@ -16,24 +16,18 @@ import argparse
 import torch
 
 import timing
-from fly_abi import gemm_caller, load
+from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", required=True, help="path to libflykernels.so")
-    ap.add_argument("-M", type=int, required=True)
-    ap.add_argument("-N", type=int, required=True)
-    ap.add_argument("-K", type=int, required=True)
+    add_nt_args(ap)
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--no-time", action="store_true", help="skip the timing (with --profile, for ncu)")
     ap.add_argument("variants", nargs="+")
     a = ap.parse_args()
     lib = load(a.lib)
-    torch.manual_seed(0)
-    x = torch.randn(a.M, a.K, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(a.N, a.K, device="cuda", dtype=torch.bfloat16)
+    x, w, c = nt_problem(a.M, a.N, a.K)
     b = w.t()  # [K, N], column-major: NT
-    c = torch.empty(a.M, a.N, device="cuda", dtype=torch.bfloat16)
     ref = (x.float() @ w.float().t())
     call = gemm_caller(lib, x, b, c)
 
@@ -41,8 +35,10 @@ def main():
     base = float("nan") if a.no_time else timing.time_us(lambda: torch.mm(x, b))
     print(f"{a.M}x{a.N}x{a.K}  torch.mm {base:8.2f} us   (weights at 4.2 TB/s: {floor_us:.2f} us)")
     for v in a.variants:
-        if lib.fly_force_variant(v.encode()) != 0:
-            print(f"{v:44s} not bundled: {lib.fly_get_last_error().decode()}")
+        try:
+            force_variant(lib, v)
+        except RuntimeError as e:
+            print(f"{v:44s} not bundled: {e}")
             continue
         try:
             c.fill_(float("nan"))
@@ -56,7 +52,7 @@ def main():
             torch.cuda.synchronize()
         except RuntimeError as e:
             print(f"{v:44s} refused: {e}")
-    lib.fly_force_variant(None)
+    force_variant(lib, None)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from fly_abi import gemm_caller, load
+from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem
 
 QUERY = "clocks.sm,power.draw,temperature.gpu"
 
@@ -57,26 +57,23 @@ def sustained(fn, seconds):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("-M", type=int, required=True)
-    ap.add_argument("-N", type=int, required=True)
-    ap.add_argument("-K", type=int, required=True)
+    add_nt_args(ap)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--cool", type=float, default=3.0)
     ap.add_argument("variants", nargs="+")
     a = ap.parse_args()
     lib = load(a.lib)
-    torch.manual_seed(0)
-    x = torch.randn(a.M, a.K, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(a.N, a.K, device="cuda", dtype=torch.bfloat16).t()
-    c = torch.empty(a.M, a.N, device="cuda", dtype=torch.bfloat16)
+    x, w, c = nt_problem(a.M, a.N, a.K)
+    b = w.t()
     fly = gemm_caller(lib, x, b, c)
     flop = 2.0 * a.M * a.N * a.K
     print(f"{a.M}x{a.N}x{a.K} NT bf16, {a.seconds:.0f} s back-to-back each, settled half:")
     print(f"{'contender':44s} {'us/call':>9} {'TFLOP/s':>8} {'SM MHz':>7} {'W':>6} {'C':>4} {'mJ/call':>8}")
     for name in ["torch.mm"] + a.variants:
-        if lib.fly_force_variant(None if name == "torch.mm" else name.encode()) != 0:
-            print(f"{name:44s} not bundled: {lib.fly_get_last_error().decode()}")
+        try:
+            force_variant(lib, None if name == "torch.mm" else name)
+        except RuntimeError as e:
+            print(f"{name:44s} not bundled: {e}")
             continue
         fn = (lambda: torch.mm(x, b)) if name == "torch.mm" else fly
         fn()
@@ -89,7 +86,7 @@ def main():
         mhz, watts, temp = (sum(r[i] for r in rows) / len(rows) for i in range(3))
         print(f"{name:44s} {us:9.1f} {flop / us / 1e6:8.0f} {mhz:7.0f} {watts:6.0f} {temp:4.0f} {watts * us / 1e3:8.2f}",
               flush=True)
-    lib.fly_force_variant(None)
+    force_variant(lib, None)
 
 
 if __name__ == "__main__":
