@@ -9,7 +9,8 @@ NT layout (A[M,K] row-major, B = W^T with W[N,K] row-major), bf16. Timing: bench
 flushed by a read before every call, CUDA events, median). fly_gemm gets a zero-filled workspace of
 fly_gemm_workspace_size bytes (stream-K variants use it). --profile R: after the timing, R more
 calls of each variant with no flush, for ncu (--kernel-name fly_gemm_sm90); --no-time skips
-the timing then.
+the timing then. The name `torch.mm` among the variants runs cuBLAS the same way (writing
+c), for an ncu comparison in one process.
 """
 import argparse
 
@@ -36,19 +37,20 @@ def main():
     print(f"{a.M}x{a.N}x{a.K}  torch.mm {base:8.2f} us   (weights at 4.2 TB/s: {floor_us:.2f} us)")
     for v in a.variants:
         try:
-            force_variant(lib, v)
+            force_variant(lib, None if v == "torch.mm" else v)
         except RuntimeError as e:
             print(f"{v:44s} not bundled: {e}")
             continue
+        fn = (lambda: torch.mm(x, b, out=c)) if v == "torch.mm" else call
         try:
             c.fill_(float("nan"))
-            call()
+            fn()
             torch.cuda.synchronize()
             err = ((c.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
-            t = float("nan") if a.no_time else timing.time_us(call)
+            t = float("nan") if a.no_time else timing.time_us(fn)
             print(f"{v:44s} {t:8.2f} us  {base / t:6.3f}x torch.mm  max rel err {err:.2e}")
             for _ in range(a.profile):
-                call()
+                fn()
             torch.cuda.synchronize()
         except RuntimeError as e:
             print(f"{v:44s} refused: {e}")

@@ -60,14 +60,19 @@ def main():
     add_nt_args(ap)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--cool", type=float, default=3.0)
+    ap.add_argument("--data", choices=("randn", "uniform"), default="randn",
+                    help="operand values: torch.randn, or uniform(-1, 1) as flybench and flytune fill them")
     ap.add_argument("variants", nargs="+")
     a = ap.parse_args()
     lib = load(a.lib)
     x, w, c = nt_problem(a.M, a.N, a.K)
+    if a.data == "uniform":
+        x.uniform_(-1.0, 1.0)
+        w.uniform_(-1.0, 1.0)
     b = w.t()
     fly = gemm_caller(lib, x, b, c)
     flop = 2.0 * a.M * a.N * a.K
-    print(f"{a.M}x{a.N}x{a.K} NT bf16, {a.seconds:.0f} s back-to-back each, settled half:")
+    print(f"{a.M}x{a.N}x{a.K} NT bf16 ({a.data}), {a.seconds:.0f} s back-to-back each, settled half:")
     print(f"{'contender':44s} {'us/call':>9} {'TFLOP/s':>8} {'SM MHz':>7} {'W':>6} {'C':>4} {'mJ/call':>8}")
     for name in ["torch.mm"] + a.variants:
         try:

@@ -13,7 +13,9 @@
 // params, not compiled in) and a "launch_suffix" pattern that encodes them. A variant whose launch
 // values are all the first of their axis keeps the plain name and is its own image; the others
 // are named <name><suffix> and share that image (one cubin, one archive payload). Defaults that
-// do not mention a launch axis mean its first value.
+// do not mention a launch axis mean its first value. "launch_suffix" may instead be an object of
+// one pattern per launch axis ({"split": "_sk{split}", "gm": "_g{gm}"}): each is appended, in the
+// axes' (alphabetical) order, only where that axis is off its first value.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -280,8 +282,22 @@ int main(int argc, char** argv) try {
           if (axes[a].first == k) throw std::runtime_error(file.string() + ": axis " + k + " is both compiled and launched");
         axes.emplace_back(k, vs);
       }
-      const std::string suffix = space.value("launch_suffix", std::string());
-      if (axes.size() > n_compile && suffix.empty())
+      // "launch_suffix": one pattern over all launch axes, added unless every value is its axis's
+      // first; or an object of one pattern per axis, each added only off that axis's first value
+      // (so a new axis leaves the names of the existing variants alone).
+      std::string suffix;
+      std::map<std::string, std::string> axis_suffix;
+      if (space.contains("launch_suffix") && space["launch_suffix"].is_object()) {
+        for (auto& [k, pat] : space["launch_suffix"].items()) {
+          if (!launch.contains(k)) throw std::runtime_error(file.string() + ": launch_suffix names " + k + ", not a launch axis");
+          axis_suffix[k] = pat.get<std::string>();
+        }
+        for (auto& [k, vals] : launch.items())
+          if (!axis_suffix.count(k)) throw std::runtime_error(file.string() + ": launch_suffix has no pattern for launch axis " + k);
+      } else {
+        suffix = space.value("launch_suffix", std::string());
+      }
+      if (axes.size() > n_compile && suffix.empty() && axis_suffix.empty())
         throw std::runtime_error(file.string() + ": launch_axes need a launch_suffix that encodes them");
       std::vector<std::string> constraints;
       if (space.contains("constraints"))
@@ -310,7 +326,16 @@ int main(int argc, char** argv) try {
             }
           }
           v.image = expand_name(pattern, compile);
-          v.name = first_launch ? v.image : v.image + expand_name(suffix, launched);
+          v.name = v.image;
+          if (!axis_suffix.empty()) {
+            for (size_t a = n_compile; a < axes.size(); ++a)
+              if (idx[a] != 0) {
+                const auto& key = axes[a].first;
+                v.name += expand_name(axis_suffix.at(key), Point{{key, p[key]}});
+              }
+          } else if (!first_launch) {
+            v.name += expand_name(suffix, launched);
+          }
           v.family = family;
           v.source = source;
           v.point = compile;

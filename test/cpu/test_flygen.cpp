@@ -147,6 +147,32 @@ TEST_CASE("flygen launch axes share one compile unit per compile point", "[flyge
   CHECK(def.out.find("1 of 4 variants selected") != std::string::npos);  // demo_2 (s = 0) only
 }
 
+// Per-axis launch suffixes: each axis's pattern only where that axis is off its first value, so
+// adding an axis keeps the names that had only the others.
+const char* kAxisSuffixSpace = R"({
+  "family": "demo",
+  "spaces": [{
+    "source": "demo/demo.cu",
+    "name": "demo_{a}",
+    "axes": {"a": [1]},
+    "launch_axes": {"split": [0, 1], "gm": [0, 16]},
+    "launch_suffix": {"split": "_sk{split}", "gm": "_g{gm}"}
+  }]
+})";
+
+TEST_CASE("flygen per-axis launch suffixes name only the axes off their first value", "[flygen]") {
+  Tree t(kAxisSuffixSpace);
+  Run r = run_flygen(t.args("--all"));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("4 of 4 variants selected (all), 1 compile units") != std::string::npos);
+  const std::string manifest = slurp(t.root / "gen" / "manifest.tsv");
+  CHECK(manifest.find("demo_1\tdemo\tdemo/demo.cu\tdemo_1\ta=1;gm=0;split=0\n") != std::string::npos);
+  CHECK(manifest.find("demo_1_sk1\tdemo\tdemo/demo.cu\tdemo_1\ta=1;gm=0;split=1\n") != std::string::npos);
+  CHECK(manifest.find("demo_1_g16\tdemo\tdemo/demo.cu\tdemo_1\ta=1;gm=16;split=0\n") != std::string::npos);
+  CHECK(manifest.find("demo_1_g16_sk1\tdemo\tdemo/demo.cu\tdemo_1\ta=1;gm=16;split=1\n") != std::string::npos);
+}
+
 // flygen on `space` with its text `from` replaced by `to` must fail and say `says`.
 static void check_refused(std::string space, const std::string& from, const std::string& to, const char* says) {
   const size_t at = space.find(from);
@@ -167,6 +193,12 @@ TEST_CASE("flygen refuses broken spaces with a message", "[flygen]") {
   }
   SECTION("launch axes without a suffix that names them") {
     check_refused(kLaunchSpace, "\"launch_suffix\": \"_s{s}\",", "", "launch_suffix");
+  }
+  SECTION("a per-axis launch suffix missing an axis") {
+    check_refused(kAxisSuffixSpace, "\"gm\": \"_g{gm}\"", "\"x\": \"_x{gm}\"", "not a launch axis");
+  }
+  SECTION("a per-axis launch suffix without a pattern for an axis") {
+    check_refused(kAxisSuffixSpace, ", \"gm\": \"_g{gm}\"", "", "no pattern for launch axis gm");
   }
   SECTION("an unknown argument") {
     Tree t(kSpace);

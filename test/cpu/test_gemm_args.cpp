@@ -820,3 +820,35 @@ TEST_CASE("TMA-store epilogue (epi = 2): C's tensor map only where TMA can addre
     CHECK(log.maps.size() == 2);
   }
 }
+
+TEST_CASE("raster strips: the height that touches the fewest operand bytes per wave", "[gemm][args]") {
+  using namespace fly::gemm;
+  // 16384 x 4096 at 128 x 256 tiles (128 x 16 tiles), 132 in flight: 16 rows x 9 columns of tiles
+  // (16 x 128 + 9 x 256) beat 8 rows x all 16 columns (8 x 128 + 16 x 256).
+  CHECK(raster_group(128, 16, 128, 256, 132) == 16);
+  CHECK(raster_group(64, 32, 128, 256, 132) == 16);  // 8192^3
+  // 2048 x 14336: all 16 tile rows in one strip, walked column by column.
+  CHECK(raster_group(16, 56, 128, 256, 132) == 16);
+  // Square tiles: 8 rows x 17 columns and 16 x 9 touch the same bytes; the smaller is kept.
+  CHECK(raster_group(64, 64, 128, 128, 132) == 8);
+  // 64-row P tiles, 256-row Q tiles, 32 columns: 16 rows x 9 columns (and 32 x 5, a tie).
+  CHECK(raster_group(128, 32, 64, 256, 132) == 16);
+  // A wave spanning several whole strips (few columns: decode) reads the same either way: 8.
+  CHECK(raster_group(64, 2, 64, 32, 128) == 8);
+  CHECK(raster_group(4, 32, 128, 128, 128) == 8);
+  // Fewer tile rows than any strip: all strips are the whole height; the smallest is kept.
+  CHECK(raster_group(8, 32, 128, 256, 132) == 8);
+
+  // plan_gemm: the heuristic unless the variant fixes the height (launch axis gm).
+  Problem pr = decode_problem();
+  pr.M = pr.a.rows = 16384;
+  EncodeLog log;
+  auto encode = log.encoder();
+  VariantShape v{256, 4, false, 1, 0, kBM};
+  Launch L{};
+  REQUIRE(plan_gemm(pr, v, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.group_m == raster_group(L.params.tiles_m, L.params.tiles_n, 128, 256, L.grid));
+  v.gm = 32;
+  REQUIRE(plan_gemm(pr, v, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.group_m == 32);
+}
