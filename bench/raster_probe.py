@@ -4,7 +4,11 @@ strip height of the tile order, `_g8` = the fixed height before 2026-11-30's eig
 `_g32`; the plain name now takes raster_group's choice) and torch.mm, timed interleaved.
 
   python3 bench/raster_probe.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
-                                [--min-m 512] [--heights 8,16,32] [--rounds 5]
+                                [--min-m 512] [--heights 8,16,32] [--rounds 5] [--picks F]
+
+A/B of two databases: `FLYKERNELS_TUNING_DB=new.sqlite python3 bench/raster_probe.py --lib L
+--list-picks > picks.json` records the new database's variant per shape; `--picks picks.json
+--heights ''` then times it (as "alt") beside the shipped database's variant and torch.mm.
 
 NT layout, bf16. Each contender is checked against an FP32 reference, then timed ROUNDS times in a
 rotating order (bench/timing.py time_us: ~30 ms warm-up, L2 flushed by a read before every call);
@@ -40,10 +44,23 @@ def main():
     ap.add_argument("--min-m", type=int, default=512)
     ap.add_argument("--heights", default="8,16,32")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--picks", help="JSON {\"MxNxK\": variant}: one more contender per shape (alt)")
+    ap.add_argument("--list-picks", action="store_true", help="print this process's database picks as JSON and stop")
     a = ap.parse_args()
     lib = load(a.lib)
     heights = [int(h) for h in a.heights.split(",") if h]
     cases = [c for c in json.load(open(a.suite))["cases"] if c["M"] >= a.min_m]
+    picks = json.load(open(a.picks)) if a.picks else {}
+    if a.list_picks:
+        out = {}
+        for c in cases:
+            M, N, K = c["M"], c["N"], c["K"]
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+            gemm_caller(lib, x, w.t(), torch.empty(M, N, device="cuda", dtype=torch.bfloat16))()
+            out[f"{M}x{N}x{K}"] = lib.fly_last_variant().decode()
+        print(json.dumps(out, indent=1))
+        return
     print(f"NT bf16, {a.rounds} rounds interleaved, ~30 ms warm-up, read flush; time in us (ratio: torch.mm / it)")
     ratios = {}
     for c in cases:
@@ -59,6 +76,15 @@ def main():
         call()
         db = lib.fly_last_variant().decode()
         names = [db] + [sibling(db, h) for h in heights]
+        alt = picks.get(f"{M}x{N}x{K}")
+        if alt and alt not in names:
+            names.append(alt)
+        if alt and alt != db:
+            try:
+                force_variant(lib, alt)
+            except RuntimeError:
+                print(f"{M}x{N}x{K}: alt {alt} not bundled")
+                alt = None
         contenders = {"torch.mm": lambda: torch.mm(x, b, out=y)}
         for n in names:
             try:
@@ -87,13 +113,18 @@ def main():
         force_variant(lib, None)
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         base = med["torch.mm"]
-        cells = "  ".join(f"{('db ' + k) if k == db else k}: {t:8.1f} ({base / t:.3f}x)" for k, t in med.items())
+        label = {db: "db ", alt: "alt "}
+        cells = "  ".join(f"{label.get(k, '')}{k}: {t:8.1f} ({base / t:.3f}x)" for k, t in med.items())
         print(f"{M:5d}x{N:5d}x{K:5d}  {cells}", flush=True)
         for k, t in med.items():
             if k == "torch.mm":
                 continue
-            tag = "db" if k == db else re.search(r"_g(\d+)", k).group(0)
-            ratios.setdefault(tag, []).append(base / t)
+            if k == db:
+                ratios.setdefault("db", []).append(base / t)
+            if k == alt or (k == db and alt == db):  # the same pick counts for both databases
+                ratios.setdefault("alt", []).append(base / t)
+            if k not in (db, alt):
+                ratios.setdefault(re.search(r"_g(\d+)", k).group(0), []).append(base / t)
     for tag, rs in ratios.items():
         print(f"{tag:5s} geomean vs torch.mm {math.exp(sum(map(math.log, rs)) / len(rs)):.3f}x over {len(rs)} shapes")
 
