@@ -174,7 +174,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,4096
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,512,'gemm_bf16_bn256_st4_sw0_mc1_e2',90.976,'gemm_bf16_bn256_st4_sw0_mc2_e2',91.424,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,64,'gemm_bf16_bm64_bn64_st7_sw0_mp2_kb2',37.696,'gemm_bf16_bm64_bn64_st7_sw1_kb2',37.696,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,8,'gemm_bf16_bm64_bn32_st12_sw1_mp1',37.728,'gemm_bf16_bm64_bn32_st7_sw1_kb2',38.176,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,8192,'gemm_bf16_bn256_st3_sw0_mc1',1472.384,'gemm_bf16_bn256_st3_sw0_mc1_e2_sk1',1601.120,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,8192,'gemm_bf16_bn256_st3_sw0_mc2_e1',1561.152,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',1567.936,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',14336,4096,1,'gemm_bf16_bn64_st9_sw1_mc1',36.544,'gemm_bf16_bn64_st8_sw1_mc1_e1',36.864,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',14336,4096,1024,'gemm_bf16_bn128_st6_sw0_mc2_e2',162.240,'gemm_bf16_bn128_st5_sw0_mc2_e2',162.688,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',14336,4096,128,'gemm_bf16_bn128_st5_sw0_mc1_e1',34.688,'gemm_bf16_bn128_st5_sw0_mp2_e1',35.104,'NVIDIA H200','2026-11-30');
