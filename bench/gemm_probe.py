@@ -10,7 +10,7 @@ flushed by a read before every call, CUDA events, median). fly_gemm gets a zero-
 fly_gemm_workspace_size bytes (stream-K variants use it). --profile R: after the timing, R more
 calls of each variant with no flush, for ncu (--kernel-name fly_gemm_sm90); --no-time skips
 the timing then. The name `torch.mm` among the variants runs cuBLAS the same way (writing
-c), for an ncu comparison in one process.
+c), for an ncu comparison in one process; `db` runs the database's choice.
 """
 import argparse
 
@@ -37,7 +37,7 @@ def main():
     print(f"{a.M}x{a.N}x{a.K}  torch.mm {base:8.2f} us   (weights at 4.2 TB/s: {floor_us:.2f} us)")
     for v in a.variants:
         try:
-            force_variant(lib, None if v == "torch.mm" else v)
+            force_variant(lib, None if v in ("torch.mm", "db") else v)
         except RuntimeError as e:
             print(f"{v:44s} not bundled: {e}")
             continue
@@ -48,6 +48,8 @@ def main():
             torch.cuda.synchronize()
             err = ((c.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
             t = float("nan") if a.no_time else timing.time_us(fn)
+            if v == "db":
+                v = "db " + lib.fly_last_variant().decode()
             print(f"{v:44s} {t:8.2f} us  {base / t:6.3f}x torch.mm  max rel err {err:.2e}")
             for _ in range(a.profile):
                 fn()

@@ -348,6 +348,20 @@ TEST_CASE("gemm stream-K: right, deterministic, and leaves its flags zero", "[ge
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
 }
 
+// The launcher's raster (raster_group, gemm_plan.h) walks 2944 x 4096 at 128 x 256 tiles (23 x 16
+// tiles, 132 in flight) in strips of 16 tile rows: a whole strip, then a ragged one of 7 rows (of
+// 4 super rows with Q multicast). K = 16: one k block, zero-filled past K.
+TEST_CASE("gemm: raster strips taller than 8, the last one ragged", "[gemm][gpu]") {
+  for (const char* name : {"gemm_bf16_bn256_st4_sw0_mc1", "gemm_bf16_bn256_st4_sw0_mc2_e2"}) {
+    INFO("forced variant " << name);
+    REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+    CHECK(run_case({2944, 4096, 16, kRow, kCol, 0, true, FLY_BF16}, 31) == FLY_SUCCESS);
+    CHECK(run_case({2944, 4096, 16, kCol, kRow, 8, false, FLY_BF16}, 32) == FLY_SUCCESS);
+    CHECK(std::string(fly_last_variant()) == name);
+  }
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+}
+
 TEST_CASE("gemm refuses misaligned leading dimensions on the device path", "[gemm][gpu]") {
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
   Dev a(64 * 129 * 2), b(129 * 64 * 2), c(64 * 64 * 2);
