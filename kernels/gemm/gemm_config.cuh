@@ -90,7 +90,8 @@ struct Config {
   // EPI = 1: the persistent path stages each tile in shared memory and writes C with coalesced
   // 16-byte stores; 0: stores straight from the accumulators. EPI = 2: stages 64 x 64 boxes and
   // stores them with TMA, asynchronously, so the warpgroup goes on to its next tile while C is
-  // written (gemm_epilogue.cuh store_tile_tma).
+  // written (gemm_epilogue.cuh store_tile_tma). EPI = 3: the same with one box per 64 columns, the
+  // whole block staged at once (store_tile_tma_whole: one fence and two barriers per tile).
   static constexpr int EPI = FLY_EPI;
   static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN, EPI);
   static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM, KB);
@@ -113,7 +114,7 @@ struct Config {
   static_assert(EPI == 0 || (BN >= 64 && (BN <= 128 || BN % 64 == 0)),
                 "staged epilogue: bn >= 64 (epi_wg_bytes), passes of 64 columns above 128");
   static_assert(BM == 128 || (EPI == 0 && BN <= 128), "narrow tiles: no staged epilogue, BN <= 128");
-  static_assert(EPI != 2 || (BM == 128 && BN % 64 == 0 && BN <= 256 && !PP),
+  static_assert(EPI < 2 || (EPI <= 3 && BM == 128 && BN % 64 == 0 && BN <= 256 && !PP),
                 "TMA-store epilogue: 128-row tiles, passes of 64 columns");
   static_assert(MP == 1 || MP == 2, "P multicast: clusters of 2");
   static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),

@@ -221,7 +221,7 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
   else store_tile_smem_passes<SWAP>(out, u, wg, acc, stage);
 }
 
-// ---- TMA-store epilogue (Config::EPI == 2, GemmParams::c_tma) ------------------------------------
+// ---- TMA-store epilogues (Config::EPI == 2, 3; GemmParams::c_tma) -------------------------------
 // The warpgroup's 64 x BN block goes out in passes of 64 columns. Each pass writes its columns
 // (biased, converted) into one of the warpgroup's two 64 x 64 boxes, laid out as tm_c's 128B
 // swizzle wants it (stage_columns with SW128), and one thread stores the box with
@@ -229,6 +229,10 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
 // on to its next pass or tile (mainloop included) and only waits, before writing a box again, until
 // the store issued from it two passes back has read it. `npass` counts the warpgroup's passes
 // (which box is next).
+//
+// EPI = 3: one box per 64 columns. The warpgroup waits until the previous tile's stores have read
+// their boxes (issued a whole mainloop ago: long done), stages every pass, and one thread stores
+// all boxes: one proxy fence and two barriers per tile instead of one fence and two barriers per pass.
 __device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutView& out, const WorkUnit& u, int wg,
                                                const float (&acc)[Config::ACC], uint8_t* boxes, uint32_t& npass) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -236,18 +240,37 @@ __device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutVie
   const int i_base = u.tm * Config::BM + wg * 64;  // C row of the block's first row
   const int r0 = warp * 16 + lane / 4;             // this thread's local rows: r0, r0 + 8
   const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
-#pragma unroll
-  for (int pass = 0; pass < Config::BN / 64; ++pass, ++npass) {
-    uint8_t* box = boxes + (npass & 1) * kEpiTmaBox;
-    if (t == 0) sm90::bulk_wait_group_read<1>();  // the store from this box two passes back read it
+  if constexpr (Config::EPI == 3) {
+    constexpr int kBoxes = Config::BN / 64;
+    if (t == 0) sm90::bulk_wait_group_read<0>();  // the previous tile's stores read their boxes
     asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
-    const int j_base = u.tn * Config::BN + pass * 64;
-    stage_columns<false, 64, true>(out, reinterpret_cast<Elem*>(box), acc, pass * 8, i_base, j_base, r0, c0);
-    sm90::fence_proxy_async_smem();  // the box's generic-proxy writes, visible to the TMA
+#pragma unroll
+    for (int pass = 0; pass < kBoxes; ++pass)
+      stage_columns<false, 64, true>(out, reinterpret_cast<Elem*>(boxes + pass * kEpiTmaBox), acc, pass * 8, i_base,
+                                     u.tn * Config::BN + pass * 64, r0, c0);
+    sm90::fence_proxy_async_smem();  // the boxes' generic-proxy writes, visible to the TMA
     asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
     if (t == 0) {
-      sm90::tma_store_2d(&p.tm_c, box, j_base, i_base);
+#pragma unroll
+      for (int pass = 0; pass < kBoxes; ++pass)
+        sm90::tma_store_2d(&p.tm_c, boxes + pass * kEpiTmaBox, u.tn * Config::BN + pass * 64, i_base);
       sm90::bulk_commit_group();
+    }
+    npass += kBoxes;
+  } else {
+#pragma unroll
+    for (int pass = 0; pass < Config::BN / 64; ++pass, ++npass) {
+      uint8_t* box = boxes + (npass & 1) * kEpiTmaBox;
+      if (t == 0) sm90::bulk_wait_group_read<1>();  // the store from this box two passes back read it
+      asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+      const int j_base = u.tn * Config::BN + pass * 64;
+      stage_columns<false, 64, true>(out, reinterpret_cast<Elem*>(box), acc, pass * 8, i_base, j_base, r0, c0);
+      sm90::fence_proxy_async_smem();  // the box's generic-proxy writes, visible to the TMA
+      asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+      if (t == 0) {
+        sm90::tma_store_2d(&p.tm_c, box, j_base, i_base);
+        sm90::bulk_commit_group();
+      }
     }
   }
 }

@@ -75,10 +75,11 @@ inline constexpr int tma_box_rows(int rows) { return rows > 256 ? rows / 2 : row
 // is 64 rows of cols + 8; with swap (C = D^T) cols rows of 64 + 8; the latter is never smaller.
 inline constexpr int epi_pass_cols(int bn) { return bn <= 128 ? bn : 64; }
 // epi = 2 (TMA stores): two 64 x 64 boxes (8 KiB each, 128B-swizzled) per warpgroup, used in turn by
-// the passes of 64 columns, after 1 KiB-aligning the area (smem_bytes adds the slack).
+// the passes of 64 columns, after 1 KiB-aligning the area (smem_bytes adds the slack). epi = 3: one
+// box per 64 columns (bn / 64), so the warpgroup stages its whole block before storing any.
 inline constexpr int kEpiTmaBox = 64 * 64 * 2;
 inline constexpr int epi_wg_bytes(int bn, int epi = 1) {
-  return epi == 2 ? 2 * kEpiTmaBox : epi_pass_cols(bn) * (64 + 8) * 2;
+  return epi == 3 ? bn / 64 * kEpiTmaBox : epi == 2 ? 2 * kEpiTmaBox : epi_pass_cols(bn) * (64 + 8) * 2;
 }
 
 // Stream-K workspace: the flags (2 per CTA, padded to 256 bytes), then one BM x BN fp32 slot per CTA.
@@ -102,10 +103,10 @@ CUresult encode_sw128(Encode encode, CUtensorMap* map, cuuint32_t rank, const vo
 
 inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, int kb = 1) {
   // stages * (P tile + Q tile, kb k blocks of each) + barriers + 1 KiB for aligning the base to
-  // 1024 bytes, then the two consumer warpgroups' epilogue staging tiles (epi = 1, or epi = 2 with
-  // 1 KiB of alignment slack).
+  // 1024 bytes, then the two consumer warpgroups' epilogue staging tiles (epi = 1, or epi = 2 and 3
+  // with 1 KiB of alignment slack).
   return stages * kb * (bm * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 +
-         (epi == 2 ? 1024 + 2 * epi_wg_bytes(bn, 2) : epi ? 2 * epi_wg_bytes(bn) : 0);
+         (epi >= 2 ? 1024 + 2 * epi_wg_bytes(bn, epi) : epi ? 2 * epi_wg_bytes(bn) : 0);
 }
 
 }  // namespace fly::gemm

@@ -295,9 +295,9 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.split = split;
   p.kb_per_split = kbps;
   p.c_vec = (reinterpret_cast<uintptr_t>(pr.c) % 8 == 0) && (pr.ldc % 4 == 0);
-  // The TMA-store epilogue (epi = 2) writes C through a tensor map, when TMA can address C (16-byte
+  // The TMA-store epilogues (epi = 2, 3) write C through a tensor map, when TMA can address C (16-byte
   // aligned base and rows); otherwise (and with swap-AB) those variants store from the registers.
-  if (v.epi == 2 && !v.swap && reinterpret_cast<uintptr_t>(pr.c) % 16 == 0 && (pr.M <= 1 || (pr.ldc * 2) % 16 == 0)) {
+  if (v.epi >= 2 && !v.swap && reinterpret_cast<uintptr_t>(pr.c) % 16 == 0 && (pr.M <= 1 || (pr.ldc * 2) % 16 == 0)) {
     const cuuint64_t dims[2] = {cuuint64_t(pr.N), cuuint64_t(pr.M)};
     const cuuint64_t strides[1] = {cuuint64_t(pr.M > 1 ? pr.ldc * 2 : (pr.N * 2 + 15) / 16 * 16)};
     const cuuint32_t box[2] = {64, 64};

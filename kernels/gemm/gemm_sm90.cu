@@ -97,7 +97,7 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
       sm90::cluster_sync();  // partials of every CTA visible cluster-wide
       reduce_partials(out, u, part, L, sched.rank, p.split, threadIdx.x - 128);
       sm90::cluster_sync();  // nobody leaves while others still read its shared memory
-    } else if constexpr (Config::EPI == 2) {
+    } else if constexpr (Config::EPI >= 2) {
       if (p.c_tma) store_tile_tma(p, out, u, wg, acc, epi_stage, npass);
       else store_tile(out, u, wg, acc);  // swap-AB, or a C that TMA cannot address
     } else if constexpr (Config::EPI != 0) {
@@ -108,7 +108,7 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
     }
   }
   // The TMA stores must have read their boxes before the CTA's shared memory goes away.
-  if constexpr (Config::EPI == 2)
+  if constexpr (Config::EPI >= 2)
     if (npass > 0 && threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
 }
 
@@ -137,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     fly::sm90::fence_barrier_init();
     fly::sm90::tma_prefetch_desc(&p.tm_p);
     fly::sm90::tma_prefetch_desc(&p.tm_q);
-    if (Config::EPI == 2 && p.c_tma) fly::sm90::tma_prefetch_desc(&p.tm_c);
+    if (Config::EPI >= 2 && p.c_tma) fly::sm90::tma_prefetch_desc(&p.tm_c);
     if constexpr (Config::KB > 1) {
       // The 3-D views exist for K-major operands when some k step is whole, only for an operand
       // that is not multicast (gemm_plan.h).
@@ -165,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     const int cw = wg - 1;
     // Epilogue staging tiles (EPI = 1, 2) follow the ring's barriers: one area per consumer warpgroup.
     uintptr_t epi_area = reinterpret_cast<uintptr_t>(ring.empty + Config::STAGES);
-    if constexpr (Config::EPI == 2) epi_area = (epi_area + 1023) & ~uintptr_t(1023);  // 128B-swizzled boxes
+    if constexpr (Config::EPI >= 2) epi_area = (epi_area + 1023) & ~uintptr_t(1023);  // 128B-swizzled boxes
     uint8_t* epi_stage = reinterpret_cast<uint8_t*>(epi_area) + cw * Config::EPI_WG_BYTES;
     const int sel = (p.p_kmajor ? 0 : 2) + (p.q_kmajor ? 0 : 1);
     switch (sel) {

@@ -819,6 +819,17 @@ TEST_CASE("TMA-store epilogue (epi = 2): C's tensor map only where TMA can addre
     CHECK(L.params.c_tma == 0);
     CHECK(log.maps.size() == 2);
   }
+  // epi = 3: the same map, one 8 KiB box per 64 columns per warpgroup (4 at bn = 256: 3 stages fit).
+  pr.ldc = 1104;
+  log.maps.clear();
+  const VariantShape v3{256, 3, false, 1, 3};
+  REQUIRE(plan_gemm(pr, v3, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.params.c_tma == 1);
+  CHECK(log.maps.size() == 3);
+  CHECK(L.smem == unsigned(3 * 49152 + 48 + 1024 + 1024 + 2 * 4 * 8192));
+  CHECK(L.smem <= 227u * 1024u);
+  CHECK(smem_bytes(256, 4, 3) > 227 * 1024);
+  CHECK(epi_wg_bytes(128, 3) == 2 * 8192);
 }
 
 TEST_CASE("raster strips: the height that touches the fewest operand bytes per wave", "[gemm][args]") {
