@@ -161,6 +161,19 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
 }
 
 // ---- consumer ----------------------------------------------------------------------------------
+// Dev tracing (kernels/gemm/dev/trace.cu; never in the shipped cubins): with FLY_GEMM_TRACE the
+// consumer warpgroups' thread 0 record, per tile, clock64 at the mainloop's start and end, after
+// the epilogue, and the cycles the mainloop spent in full-barrier waits.
+#ifdef FLY_GEMM_TRACE
+constexpr int kTraceTiles = 32;
+extern "C" __device__ unsigned long long fly_gemm_trace[132 * 2 * kTraceTiles * 4];  // read by name
+#define FLY_TRACE_WAIT_BEGIN const long long tw0_ = clock64();
+#define FLY_TRACE_WAIT_END if (threadIdx.x % 128 == 0) trace_wait_ += clock64() - tw0_;
+#else
+#define FLY_TRACE_WAIT_BEGIN
+#define FLY_TRACE_WAIT_END
+#endif
+
 // wgmma descriptors of the stage's operand tiles (128B swizzle, sm90::make_desc_sw128) as two
 // 32-bit words: `lo` (start address / 16, LBO / 16) varies per stage; `hi` (SBO = 1024, the
 // swizzle mode) is a constant. K-major tiles step 32 B inside the swizzle atom per k16 slice and
@@ -210,7 +223,7 @@ __device__ __forceinline__ void release_stage(const Ring& ring, int stage) {
 // rotating the k16 steps over 2-4 accumulator sets; neither sped up the narrow decode tiles.
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, const WorkUnit& u,
-                                             int wg, float (&acc)[Config::ACC]) {
+                                             int wg, float (&acc)[Config::ACC], long long& trace_wait_) {
   using Mma = sm90::Wgmma<Config::MMA_N, TA, TB, kBF16>;
   static_assert(Mma::kRegs * Config::MH * Config::NQ == Config::ACC, "accumulator count");
   const bool signal = (threadIdx.x % 128) == 0;
@@ -227,7 +240,9 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
   const uint32_t ring_s = sm90::smem_u32(ring.base);  // once: the stages are offsets from it
   int prev = -1;
   for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+    FLY_TRACE_WAIT_BEGIN
     sm90::mbar_wait(&ring.full[ps.stage], ps.phase);
+    FLY_TRACE_WAIT_END
     fence_acc(acc);
     sm90::wgmma_fence();
     const uint32_t st = ring_s + ps.stage * Config::STAGE_BYTES;

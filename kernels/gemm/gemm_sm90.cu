@@ -49,7 +49,8 @@ __device__ __forceinline__ void consumer_role_pp(const GemmParams& p, const Ring
   while (sched.fetch(u)) {
     if (!first) pp_wait_turn(wg);
     first = false;
-    consumer_mma<TA, TB>(ring, ps, u, wg, acc);
+    long long trace_wait = 0;
+    consumer_mma<TA, TB>(ring, ps, u, wg, acc, trace_wait);
     // Hand the turn over only when the other warpgroup has a next unit (no dangling arrivals).
     const bool more = sched.fetch(other);
     if (more) pp_pass_turn(wg);
@@ -72,8 +73,21 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
   const OutView out(p);
   float acc[Config::ACC];
   uint32_t npass = 0;  // TMA-store epilogue: passes so far (which staging box is next)
+#ifdef FLY_GEMM_TRACE
+  int trace_tile = 0;
+  unsigned long long* trace = nullptr;
+#endif
   while (sched.fetch(u)) {
-    consumer_mma<TA, TB>(ring, ps, u, wg, acc);
+    long long trace_wait = 0;
+#ifdef FLY_GEMM_TRACE
+    trace = threadIdx.x % 128 == 0 && trace_tile < kTraceTiles && blockIdx.x < 132
+                ? fly_gemm_trace + ((blockIdx.x * 2 + wg) * kTraceTiles + trace_tile++) * 4 : nullptr;
+    if (trace) trace[0] = clock64();
+#endif
+    consumer_mma<TA, TB>(ring, ps, u, wg, acc, trace_wait);
+#ifdef FLY_GEMM_TRACE
+    if (trace) trace[1] = clock64(), trace[3] = static_cast<unsigned long long>(trace_wait);
+#endif
     // Stream-K: a contributor leaves its partial for the tile's owner, which adds them first.
     if (u.role == kContributor) {
       sk_park(p, wg, acc);
@@ -106,6 +120,9 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
     } else {
       store_tile(out, u, wg, acc);
     }
+#ifdef FLY_GEMM_TRACE
+    if (trace) trace[2] = clock64();
+#endif
   }
   // The TMA stores must have read their boxes before the CTA's shared memory goes away.
   if constexpr (Config::EPI >= 2)
