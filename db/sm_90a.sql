@@ -3,7 +3,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,1,'
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,1024,'gemm_bf16_bn128_st6_sw0_mc2_e2',162.688,'gemm_bf16_bn128_st5_sw0_mc2_e2',162.880,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,128,'gemm_bf16_bn128_st5_sw0_mc1_e1',34.752,'gemm_bf16_bn128_st5_sw0_mp2_e1',35.104,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,16,'gemm_bf16_bm64_bn32_st7_sw1_kb2',35.552,'gemm_bf16_bm64_bn32_st6_sw1_kb2',35.616,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,16384,'gemm_bf16_bn256_st3_sw0_mc1',2738.016,'gemm_bf16_bn128_st5_sw0_mc1_e1',2762.880,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,16384,'gemm_bf16_bn256_st3_sw0_mc2_e2',2859.104,'gemm_bf16_bn256_st3_sw0_mc1_e2',2892.640,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,2,'gemm_bf16_bn64_st9_sw1_mc1',37.568,'gemm_bf16_bm64_bn128_st8_sw0_mp2',37.632,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,2048,'gemm_bf16_bn256_st4_sw0_mc1_e2',337.152,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',343.424,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,256,'gemm_bf16_bn256_st4_sw0_mc2_e1',46.976,'gemm_bf16_bn256_st3_sw0_mc2_e1',47.872,'NVIDIA H200','2026-11-30');
@@ -23,7 +23,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,204
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,256,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',168.480,'gemm_bf16_bn256_st4_sw0_mc2_e1',175.200,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,32,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',118.784,'gemm_bf16_bm64_bn32_st8_sw1_kb2',120.992,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,4,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',128.064,'gemm_bf16_bm64_bn32_st7_sw1_kb2',130.528,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,4096,'gemm_bf16_bn256_st3_sw0_mc1',2547.232,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',2754.336,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,4096,'gemm_bf16_bn256_st3_sw0_mc2_e2',2827.456,'gemm_bf16_bn256_st3_sw0_mc1_e2',2829.696,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,512,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',309.184,'gemm_bf16_bn256_st3_sw0_mc1_e2_sk1',311.136,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,64,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',117.376,'gemm_bf16_bm64_bn128_st6_sw0_mp2',117.696,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',28672,8192,8,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',123.648,'gemm_bf16_bm64_bn128_st6_sw0_mp2',126.528,'NVIDIA H200','2026-11-30');
@@ -31,7 +31,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,1,'
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,1024,'gemm_bf16_bn256_st4_sw0_mc2_e2',148.992,'gemm_bf16_bn256_st3_sw0_mc1_e2',149.120,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,128,'gemm_bf16_bn64_st7_sw0_mc1_e1',38.400,'gemm_bf16_bn64_st7_sw0_mc1',39.008,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,16,'gemm_bf16_bm64_bn32_st7_sw1_kb2',32.512,'gemm_bf16_bm64_bn32_st8_sw1_kb2',32.960,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,16384,'gemm_bf16_bn256_st3_sw0_mc1',2545.472,'gemm_bf16_bn256_st4_sw0_mc1',2644.768,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,16384,'gemm_bf16_bn256_st3_sw0_mc1_e2',2797.568,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',2800.768,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,2,'gemm_bf16_bn64_st6_sw1_mc1',37.856,'gemm_bf16_bn64_st6_sw1_mc1_e1',38.208,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,2048,'gemm_bf16_bn256_st4_sw0_mc1_e2',310.624,'gemm_bf16_bn256_st3_sw0_mc2_e2',316.288,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,14336,256,'gemm_bf16_bm64_bn128_st8_sw0_mp1',49.568,'gemm_bf16_bn64_st9_sw0_mc1',51.424,'NVIDIA H200','2026-11-30');
@@ -91,7 +91,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,1,'
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,1024,'gemm_bf16_bn128_st6_sw0_mc2_e2',162.912,'gemm_bf16_bn128_st5_sw0_mc2_e2',163.584,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,128,'gemm_bf16_bn128_st5_sw0_mp2_e1',35.168,'gemm_bf16_bn128_st5_sw0_mc1_e1',35.360,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,16,'gemm_bf16_bn64_st8_sw1_mc1_e1',34.592,'gemm_bf16_bn64_st8_sw1_mc1',35.232,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,16384,'gemm_bf16_bn256_st3_sw0_mc1',2744.800,'gemm_bf16_bn128_st5_sw0_mc1_e1',2866.688,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,16384,'gemm_bf16_bn256_st3_sw0_mc2_e2',2868.960,'gemm_bf16_bn256_st3_sw0_mc1_e2',2931.104,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,2,'gemm_bf16_bn64_st8_sw1_mc1_e1',37.184,'gemm_bf16_bn64_st9_sw1_mc1',37.280,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,2048,'gemm_bf16_bn256_st3_sw0_mc2_e2',345.536,'gemm_bf16_bn256_st4_sw0_mc2_e2',348.288,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,256,'gemm_bf16_bn112_st6_sw0_mc1_e1',47.264,'gemm_bf16_bn256_st4_sw0_mc2_e1',47.360,'NVIDIA H200','2026-11-30');
@@ -107,7 +107,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,102
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,128,'gemm_bf16_bn256_st4_sw0_mc1_e1',120.608,'gemm_bf16_bn112_st6_sw0_mc1_e1',122.624,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,16,'gemm_bf16_bn64_st8_sw1_mc1_e1',121.472,'gemm_bf16_bm64_bn32_st7_sw1_kb2',121.600,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,2,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',126.880,'gemm_bf16_bn64_st9_sw1_mc1',129.184,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,2048,'gemm_bf16_bn256_st3_sw0_mc1',1320.352,'gemm_bf16_bn256_st4_sw0_mc1',1353.184,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,2048,'gemm_bf16_bn256_st3_sw0_mc2_e2',1404.256,'gemm_bf16_bn256_st3_sw0_mc2_e1',1413.888,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,256,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',171.840,'gemm_bf16_bn112_st7_sw0_mc1',172.320,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,32,'gemm_bf16_bm64_bn128_st8_sw0_mp2',120.992,'gemm_bf16_bm64_bn32_st8_sw1_kb2',121.504,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,4,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',127.584,'gemm_bf16_bm64_bn128_st8_sw0_mp2',128.928,'NVIDIA H200','2026-11-30');
@@ -119,7 +119,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,1,'
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,1024,'gemm_bf16_bn256_st4_sw0_mc1_e2',148.800,'gemm_bf16_bn256_st4_sw0_mc2_e2',149.216,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,128,'gemm_bf16_bm64_bn64_st12_sw0_mc2',37.728,'gemm_bf16_bn64_st7_sw0_mc1',38.080,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,16,'gemm_bf16_bm64_bn32_st8_sw1_kb2',33.696,'gemm_bf16_bm64_bn32_st7_sw1_kb2',34.432,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,16384,'gemm_bf16_bn256_st3_sw0_mc1',2546.080,'gemm_bf16_bn256_st4_sw0_mc1',2618.304,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,16384,'gemm_bf16_bn256_st3_sw0_mc2_e2',2787.904,'gemm_bf16_bn256_st3_sw0_mc1_e2',2797.216,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,2,'gemm_bf16_bn64_st6_sw1_mc1',38.176,'gemm_bf16_bn64_st7_sw1_mc1',38.656,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,2048,'gemm_bf16_bn256_st3_sw0_mc2_e2',329.440,'gemm_bf16_bn128_st5_sw0_mc2_e2',330.880,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,256,'gemm_bf16_bm64_bn128_st8_sw0_mp1',50.592,'gemm_bf16_bn128_st5_sw1_mc1',50.880,'NVIDIA H200','2026-11-30');
@@ -129,7 +129,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,409
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,512,'gemm_bf16_bn128_st6_sw0_mc1_e2',80.000,'gemm_bf16_bn128_st6_sw0_mc2_e2',80.320,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,64,'gemm_bf16_bm64_bn32_st7_sw0_kb2',36.448,'gemm_bf16_bm64_bn64_st7_sw0_mp2_kb2',36.704,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,8,'gemm_bf16_bm64_bn32_st8_sw1_kb2',35.584,'gemm_bf16_bm64_bn32_st7_sw1_kb2',35.872,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,8192,'gemm_bf16_bn256_st3_sw0_mc1',1278.080,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',1294.208,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,14336,8192,'gemm_bf16_bn256_st4_sw0_mc1_e1',1340.192,'gemm_bf16_bn256_st3_sw0_mc2_e1',1356.800,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,4096,1,'gemm_bf16_bm64_bn32_st10_sw1_mp1',16.480,'gemm_bf16_bm64_bn32_st4_sw1_kb4',16.544,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,4096,1024,'gemm_bf16_bn256_st4_sw0_mc2_e2',46.944,'gemm_bf16_bn256_st3_sw0_mc2_e2',47.104,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,4096,128,'gemm_bf16_bm64_bn64_st12_sw0_mc2',15.040,'gemm_bf16_bm64_bn64_st10_sw0_mc2',15.680,'NVIDIA H200','2026-11-30');
@@ -164,7 +164,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,1,'g
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,1024,'gemm_bf16_bn256_st4_sw0_mc2_e2',174.016,'gemm_bf16_bn256_st4_sw0_mc1_e2',174.080,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,128,'gemm_bf16_bm64_bn128_st8_sw0_mc2',40.832,'gemm_bf16_bm64_bn128_st6_sw0_mc2',41.248,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,16,'gemm_bf16_bm64_bn32_st10_sw1_mp1',37.024,'gemm_bf16_bm64_bn32_st5_sw1_kb2',37.184,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,16384,'gemm_bf16_bn256_st3_sw0_mc1',2993.088,'gemm_bf16_bn256_st4_sw0_mc1',3012.800,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,16384,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',3216.576,'gemm_bf16_bn256_st3_sw0_mc2_e2',3227.360,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,2,'gemm_bf16_bm64_bn32_st8_sw1_kb2',39.552,'gemm_bf16_bm64_bn32_st7_sw1_kb2',40.704,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,2048,'gemm_bf16_bn256_st4_sw0_mc2_e1',367.936,'gemm_bf16_bn256_st3_sw0_mc2_e1',368.864,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,256,'gemm_bf16_bn128_st5_sw1_mc1_e1',50.208,'gemm_bf16_bn128_st5_sw0_mc1_e1',50.848,'NVIDIA H200','2026-11-30');
@@ -195,7 +195,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,16,
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,2048,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',1220.256,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',1225.344,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,256,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',169.056,'gemm_bf16_bn256_st4_sw0_mc2_e1',175.808,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,32,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',119.904,'gemm_bf16_bm64_bn128_st3_sw0_mp2_kb2',125.376,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,4096,'gemm_bf16_bn256_st3_sw0_mc1',2558.112,'gemm_bf16_bn256_st3_sw0_mc1_e2',2714.272,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,4096,'gemm_bf16_bn256_st3_sw0_mc2_e2',2826.176,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',2826.336,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,512,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',307.168,'gemm_bf16_bn256_st3_sw0_mc1_e2_sk1',308.800,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,64,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',117.568,'gemm_bf16_bm64_bn128_st3_sw0_mp2_kb2',125.536,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,8,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',125.344,'gemm_bf16_bm64_bn128_st3_sw0_mp2_kb2',130.912,'NVIDIA H200','2026-11-30');
@@ -242,7 +242,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,1,'g
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,1024,'gemm_bf16_bn256_st4_sw0_mc2_e2',172.128,'gemm_bf16_bn256_st4_sw0_mc1_e2',172.288,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,128,'gemm_bf16_bn64_st8_sw0_mc1_e1',38.976,'gemm_bf16_bn64_st9_sw0_mc1',39.680,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,16,'gemm_bf16_bn64_st7_sw1_mc1_e1',40.480,'gemm_bf16_bn64_st9_sw1_mc1',40.512,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,16384,'gemm_bf16_bn256_st3_sw0_mc1',2973.920,'gemm_bf16_bn128_st5_sw1_mc1_e1_sk1',3030.880,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,16384,'gemm_bf16_bn256_st3_sw0_mc2_e2',3224.160,'gemm_bf16_bn256_st3_sw0_mc1_e2',3238.720,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,2048,'gemm_bf16_bn256_st3_sw0_mc1_e2',343.904,'gemm_bf16_bn256_st4_sw0_mc2_e2',344.320,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,256,'gemm_bf16_bn128_st5_sw0_mc1_e1',50.272,'gemm_bf16_bn128_st7_sw1_mc1',50.784,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',8192,8192,32,'gemm_bf16_bn64_st7_sw1_mc1_e1',39.904,'gemm_bf16_bm64_bn128_st8_sw0_mp1',39.968,'NVIDIA H200','2026-11-30');
@@ -255,7 +255,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,1,'
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,1024,'gemm_bf16_bn128_st6_sw0_mc2_e2',162.432,'gemm_bf16_bn128_st5_sw0_mc2_e2',162.752,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,128,'gemm_bf16_bn128_st5_sw0_mp2_e1',35.168,'gemm_bf16_bn128_st5_sw0_mc1_e1',35.328,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,16,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',34.912,'gemm_bf16_bm64_bn128_st3_sw0_mp2_kb2',36.992,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,16384,'gemm_bf16_bn256_st3_sw0_mc1',2731.584,'gemm_bf16_bn128_st5_sw0_mc1_e1',2864.480,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,16384,'gemm_bf16_bn256_st3_sw0_mc2_e2',2869.536,'gemm_bf16_bn256_st3_sw0_mc1_e2',2888.416,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,2048,'gemm_bf16_bn256_st3_sw0_mc2_e2',338.080,'gemm_bf16_bn256_st4_sw0_mc1_e2',338.432,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,256,'gemm_bf16_bn256_st4_sw0_mc1_e1',47.552,'gemm_bf16_bn112_st6_sw0_mc1_e1',47.744,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',14336,4096,32,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',34.432,'gemm_bf16_bn64_st7_sw1_mc1_e1',35.360,'NVIDIA H200','2026-11-30');
@@ -268,7 +268,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,1,'
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,1024,'gemm_bf16_bn256_st4_sw0_mc2_e2',621.312,'gemm_bf16_bn256_st3_sw0_mc1_e2_sk1',622.112,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,128,'gemm_bf16_bn256_st4_sw0_mc1_e1',120.384,'gemm_bf16_bn256_st3_sw0_mc1_e1',121.824,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,16,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',119.872,'gemm_bf16_bm64_bn128_st3_sw0_mp2_kb2',125.696,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,2048,'gemm_bf16_bn256_st3_sw0_mc1',1299.552,'gemm_bf16_bn256_st4_sw0_mc1',1314.560,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,2048,'gemm_bf16_bn256_st3_sw0_mc1_e2',1409.696,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',1413.920,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,256,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',170.560,'gemm_bf16_bn112_st7_sw0_mc1',171.904,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,32,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',119.936,'gemm_bf16_bn256_st4_sw0_mc1_e1',122.272,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,4096,'gemm_bf16_bn256_st4_sw0_mc2_e2',2789.056,'gemm_bf16_bn256_st3_sw0_mc2_e2',2803.872,'NVIDIA H200','2026-11-30');
@@ -279,7 +279,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,1,'
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,1024,'gemm_bf16_bn256_st4_sw0_mc2_e2',149.280,'gemm_bf16_bn256_st4_sw0_mc1_e2',149.600,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,128,'gemm_bf16_bm64_bn64_st7_sw0_kb2',37.696,'gemm_bf16_bm64_bn64_st12_sw0_mc2',37.760,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,16,'gemm_bf16_bn64_st6_sw1_mc1_e1',36.832,'gemm_bf16_bn64_st8_sw1_mc1_e1',37.216,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,16384,'gemm_bf16_bn256_st3_sw0_mc1',2535.872,'gemm_bf16_bn128_st5_sw1_mc1_e1_sk1',2614.880,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,16384,'gemm_bf16_bn256_st3_sw0_mc2_e2',2798.272,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',2802.400,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,2048,'gemm_bf16_bn256_st3_sw0_mc1_e2',314.272,'gemm_bf16_bn256_st4_sw0_mc2_e1',317.472,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,256,'gemm_bf16_bm64_bn128_st8_sw0_mp1',50.272,'gemm_bf16_bn128_st5_sw1_mc1',51.008,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',4096,14336,32,'gemm_bf16_bn64_st5_sw1_mc1',36.864,'gemm_bf16_bn64_st6_sw1_mc1',37.216,'NVIDIA H200','2026-11-30');
@@ -318,7 +318,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,1,'g
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,1024,'gemm_bf16_bn256_st4_sw0_mc2_e2',172.384,'gemm_bf16_bn256_st3_sw0_mc2_e2',173.248,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,128,'gemm_bf16_bm64_bn128_st8_sw0_mp1',40.256,'gemm_bf16_bm64_bn128_st4_sw0_mc2_kb2',41.056,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,16,'gemm_bf16_bn64_st8_sw1_mc1',40.640,'gemm_bf16_bn64_st7_sw1_mc1_e1',41.120,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,16384,'gemm_bf16_bn256_st3_sw0_mc1',2970.688,'gemm_bf16_bn256_st4_sw0_mc1',3007.360,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,16384,'gemm_bf16_bn256_st3_sw0_mc2_e2',3230.592,'gemm_bf16_bn256_st3_sw0_mc1_e2',3238.816,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,2048,'gemm_bf16_bn256_st4_sw0_mc2_e2',346.304,'gemm_bf16_bn256_st3_sw0_mc2_e2',349.536,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,256,'gemm_bf16_bn128_st6_sw0_mc1',50.848,'gemm_bf16_bn128_st5_sw0_mc1_e1',51.040,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',8192,8192,32,'gemm_bf16_bm64_bn96_st10_sw0_mp1',40.192,'gemm_bf16_bm64_bn128_st8_sw0_mp1',40.256,'NVIDIA H200','2026-11-30');
