@@ -108,6 +108,11 @@ TEST_CASE("flygen --all expands the space; --match narrows it but keeps defaults
   CHECK(!fs::exists(m.root / "gen" / "demo_1_x.cu"));
 }
 
+// Whether the manifest lists variant `name` of the demo space (compile unit demo_1) with `params`.
+static bool demo_1_row(const std::string& manifest, const std::string& name, const std::string& params) {
+  return manifest.find(name + "\tdemo\tdemo/demo.cu\tdemo_1\t" + params + "\n") != std::string::npos;
+}
+
 // Launch axes: one compile unit per compile point; variants off the axes' first values get the
 // suffix and share that unit; a default that does not name a launch axis means its first value.
 const char* kLaunchSpace = R"({
@@ -136,9 +141,9 @@ TEST_CASE("flygen launch axes share one compile unit per compile point", "[flyge
   const std::string cu = slurp(t.root / "gen" / "demo_1.cu");
   CHECK(cu.find("FLY_S") == std::string::npos);  // launch values are not compiled in
   const std::string manifest = slurp(t.root / "gen" / "manifest.tsv");
-  CHECK(manifest.find("demo_1\tdemo\tdemo/demo.cu\tdemo_1\ta=1;s=0\n") != std::string::npos);
-  CHECK(manifest.find("demo_1_s4\tdemo\tdemo/demo.cu\tdemo_1\ta=1;s=4\n") != std::string::npos);
-  CHECK(manifest.find("demo_1_s8\tdemo\tdemo/demo.cu\tdemo_1\ta=1;s=8\n") != std::string::npos);
+  CHECK(demo_1_row(manifest, "demo_1", "a=1;s=0"));
+  CHECK(demo_1_row(manifest, "demo_1_s4", "a=1;s=4"));
+  CHECK(demo_1_row(manifest, "demo_1_s8", "a=1;s=8"));
 
   Tree d(kLaunchSpace);
   Run def = run_flygen(d.args(""));
@@ -167,10 +172,10 @@ TEST_CASE("flygen per-axis launch suffixes name only the axes off their first va
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("4 of 4 variants selected (all), 1 compile units") != std::string::npos);
   const std::string manifest = slurp(t.root / "gen" / "manifest.tsv");
-  CHECK(manifest.find("demo_1\tdemo\tdemo/demo.cu\tdemo_1\ta=1;gm=0;split=0\n") != std::string::npos);
-  CHECK(manifest.find("demo_1_sk1\tdemo\tdemo/demo.cu\tdemo_1\ta=1;gm=0;split=1\n") != std::string::npos);
-  CHECK(manifest.find("demo_1_g16\tdemo\tdemo/demo.cu\tdemo_1\ta=1;gm=16;split=0\n") != std::string::npos);
-  CHECK(manifest.find("demo_1_g16_sk1\tdemo\tdemo/demo.cu\tdemo_1\ta=1;gm=16;split=1\n") != std::string::npos);
+  CHECK(demo_1_row(manifest, "demo_1", "a=1;gm=0;split=0"));
+  CHECK(demo_1_row(manifest, "demo_1_sk1", "a=1;gm=0;split=1"));
+  CHECK(demo_1_row(manifest, "demo_1_g16", "a=1;gm=16;split=0"));
+  CHECK(demo_1_row(manifest, "demo_1_g16_sk1", "a=1;gm=16;split=1"));
 }
 
 // flygen on `space` with its text `from` replaced by `to` must fail and say `says`.
