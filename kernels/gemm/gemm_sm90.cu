@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   } else {
     fly::sm90::setmaxnreg_inc<Config::CONSUMER_REGS>();
     const int cw = wg - 1;
-    // Epilogue staging tiles (EPI = 1, 2) follow the ring's barriers: one area per consumer warpgroup.
+    // Epilogue staging tiles (EPI = 1, 2, 3) follow the ring's barriers: one area per consumer warpgroup.
     uintptr_t epi_area = reinterpret_cast<uintptr_t>(ring.empty + Config::STAGES);
     if constexpr (Config::EPI >= 2) epi_area = (epi_area + 1023) & ~uintptr_t(1023);  // 128B-swizzled boxes
     uint8_t* epi_stage = reinterpret_cast<uint8_t*>(epi_area) + cw * Config::EPI_WG_BYTES;
