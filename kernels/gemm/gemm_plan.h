@@ -166,8 +166,8 @@ inline int64_t stream_k_tiles(int64_t tiles, int64_t grid) {
 
 // The plan of a stream-K launch over `tiles` tiles (tiles_m rows) of kb_total k steps: super tiles
 // of `group` tiles of one column (the largest of 4, 2, 1 dividing tiles_m: the raster's strips are
-// 8, 16, 32 or 64 rows tall: raster_group), as many CTA groups as fit on the SMs (no more than the k steps), and the tiles cut.
-// Inactive when every group's share is whole super tiles.
+// 8, 16, 32 or 64 rows tall, raster_group), as many CTA groups as fit on the SMs (no more than the
+// k steps), and the tiles cut. Inactive when every group's share is whole super tiles.
 struct StreamKPlan {
   int64_t grid = 0, sk_tiles = 0;
   int group = 1;
