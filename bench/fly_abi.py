@@ -70,6 +70,11 @@ def nt_problem(M, N, K):
     return x, w, torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 
 
+def max_rel_err(out, ref):
+    """Largest |out - ref| / (|ref| + 1) over all elements (NaN if any element of out is NaN)."""
+    return ((out.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+
+
 def force_variant(lib, name):
     """fly_force_variant(name); None restores the database's choice. RuntimeError if not bundled."""
     if lib.fly_force_variant(None if name is None else name.encode()) != 0:

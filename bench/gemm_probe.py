@@ -17,7 +17,7 @@ import argparse
 import torch
 
 import timing
-from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem
+from fly_abi import add_nt_args, force_variant, gemm_caller, load, max_rel_err, nt_problem
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,7 +46,7 @@ def main():
             c.fill_(float("nan"))
             fn()
             torch.cuda.synchronize()
-            err = ((c.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+            err = max_rel_err(c, ref)
             t = float("nan") if a.no_time else timing.time_us(fn)
             if v == "db":
                 v = "db " + lib.fly_last_variant().decode()

@@ -27,8 +27,8 @@ import tempfile
 
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import time_us  # noqa: E402
-from fly_abi import gemm_caller, load  # noqa: E402
+from timing import interleaved_us  # noqa: E402
+from fly_abi import gemm_caller, load, max_rel_err  # noqa: E402
 
 # Warm-up of about this many ms of back-to-back calls before timing, on both sides (flybench gemm
 # uses the same): large GEMMs reach their sustained, power-limited clock only after that.
@@ -133,7 +133,7 @@ def main():
             fly_call()
             variant = lib.fly_last_variant().decode()  # this process's dispatch (flybench's: the same DB)
             ref = a.float() @ b.float()
-            err = ((out.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+            err = max_rel_err(out, ref)
             del ref
             if not err < 0.05:  # NaN (an unwritten element) fails too
                 raise RuntimeError(f"{key}: FlyKernels result off the FP32 reference (max rel err {err})")
@@ -145,12 +145,7 @@ def main():
                 except Exception as e:  # an autotune failure must not hide the other numbers
                     print(f"triton failed on {key}: {e}", file=sys.stderr)
             reps = 10 if M * N * K > 1e11 else 30
-            seen = {name: [] for name, _ in contenders}
-            for r in range(ROUNDS):
-                for j in range(len(contenders)):
-                    name, fn = contenders[(j + r) % len(contenders)]
-                    seen[name].append(time_us(fn, reps, warm_ms=WARM_MS))
-            med = {name: sorted(v)[len(v) // 2] for name, v in seen.items()}
+            med = interleaved_us(contenders, ROUNDS, reps=reps, warm_ms=WARM_MS)
             fus, cub, tri = med["fly"], med["cublas"], med.get("triton", float("nan"))
             best = min(x for x in (cub, tri) if not math.isnan(x))
             sp = best / fus

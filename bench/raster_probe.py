@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-from fly_abi import force_variant, gemm_caller, load  # noqa: E402
+from fly_abi import force_variant, gemm_caller, load, max_rel_err, nt_problem  # noqa: E402
 
 
 def sibling(name, height):
@@ -55,9 +55,8 @@ def main():
         out = {}
         for c in cases:
             M, N, K = c["M"], c["N"], c["K"]
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-            gemm_caller(lib, x, w.t(), torch.empty(M, N, device="cuda", dtype=torch.bfloat16))()
+            x, w, y = nt_problem(M, N, K)
+            gemm_caller(lib, x, w.t(), y)()
             out[f"{M}x{N}x{K}"] = lib.fly_last_variant().decode()
         print(json.dumps(out, indent=1))
         return
@@ -65,10 +64,7 @@ def main():
     ratios = {}
     for c in cases:
         M, N, K = c["M"], c["N"], c["K"]
-        torch.manual_seed(0)
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-        y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        x, w, y = nt_problem(M, N, K)
         b = w.t()
         ref = x.float() @ w.float().t()
         call = gemm_caller(lib, x, b, y)
@@ -79,39 +75,27 @@ def main():
         alt = picks.get(f"{M}x{N}x{K}")
         if alt and alt not in names:
             names.append(alt)
-        if alt and alt != db:
-            try:
-                force_variant(lib, alt)
-            except RuntimeError:
-                print(f"{M}x{N}x{K}: alt {alt} not bundled")
-                alt = None
-        contenders = {"torch.mm": lambda: torch.mm(x, b, out=y)}
+        contenders = [("torch.mm", lambda: torch.mm(x, b, out=y))]
         for n in names:
             try:
                 force_variant(lib, n)
             except RuntimeError:
+                if n == alt:
+                    print(f"{M}x{N}x{K}: alt {alt} not bundled")
+                    alt = None
                 continue
             y.fill_(float("nan"))
             call()
             torch.cuda.synchronize()
-            err = ((y.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+            err = max_rel_err(y, ref)
             if not err < 2e-2:
                 print(f"{M}x{N}x{K} {n}: WRONG (max rel err {err:.3g})")
                 continue
-            contenders[n] = (n, call)
+            contenders.append((n, call))
+        # Every FlyKernels contender is the same call under its own forced variant.
+        med = timing.interleaved_us(contenders, a.rounds, warm_ms=30.0,
+                                    before=lambda n: force_variant(lib, None if n == "torch.mm" else n))
         force_variant(lib, None)
-        keys = list(contenders)
-        times = {k: [] for k in keys}
-        for r in range(a.rounds):
-            order = keys[r % len(keys):] + keys[:r % len(keys)]
-            for k in order:
-                fn = contenders[k]
-                if isinstance(fn, tuple):
-                    force_variant(lib, fn[0])
-                    fn = fn[1]
-                times[k].append(timing.time_us(fn, warm_ms=30.0))
-        force_variant(lib, None)
-        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         base = med["torch.mm"]
         label = {db: "db ", alt: "alt "}
         cells = "  ".join(f"{label.get(k, '')}{k}: {t:8.1f} ({base / t:.3f}x)" for k, t in med.items())

@@ -51,6 +51,20 @@ def time_us(fn, reps=50, warmup=5, warm_ms=0.0):
     return ts[len(ts) // 2]
 
 
+def interleaved_us(contenders, rounds, before=None, **time_kw):
+    """{name: median us over `rounds` rounds} for contenders [(name, fn)], timed with time_us(fn,
+    **time_kw) once per round each, in an order rotated by one every round; before(name), if given,
+    runs (untimed) before each contender's timing."""
+    seen = {name: [] for name, _ in contenders}
+    for r in range(rounds):
+        for j in range(len(contenders)):
+            name, fn = contenders[(j + r) % len(contenders)]
+            if before is not None:
+                before(name)
+            seen[name].append(time_us(fn, **time_kw))
+    return {name: sorted(v)[len(v) // 2] for name, v in seen.items()}
+
+
 def timed_calls(fn, reps):
     """Microseconds of each of `reps` calls of fn(), in order, each after an L2 flush and a spin."""
     ts = []

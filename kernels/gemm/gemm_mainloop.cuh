@@ -163,12 +163,13 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
 // ---- consumer ----------------------------------------------------------------------------------
 // Dev tracing (kernels/gemm/dev/trace.cu; never in the shipped cubins): with FLY_GEMM_TRACE the
 // consumer warpgroups' thread 0 record, per tile, clock64 at the mainloop's start and end, after
-// the epilogue, and the cycles the mainloop spent in full-barrier waits.
+// the epilogue, and the cycles the mainloop spent in full-barrier waits (consumer_mma adds them to
+// *trace_wait when given one).
 #ifdef FLY_GEMM_TRACE
 constexpr int kTraceTiles = 32;
 extern "C" __device__ unsigned long long fly_gemm_trace[132 * 2 * kTraceTiles * 4];  // read by name
 #define FLY_TRACE_WAIT_BEGIN const long long tw0_ = clock64();
-#define FLY_TRACE_WAIT_END if (threadIdx.x % 128 == 0) trace_wait_ += clock64() - tw0_;
+#define FLY_TRACE_WAIT_END if (trace_wait && threadIdx.x % 128 == 0) *trace_wait += clock64() - tw0_;
 #else
 #define FLY_TRACE_WAIT_BEGIN
 #define FLY_TRACE_WAIT_END
@@ -223,7 +224,7 @@ __device__ __forceinline__ void release_stage(const Ring& ring, int stage) {
 // rotating the k16 steps over 2-4 accumulator sets; neither sped up the narrow decode tiles.
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, const WorkUnit& u,
-                                             int wg, float (&acc)[Config::ACC], long long& trace_wait_) {
+                                             int wg, float (&acc)[Config::ACC], long long* trace_wait = nullptr) {
   using Mma = sm90::Wgmma<Config::MMA_N, TA, TB, kBF16>;
   static_assert(Mma::kRegs * Config::MH * Config::NQ == Config::ACC, "accumulator count");
   const bool signal = (threadIdx.x % 128) == 0;

@@ -49,8 +49,7 @@ __device__ __forceinline__ void consumer_role_pp(const GemmParams& p, const Ring
   while (sched.fetch(u)) {
     if (!first) pp_wait_turn(wg);
     first = false;
-    long long trace_wait = 0;
-    consumer_mma<TA, TB>(ring, ps, u, wg, acc, trace_wait);
+    consumer_mma<TA, TB>(ring, ps, u, wg, acc);
     // Hand the turn over only when the other warpgroup has a next unit (no dangling arrivals).
     const bool more = sched.fetch(other);
     if (more) pp_pass_turn(wg);
@@ -84,7 +83,7 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
                 ? fly_gemm_trace + ((blockIdx.x * 2 + wg) * kTraceTiles + trace_tile++) * 4 : nullptr;
     if (trace) trace[0] = clock64();
 #endif
-    consumer_mma<TA, TB>(ring, ps, u, wg, acc, trace_wait);
+    consumer_mma<TA, TB>(ring, ps, u, wg, acc, &trace_wait);
 #ifdef FLY_GEMM_TRACE
     if (trace) trace[1] = clock64(), trace[3] = static_cast<unsigned long long>(trace_wait);
 #endif

@@ -17,11 +17,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "gemm/dev/dev_timing.cuh"
 #include "gemm/gemm_plan.h"
 
 using namespace fly::gemm;
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 #define CU(x) do { CUresult e = (x); if (e != CUDA_SUCCESS) { const char* s; cuGetErrorName(e, &s); printf("CU %s: %s\n", #x, s); exit(1); } } while (0)
 
 constexpr int kTiles = 32;  // gemm_mainloop.cuh kTraceTiles
