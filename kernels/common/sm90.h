@@ -141,11 +141,14 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 // 2-D tile store shared -> global (bulk async-group of the issuing thread); elements outside the
 // tensor are not written. c0 is the innermost coordinate.
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
-               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               "r"(src), "r"(c0), "r"(c1)
                : "memory");
+}
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  tma_store_2d(map, smem_u32(src), c0, c1);
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's bulk groups are still reading their shared memory.
@@ -155,6 +158,16 @@ template <int N> __device__ __forceinline__ void bulk_wait_group_read() {
 // Waits until at most N of this thread's bulk groups are still incomplete (writes done).
 template <int N> __device__ __forceinline__ void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// stmatrix .x4: four 8 x 8 matrices of 16-bit elements from the warp's registers to shared memory.
+// Register r_i of lane l holds row l / 4, elements 2 (l % 4) and +1 of matrix i (the mma
+// accumulator fragment's layout); lanes 8 i .. 8 i + 7 give the addresses of matrix i's 8 rows
+// (16 contiguous bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
 }
 
 // ---- fences ---------------------------------------------------------------------------------------

@@ -88,10 +88,10 @@ struct Config {
   static constexpr int STAGE_BYTES = P_BYTES + Q_BYTES;
   static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   // EPI = 1: the persistent path stages each tile in shared memory and writes C with coalesced
-  // 16-byte stores; 0: stores straight from the accumulators. EPI = 2: stages 64 x 64 boxes and
-  // stores them with TMA, asynchronously, so the warpgroup goes on to its next tile while C is
-  // written (gemm_epilogue.cuh store_tile_tma). EPI = 3: the same with one box per 64 columns, the
-  // whole block staged at once (store_tile_tma_whole: one fence and two barriers per tile).
+  // 16-byte stores; 0: stores straight from the accumulators. EPI = 2: each warp stages its 16 rows in
+  // 16 x 64 boxes (stmatrix) and stores them with TMA, asynchronously, so it goes on to its next
+  // tile while C is written (gemm_epilogue.cuh store_tile_tma); two boxes per warp, in turn.
+  // EPI = 3: the same with one box per 64 columns, the warp's whole row band staged at once.
   static constexpr int EPI = FLY_EPI;
   static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN, EPI);
   static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM, KB);

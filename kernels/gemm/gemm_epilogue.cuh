@@ -20,10 +20,18 @@ namespace fly::gemm {
 #if defined(FLY_DTYPE_IS_FP16)
 __device__ __forceinline__ float to_f(Elem v) { return __half2float(v); }
 __device__ __forceinline__ Elem from_f(float v) { return __float2half_rn(v); }
+// Two values to one packed pair (one cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 instead of two), a
+// in the low half: the lower address.
+__device__ __forceinline__ __half2 pack_f(float a, float b) { return __floats2half2_rn(a, b); }
 #else
 __device__ __forceinline__ float to_f(Elem v) { return __bfloat162float(v); }
 __device__ __forceinline__ Elem from_f(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat162 pack_f(float a, float b) { return __floats2bfloat162_rn(a, b); }
 #endif
+__device__ __forceinline__ uint32_t pack_u32(float a, float b) {
+  const auto pr = pack_f(a, b);
+  return *reinterpret_cast<const uint32_t*>(&pr);
+}
 
 // Output view: D(i, j) lives at C[i*ldc + j] (no swap) or C[j*ldc + i] (swap).
 struct OutView {
@@ -47,10 +55,7 @@ struct OutView {
       }
       Elem* dst = c + static_cast<int64_t>(i) * ldc + j;
       if (vec && j + 1 < cols) {
-        Elem2 pair;
-        pair.x = from_f(v0);
-        pair.y = from_f(v1);
-        *reinterpret_cast<Elem2*>(dst) = pair;
+        *reinterpret_cast<Elem2*>(dst) = pack_f(v0, v1);
       } else {
         dst[0] = from_f(v0);
         if (j + 1 < cols) dst[1] = from_f(v1);
@@ -116,17 +121,12 @@ __device__ __forceinline__ void copy_staged(const OutView& out, const Elem* s, i
 // Writes the warpgroup's D columns 8 j8_0 .. 8 j8_0 + W - 1 (biased, converted; the first is D
 // column j_base) into the staging tile `s` in C's orientation: 64 rows of W + 8, or with SWAP
 // (C = D^T) W rows of 64 + 8. r0, c0: this thread's first local D row and column.
-// SW128 (without SWAP, W = 64): the tile is one TMA-store box instead, 64 rows of 128 bytes in the
-// 128B swizzle of GemmParams::tm_c (16-byte chunk k of row r at chunk k ^ (r % 8): a warp's pair
-// stores then hit 8 distinct chunks, all 32 banks); column c0 + 8 jj is in chunk jj (c0 < 8).
-template <bool SWAP, int W, bool SW128 = false>
+template <bool SWAP, int W>
 __device__ __forceinline__ void stage_columns(const OutView& out, Elem* s, const float (&acc)[Config::ACC], int j8_0,
                                               int i_base, int j_base, int r0, int c0) {
   using Elem2 = OutView::Elem2;
-  static_assert(!SW128 || (!SWAP && W == 64), "a TMA-store box holds 64 x 64 C elements");
   if constexpr (!SWAP) {
     constexpr int LD = W + 8;
-    uint8_t* const box = reinterpret_cast<uint8_t*>(s);  // SW128: byte addressing
 #pragma unroll
     for (int jj = 0; jj < W / 8; ++jj) {
       const int j8 = j8_0 + jj;
@@ -134,16 +134,9 @@ __device__ __forceinline__ void stage_columns(const OutView& out, Elem* s, const
       const float b0 = out.bias && j < out.cols ? to_f(out.bias[j]) : 0.f;
       const float b1 = out.bias && j + 1 < out.cols ? to_f(out.bias[j + 1]) : 0.f;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        Elem2 pr;
-        pr.x = from_f(acc[4 * j8 + 2 * h] + b0);
-        pr.y = from_f(acc[4 * j8 + 2 * h + 1] + b1);
-        const int r = r0 + 8 * h;
-        if constexpr (SW128)
-          *reinterpret_cast<Elem2*>(box + r * 128 + ((jj ^ (r & 7)) << 4) + c0 * 2) = pr;
-        else
-          *reinterpret_cast<Elem2*>(s + r * LD + c) = pr;
-      }
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<Elem2*>(s + (r0 + 8 * h) * LD + c) =
+            pack_f(acc[4 * j8 + 2 * h] + b0, acc[4 * j8 + 2 * h + 1] + b1);
     }
   } else {
     constexpr int LD = 64 + 8;
@@ -222,55 +215,63 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
 }
 
 // ---- TMA-store epilogues (Config::EPI == 2, 3; GemmParams::c_tma) -------------------------------
-// The warpgroup's 64 x BN block goes out in passes of 64 columns. Each pass writes its columns
-// (biased, converted) into one of the warpgroup's two 64 x 64 boxes, laid out as tm_c's 128B
-// swizzle wants it (stage_columns with SW128), and one thread stores the box with
-// cp.async.bulk.tensor, which clips it to C. The stores run on asynchronously: the warpgroup goes
-// on to its next pass or tile (mainloop included) and only waits, before writing a box again, until
-// the store issued from it two passes back has read it. `npass` counts the warpgroup's passes
-// (which box is next).
-//
-// EPI = 3: one box per 64 columns. The warpgroup waits until the previous tile's stores have read
-// their boxes (issued a whole mainloop ago: long done), stages every pass, and one thread stores
-// all boxes: one proxy fence and two barriers per tile instead of one fence and two barriers per pass.
+// Per warp, with no warpgroup barrier: warp w of the consumer warpgroup owns rows 16 w .. 16 w + 15
+// of the warpgroup's 64 x BN block. In passes of 64 columns it writes its 16 x 64 piece (biased,
+// converted to packed pairs) with stmatrix into the next box of its own ring of NBOX 16 x 64 boxes
+// (2 KiB, laid out as tm_c's 128B swizzle wants it: 16-byte chunk k of row r at chunk k ^ (r % 8),
+// so each 8-row matrix hits all 32 banks), and lane 0 stores the box with cp.async.bulk.tensor,
+// which clips it to C. The stores run on asynchronously: the warp goes on to its next pass or tile
+// (mainloop included) and waits, before writing a box again, only until the store issued from it
+// NBOX passes back has read it. EPI = 2: NBOX = 2; EPI = 3: NBOX = BN / 64, one box per pass, so
+// the waits are for the previous tile's stores (issued a whole mainloop ago). `npass` counts the
+// warpgroup's passes (which box is next).
+
+// Stages pass `pass` of the warp's 16 rows (64 columns from D column j_base) into the box at
+// shared address `box`: one stmatrix .x4 per 16 columns, its matrices (rows 0-7 | 8-15) x (columns
+// 8 g | 8 g + 8) being the accumulator pairs acc[4 j8 + 0, 1], [4 j8 + 2, 3], [4 (j8 + 1) + 0, 1],
+// [4 (j8 + 1) + 2, 3]; lane l gives the address of row (l % 8) + 8 ((l / 8) % 2) of column group
+// 2 q + l / 16.
+__device__ __forceinline__ void stage_pass_sw128(const OutView& out, const float (&acc)[Config::ACC], int pass,
+                                                 int j_base, uint32_t box, int lane) {
+  const int sr = (lane & 7) + 8 * ((lane >> 3) & 1), sg = lane >> 4;  // stmatrix row and group offset
+  const int c0 = 2 * (lane % 4);                                       // this lane's columns c0 + 8 j8 (+1)
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int j8 = pass * 8 + 2 * q;
+    float b[4] = {0.f, 0.f, 0.f, 0.f};  // bias of this lane's columns in groups 2 q, 2 q + 1
+    if (out.bias) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = j_base + 16 * q + 8 * (e / 2) + c0 + e % 2;
+        b[e] = j < out.cols ? to_f(out.bias[j]) : 0.f;
+      }
+    }
+    const uint32_t addr = box + sr * 128 + (((2 * q + sg) ^ (sr & 7)) << 4);
+    sm90::stmatrix_x4(addr, pack_u32(acc[4 * j8 + 0] + b[0], acc[4 * j8 + 1] + b[1]),
+                      pack_u32(acc[4 * j8 + 2] + b[0], acc[4 * j8 + 3] + b[1]),
+                      pack_u32(acc[4 * j8 + 4] + b[2], acc[4 * j8 + 5] + b[3]),
+                      pack_u32(acc[4 * j8 + 6] + b[2], acc[4 * j8 + 7] + b[3]));
+  }
+}
+
 __device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutView& out, const WorkUnit& u, int wg,
                                                const float (&acc)[Config::ACC], uint8_t* boxes, uint32_t& npass) {
-  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int bar = 2 + wg;
-  const int i_base = u.tm * Config::BM + wg * 64;  // C row of the block's first row
-  const int r0 = warp * 16 + lane / 4;             // this thread's local rows: r0, r0 + 8
-  const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
-  if constexpr (Config::EPI == 3) {
-    constexpr int kBoxes = Config::BN / 64;
-    if (t == 0) sm90::bulk_wait_group_read<0>();  // the previous tile's stores read their boxes
-    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+  constexpr int NBOX = epi_warp_boxes(Config::BN, Config::EPI);
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  const uint32_t ring = sm90::smem_u32(boxes) + warp * NBOX * kEpiWarpBox;
+  const int row0 = u.tm * Config::BM + wg * 64 + warp * kEpiWarpRows;  // C row of the warp's first row
 #pragma unroll
-    for (int pass = 0; pass < kBoxes; ++pass)
-      stage_columns<false, 64, true>(out, reinterpret_cast<Elem*>(boxes + pass * kEpiTmaBox), acc, pass * 8, i_base,
-                                     u.tn * Config::BN + pass * 64, r0, c0);
-    sm90::fence_proxy_async_smem();  // the boxes' generic-proxy writes, visible to the TMA
-    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
-    if (t == 0) {
-#pragma unroll
-      for (int pass = 0; pass < kBoxes; ++pass)
-        sm90::tma_store_2d(&p.tm_c, boxes + pass * kEpiTmaBox, u.tn * Config::BN + pass * 64, i_base);
+  for (int pass = 0; pass < Config::BN / 64; ++pass, ++npass) {
+    const uint32_t box = ring + (npass % NBOX) * kEpiWarpBox;
+    const int j_base = u.tn * Config::BN + pass * 64;  // C column of the pass's first column
+    if (lane == 0) sm90::bulk_wait_group_read<NBOX - 1>();  // the store from this box NBOX passes back read it
+    __syncwarp();
+    stage_pass_sw128(out, acc, pass, j_base, box, lane);
+    sm90::fence_proxy_async_smem();  // the box's generic-proxy writes, visible to the TMA
+    __syncwarp();
+    if (lane == 0) {
+      sm90::tma_store_2d(&p.tm_c, box, j_base, row0);
       sm90::bulk_commit_group();
-    }
-    npass += kBoxes;
-  } else {
-#pragma unroll
-    for (int pass = 0; pass < Config::BN / 64; ++pass, ++npass) {
-      uint8_t* box = boxes + (npass & 1) * kEpiTmaBox;
-      if (t == 0) sm90::bulk_wait_group_read<1>();  // the store from this box two passes back read it
-      asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
-      const int j_base = u.tn * Config::BN + pass * 64;
-      stage_columns<false, 64, true>(out, reinterpret_cast<Elem*>(box), acc, pass * 8, i_base, j_base, r0, c0);
-      sm90::fence_proxy_async_smem();  // the box's generic-proxy writes, visible to the TMA
-      asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
-      if (t == 0) {
-        sm90::tma_store_2d(&p.tm_c, box, j_base, i_base);
-        sm90::bulk_commit_group();
-      }
     }
   }
 }

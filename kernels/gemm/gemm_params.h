@@ -74,12 +74,16 @@ inline constexpr int tma_box_rows(int rows) { return rows > 256 ? rows / 2 : row
 // passes of epi_pass_cols(bn) D columns (all of them up to bn = 128, else 64). Without swap a pass
 // is 64 rows of cols + 8; with swap (C = D^T) cols rows of 64 + 8; the latter is never smaller.
 inline constexpr int epi_pass_cols(int bn) { return bn <= 128 ? bn : 64; }
-// epi = 2 (TMA stores): two 64 x 64 boxes (8 KiB each, 128B-swizzled) per warpgroup, used in turn by
-// the passes of 64 columns, after 1 KiB-aligning the area (smem_bytes adds the slack). epi = 3: one
-// box per 64 columns (bn / 64), so the warpgroup stages its whole block before storing any.
-inline constexpr int kEpiTmaBox = 64 * 64 * 2;
+// epi = 2, 3 (TMA stores): each warp of a consumer warpgroup stages its 16 rows of the warpgroup's
+// 64 x bn block in passes of 64 columns, into a ring of its own 16 x 64 boxes (2 KiB each,
+// 128B-swizzled, tm_c's box), and stores each with TMA (gemm_epilogue.cuh store_tile_tma). epi = 2:
+// 2 boxes per warp, used in turn; epi = 3: one per 64 columns (bn / 64), so a warp stages its whole
+// row band before reusing any. The area is 1 KiB-aligned first (smem_bytes adds the slack).
+inline constexpr int kEpiWarpRows = 16;
+inline constexpr int kEpiWarpBox = kEpiWarpRows * 64 * 2;
+inline constexpr int epi_warp_boxes(int bn, int epi) { return epi == 3 ? bn / 64 : 2; }
 inline constexpr int epi_wg_bytes(int bn, int epi = 1) {
-  return epi == 3 ? bn / 64 * kEpiTmaBox : epi == 2 ? 2 * kEpiTmaBox : epi_pass_cols(bn) * (64 + 8) * 2;
+  return epi >= 2 ? 4 * epi_warp_boxes(bn, epi) * kEpiWarpBox : epi_pass_cols(bn) * (64 + 8) * 2;
 }
 
 // Stream-K workspace: the flags (2 per CTA, padded to 256 bytes), then one BM x BN fp32 slot per CTA.

@@ -300,7 +300,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   if (v.epi >= 2 && !v.swap && reinterpret_cast<uintptr_t>(pr.c) % 16 == 0 && (pr.M <= 1 || (pr.ldc * 2) % 16 == 0)) {
     const cuuint64_t dims[2] = {cuuint64_t(pr.N), cuuint64_t(pr.M)};
     const cuuint64_t strides[1] = {cuuint64_t(pr.M > 1 ? pr.ldc * 2 : (pr.N * 2 + 15) / 16 * 16)};
-    const cuuint32_t box[2] = {64, 64};
+    const cuuint32_t box[2] = {64, kEpiWarpRows};  // one warp's 16 rows x 64 columns
     p.c_tma = encode_sw128(encode, &p.tm_c, 2, pr.c, dims, strides, box, pr.bf16, CU_TENSOR_MAP_L2_PROMOTION_NONE) ==
               CUDA_SUCCESS;
   }

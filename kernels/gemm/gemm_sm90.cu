@@ -123,9 +123,10 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
     if (trace) trace[2] = clock64();
 #endif
   }
-  // The TMA stores must have read their boxes before the CTA's shared memory goes away.
+  // The TMA stores must have read their boxes before the CTA's shared memory goes away (lane 0 of
+  // each warp issued its warp's stores).
   if constexpr (Config::EPI >= 2)
-    if (npass > 0 && threadIdx.x % 128 == 0) sm90::bulk_wait_group<0>();
+    if (npass > 0 && threadIdx.x % 32 == 0) sm90::bulk_wait_group_read<0>();
 }
 
 }  // namespace fly::gemm

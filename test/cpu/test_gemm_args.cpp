@@ -806,7 +806,7 @@ TEST_CASE("TMA-store epilogue (epi = 2): C's tensor map only where TMA can addre
   REQUIRE(log.maps.size() == 3);  // P, Q, C
   CHECK(log.maps[2].dims == std::vector<uint64_t>{1104, 1000});
   CHECK(log.maps[2].strides == std::vector<uint64_t>{1104 * 2});
-  CHECK(log.maps[2].box == std::vector<unsigned>{64, 64});
+  CHECK(log.maps[2].box == std::vector<unsigned>{64, 16});  // one warp's 16 rows x 64 columns
   CHECK(L.smem == unsigned(smem_bytes(256, 4, 2)));
   CHECK(L.smem == unsigned(4 * 49152 + 64 + 1024 + 1024 + 2 * 16384));
   CHECK(L.smem <= 227u * 1024u);
@@ -819,7 +819,7 @@ TEST_CASE("TMA-store epilogue (epi = 2): C's tensor map only where TMA can addre
     CHECK(L.params.c_tma == 0);
     CHECK(log.maps.size() == 2);
   }
-  // epi = 3: the same map, one 8 KiB box per 64 columns per warpgroup (4 at bn = 256: 3 stages fit).
+  // epi = 3: the same map, one 2 KiB box per 64 columns per warp (4 at bn = 256: 3 stages fit).
   pr.ldc = 1104;
   log.maps.clear();
   const VariantShape v3{256, 3, false, 1, 3};
@@ -829,7 +829,8 @@ TEST_CASE("TMA-store epilogue (epi = 2): C's tensor map only where TMA can addre
   CHECK(L.smem == unsigned(3 * 49152 + 48 + 1024 + 1024 + 2 * 4 * 8192));
   CHECK(L.smem <= 227u * 1024u);
   CHECK(smem_bytes(256, 4, 3) > 227 * 1024);
-  CHECK(epi_wg_bytes(128, 3) == 2 * 8192);
+  CHECK(epi_wg_bytes(128, 3) == 4 * 2 * 2048);
+  CHECK(epi_wg_bytes(256, 2) == 4 * 2 * 2048);  // epi = 2: two boxes per warp at any bn
 }
 
 TEST_CASE("raster strips: the height that touches the fewest operand bytes per wave", "[gemm][args]") {
