@@ -9,7 +9,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,204
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,256,'gemm_bf16_bn256_st4_sw0_mc1_e2',46.496,'gemm_bf16_bn256_st4_sw0_mc2_e2',46.720,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,32,'gemm_bf16_bn64_st6_sw1_mc1_e1',33.920,'gemm_bf16_bm64_bn128_st3_sw0_mp2_kb2',34.432,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,4,'gemm_bf16_bm64_bn32_st8_sw1_kb2',34.528,'gemm_bf16_bm64_bn32_st7_sw1_kb2',35.264,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,4096,'gemm_bf16_bn256_st3_sw0_mc2_e1',656.224,'gemm_bf16_bn256_st3_sw0_mc1_e1',660.896,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,4096,'gemm_bf16_bn256_st3_sw0_mc2_e2',658.208,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',666.400,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,512,'gemm_bf16_bn128_st5_sw0_mc1_e2_sk1',91.808,'gemm_bf16_bn256_st3_sw0_mc2_e2',91.808,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,64,'gemm_bf16_bn64_st8_sw1_mc1_e1',33.408,'gemm_bf16_bn64_st7_sw1_mc1_e1',33.632,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',14336,4096,8,'gemm_bf16_bm64_bn32_st12_sw1_mp1',35.808,'gemm_bf16_bm64_bn32_st8_sw1_mp1',35.872,'NVIDIA H200','2026-11-30');
@@ -97,13 +97,13 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,204
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,256,'gemm_bf16_bn256_st4_sw0_mc2_e2',46.560,'gemm_bf16_bn256_st4_sw0_mc1_e2',47.264,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,32,'gemm_bf16_bn64_st8_sw1_mc1_e1',33.632,'gemm_bf16_bn64_st7_sw1_mc1_e1',33.856,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,4,'gemm_bf16_bm64_bn32_st8_sw1_kb2',35.136,'gemm_bf16_bm64_bn32_st7_sw1_kb2',35.680,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,4096,'gemm_bf16_bn256_st3_sw0_mc2_e1',673.280,'gemm_bf16_bn256_st3_sw0_mc1_e1',676.672,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,4096,'gemm_bf16_bn256_st3_sw0_mc1_e2_sk1',688.512,'gemm_bf16_bn256_st4_sw0_mc2_e2',696.000,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,512,'gemm_bf16_bn112_st5_sw0_mc1_e1',94.624,'gemm_bf16_bn256_st4_sw0_mc1_e2',94.656,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,64,'gemm_bf16_bn64_st8_sw1_mc1_e1',33.696,'gemm_bf16_bn64_st7_sw1_mc1_e1',34.016,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,8,'gemm_bf16_bn64_st8_sw1_mc1_e1',36.416,'gemm_bf16_bn64_st9_sw1_mc1',36.672,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',14336,4096,8192,'gemm_bf16_bn256_st3_sw0_mc1_e2_sk1',1432.192,'gemm_bf16_bn256_st4_sw0_mc2_e2',1448.640,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,1,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',130.240,'gemm_bf16_bm64_bn128_st8_sw0_mp2',131.584,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,1024,'gemm_bf16_bn256_st3_sw0_mc2_e1',658.944,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',664.160,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,1024,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',660.128,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',665.440,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,128,'gemm_bf16_bn256_st4_sw0_mc1_e1',120.608,'gemm_bf16_bn112_st6_sw0_mc1_e1',122.624,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,16,'gemm_bf16_bn64_st8_sw1_mc1_e1',121.472,'gemm_bf16_bm64_bn32_st7_sw1_kb2',121.600,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',28672,8192,2,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',126.880,'gemm_bf16_bn64_st9_sw1_mc1',129.184,'NVIDIA H200','2026-11-30');
@@ -166,7 +166,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,128,
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,16,'gemm_bf16_bm64_bn32_st10_sw1_mp1',37.024,'gemm_bf16_bm64_bn32_st5_sw1_kb2',37.184,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,16384,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',3216.576,'gemm_bf16_bn256_st3_sw0_mc2_e2',3227.360,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,2,'gemm_bf16_bm64_bn32_st8_sw1_kb2',39.552,'gemm_bf16_bm64_bn32_st7_sw1_kb2',40.704,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,2048,'gemm_bf16_bn256_st4_sw0_mc2_e1',367.936,'gemm_bf16_bn256_st3_sw0_mc2_e1',368.864,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,2048,'gemm_bf16_bn256_st3_sw0_mc1_e2',353.440,'gemm_bf16_bn256_st4_sw0_mc2_e1',361.280,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,256,'gemm_bf16_bn128_st6_sw0_mc2_e2',49.440,'gemm_bf16_bn128_st5_sw0_mc2_e2',50.144,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,32,'gemm_bf16_bm64_bn32_st7_sw1_kb2',37.024,'gemm_bf16_bm64_bn32_st4_sw1_kb4',37.216,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',8192,8192,4,'gemm_bf16_bm64_bn32_st8_sw1_kb2',40.640,'gemm_bf16_bm64_bn32_st7_sw1_kb2',41.056,'NVIDIA H200','2026-11-30');
@@ -204,7 +204,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,102
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,128,'gemm_bf16_bn64_st7_sw0_mc1_e1',38.432,'gemm_bf16_bn64_st7_sw0_mc1',38.784,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,16,'gemm_bf16_bn64_st5_sw1_mc1_e1',36.608,'gemm_bf16_bn64_st6_sw1_mc1_e1',36.640,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,16384,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',2524.128,'gemm_bf16_bn256_st3_sw0_mc1',2537.888,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,2048,'gemm_bf16_bn256_st4_sw0_mc1_e1',300.320,'gemm_bf16_bn256_st3_sw0_mc2_e1',300.608,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,2048,'gemm_bf16_bn256_st3_sw0_mc1_e1',294.144,'gemm_bf16_bn256_st4_sw0_mc1_e1',295.392,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,256,'gemm_bf16_bm64_bn128_st8_sw0_mp1',49.280,'gemm_bf16_bn128_st5_sw1_mc1',51.264,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,32,'gemm_bf16_bn64_st5_sw1_mc1',36.512,'gemm_bf16_bn64_st5_sw1_mc1_e1',36.544,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',4096,14336,4096,'gemm_bf16_bn256_st3_sw0_mc1_e2',595.264,'gemm_bf16_bn256_st3_sw0_mc2_e2',595.360,'NVIDIA H200','2026-11-30');
