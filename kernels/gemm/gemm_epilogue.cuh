@@ -224,7 +224,10 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
 // (mainloop included) and waits, before writing a box again, only until the store issued from it
 // NBOX passes back has read it. EPI = 2: NBOX = 2; EPI = 3: NBOX = BN / 64, one box per pass, so
 // the waits are for the previous tile's stores (issued a whole mainloop ago). `npass` counts the
-// warpgroup's passes (which box is next).
+// warp's passes (which box is next; every warp of the warpgroup counts the same).
+// NOTE: measured on the H200 (bench/RESULTS.md, ninth session): the waits cost nothing; issuing the
+// 4 stores a tile costs the warp ~600 cycles. Issuing them from lanes of one producer warp instead
+// (mbarriers per box) was slower: a lane blocked in try_wait held up the others.
 
 // Stages pass `pass` of the warp's 16 rows (64 columns from D column j_base) into the box at
 // shared address `box`: one stmatrix .x4 per 16 columns, its matrices (rows 0-7 | 8-15) x (columns
