@@ -139,25 +139,18 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
-// 2-D tile store shared -> global (bulk async-group of the issuing thread); elements outside the
-// tensor are not written. c0 is the innermost coordinate.
+// 2-D tile store shared (address `src`, smem_u32) -> global (bulk async-group of the issuing
+// thread); elements outside the tensor are not written. c0 is the innermost coordinate.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
                "r"(src), "r"(c0), "r"(c1)
                : "memory");
 }
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
-  tma_store_2d(map, smem_u32(src), c0, c1);
-}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's bulk groups are still reading their shared memory.
 template <int N> __device__ __forceinline__ void bulk_wait_group_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-// Waits until at most N of this thread's bulk groups are still incomplete (writes done).
-template <int N> __device__ __forceinline__ void bulk_wait_group() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // stmatrix .x4: four 8 x 8 matrices of 16-bit elements from the warp's registers to shared memory.

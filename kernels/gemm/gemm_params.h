@@ -22,9 +22,10 @@ struct GemmParams {
   // also with P multicast (MP = 2), whose CTAs each bring one k block through tm_p ({64, BM} box).
   CUtensorMap tm_p3;
   CUtensorMap tm_q3;
-  // The TMA-store epilogue (epi = 2) writes C through this map: dims {N, M}, box {64, 64},
-  // 128B-swizzled. Encoded only when c_tma is 1 (no swap-AB, C 16-byte aligned, ldc * 2 a multiple
-  // of 16); otherwise those variants store straight from the accumulators.
+  // The TMA-store epilogues (epi = 2, 3) write C through this map: dims {N, M}, box {64, 16} (one
+  // warp's rows of one pass), 128B-swizzled. Encoded only when c_tma is 1 (no swap-AB, C 16-byte
+  // aligned, ldc * 2 a multiple of 16); otherwise those variants store straight from the
+  // accumulators.
   CUtensorMap tm_c;
   void* c;           // C[M, N] row-major, leading stride ldc (elements)
   const void* bias;  // bias[N] or nullptr
@@ -37,7 +38,7 @@ struct GemmParams {
   int32_t split;           // split-K factor == cluster size along x (1: persistent, no split)
   int32_t kb_per_split;    // k steps (KB x 64 wide: one ring stage each) per split
   int32_t c_vec;           // 1: C base 8-byte aligned and ldc % 4 == 0 (vector stores allowed)
-  int32_t c_tma;           // 1: tm_c is valid (epi = 2 variants store C with TMA)
+  int32_t c_tma;           // 1: tm_c is valid (epi = 2, 3 variants store C with TMA)
   int32_t mc;              // CTAs per multicast cluster along M (must equal the variant's FLY_MC)
   int32_t k_stagger;       // 1: units spanning all of K start their k walk at an offset spread
                            // over the CTAs (clusters) and wrap around, so the CTAs do not all
