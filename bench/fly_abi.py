@@ -75,6 +75,14 @@ def max_rel_err(out, ref):
     return ((out.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
 
 
+def poisoned_err(fn, out, ref):
+    """max_rel_err(out, ref) after fn(), which writes `out`, with `out` filled with NaN beforehand:
+    an element fn() leaves unwritten makes the result NaN."""
+    out.fill_(float("nan"))
+    fn()
+    return max_rel_err(out, ref)  # .item() waits for fn()'s kernels
+
+
 def force_variant(lib, name):
     """fly_force_variant(name); None restores the database's choice. RuntimeError if not bundled."""
     if lib.fly_force_variant(None if name is None else name.encode()) != 0:

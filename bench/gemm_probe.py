@@ -17,7 +17,7 @@ import argparse
 import torch
 
 import timing
-from fly_abi import add_nt_args, force_variant, gemm_caller, load, max_rel_err, nt_problem
+from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem, poisoned_err
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,10 +43,7 @@ def main():
             continue
         fn = (lambda: torch.mm(x, b, out=c)) if v == "torch.mm" else call
         try:
-            c.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            err = max_rel_err(c, ref)
+            err = poisoned_err(fn, c, ref)
             t = float("nan") if a.no_time else timing.time_us(fn)
             if v == "db":
                 v = "db " + lib.fly_last_variant().decode()
