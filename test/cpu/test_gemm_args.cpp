@@ -44,6 +44,16 @@ fly::gemm::Problem decode_problem() {
   return pr;
 }
 
+// decode_problem's NT layout at M x N x K: K-major A [M, K] and B^T [N, K], C [M, N] unpadded.
+fly::gemm::Problem nt_problem(int64_t M, int64_t N, int64_t K) {
+  fly::gemm::Problem pr = decode_problem();
+  pr.M = pr.a.rows = M;
+  pr.N = pr.bt.rows = N;
+  pr.K = pr.a.ld = pr.bt.ld = K;
+  pr.ldc = N;
+  return pr;
+}
+
 // Stands in for cuTensorMapEncodeTiled in plan_gemm: records each map's box rows and L2 promotion,
 // and its rank, dims, strides and box in full.
 struct EncodeLog {
@@ -343,9 +353,7 @@ TEST_CASE("stream-K plan: the cut tiles, the grid and the workspace", "[gemm][ar
   CHECK(plan_stream_k(17, 17 * 16, 2, 132).group == 1);
   CHECK(!plan_stream_k(1, 100, int64_t(1) << 25, 132).active());  // steps past 32 bits: none
 
-  Problem pr = decode_problem();
-  pr.M = pr.a.rows = 128;
-  pr.N = pr.bt.rows = 6144;  // 96 tiles of 128 x 64 over 64 k steps
+  Problem pr = nt_problem(128, 6144, 4096);  // 96 tiles of 128 x 64 over 64 k steps
   const VariantShape v{64, 8, false, 1, 1};
   EncodeLog log;
   auto encode = log.encoder();
@@ -673,9 +681,7 @@ TEST_CASE("decode variants: NT only, M within the tile, K % 8, cluster split of 
 TEST_CASE("tiles shaped like cuBLAS's decode kernels: odd bn, P multicast on 128-row tiles, Q multicast on narrow tiles",
           "[gemm][args]") {
   using namespace fly::gemm;
-  Problem pr = decode_problem();
-  pr.M = pr.a.rows = 128;
-  pr.N = pr.bt.rows = 14336;
+  Problem pr = nt_problem(128, 14336, 4096);
   EncodeLog log;
   auto encode = log.encoder();
   Launch L{};
@@ -747,11 +753,7 @@ TEST_CASE("tiles shaped like cuBLAS's decode kernels: odd bn, P multicast on 128
 
 TEST_CASE("320-wide tiles: two TMA boxes of Q, no split-K, no swap, K-major Q only", "[gemm][args]") {
   using namespace fly::gemm;
-  Problem pr = decode_problem();
-  pr.M = pr.a.rows = 4096;
-  pr.N = pr.bt.rows = 28672;
-  pr.K = 8192;
-  pr.a.ld = pr.bt.ld = 8192;
+  Problem pr = nt_problem(4096, 28672, 8192);
   EncodeLog log;
   auto encode = log.encoder();
   Launch L{};
@@ -793,10 +795,7 @@ TEST_CASE("320-wide tiles: two TMA boxes of Q, no split-K, no swap, K-major Q on
 
 TEST_CASE("TMA-store epilogue (epi = 2): C's tensor map only where TMA can address C", "[gemm][args]") {
   using namespace fly::gemm;
-  Problem pr = decode_problem();
-  pr.M = pr.a.rows = 1000;
-  pr.N = pr.bt.rows = 1104;
-  pr.ldc = 1104;
+  Problem pr = nt_problem(1000, 1104, 4096);
   EncodeLog log;
   auto encode = log.encoder();
   Launch L{};
@@ -852,8 +851,7 @@ TEST_CASE("raster strips: the height that touches the fewest operand bytes per w
   CHECK(raster_group(8, 32, 128, 256, 132) == 8);
 
   // plan_gemm: the heuristic unless the variant fixes the height (launch axis gm).
-  Problem pr = decode_problem();
-  pr.M = pr.a.rows = 16384;
+  Problem pr = nt_problem(16384, 4096, 4096);
   EncodeLog log;
   auto encode = log.encoder();
   VariantShape v{256, 4, false, 1, 0, kBM};
