@@ -25,10 +25,12 @@ def desc(t):
 
 
 def load(path):
-    """libflykernels.so at `path`, with fly_get_last_error / fly_last_variant returning bytes."""
+    """libflykernels.so at `path`, with fly_get_last_error / fly_last_variant / fly_variant_name
+    returning bytes."""
     lib = ctypes.CDLL(path)
     lib.fly_get_last_error.restype = ctypes.c_char_p
     lib.fly_last_variant.restype = ctypes.c_char_p
+    lib.fly_variant_name.restype = ctypes.c_char_p
     return lib
 
 

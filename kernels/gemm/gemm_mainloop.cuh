@@ -39,29 +39,6 @@ struct Ring {
 };
 
 // ---- producer ----------------------------------------------------------------------------------
-// Dev experiment (never in the shipped cubins): with FLY_GEMM_L2_HINT the producer's loads carry
-// an L2 policy: evict_first for the operand with more rows (the weights of a decode GEMM, streamed
-// once), evict_last for the other (re-read by every tile along it). Without it `pol` is unused.
-#ifdef FLY_GEMM_L2_HINT
-constexpr bool kL2Hint = true;
-#else
-constexpr bool kL2Hint = false;
-#endif
-__device__ __forceinline__ void ld2(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, uint64_t pol) {
-  if constexpr (kL2Hint) sm90::tma_load_2d_hint(dst, map, bar, c0, c1, pol);
-  else sm90::tma_load_2d(dst, map, bar, c0, c1);
-}
-__device__ __forceinline__ void ld3(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
-                                    uint64_t pol) {
-  if constexpr (kL2Hint) sm90::tma_load_3d_hint(dst, map, bar, c0, c1, c2, pol);
-  else sm90::tma_load_3d(dst, map, bar, c0, c1, c2);
-}
-__device__ __forceinline__ void ld2mc(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, uint16_t mask,
-                                      uint64_t pol) {
-  if constexpr (kL2Hint) sm90::tma_load_2d_multicast_hint(dst, map, bar, c0, c1, mask, pol);
-  else sm90::tma_load_2d_multicast(dst, map, bar, c0, c1, mask);
-}
-
 // Stage layout of one operand (KB k blocks of ROWS rows). K-major: KB tiles [ROWS][64 k] of
 // ROWS x 128 B one after the other. MN-major: 128B swizzling caps the box's inner extent at 64
 // elements, so the tile is ROWS/64 chunks, each [KB x 64 k][64 mn] (KB x 8 KiB): one box
@@ -72,25 +49,25 @@ constexpr int kMnChunkBytes = Config::KB * 64 * Config::BK * 2;
 // when the whole step lies inside K, else one 2-D box per k block (zero-filled past K).
 template <int ROWS>
 __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* map, const CUtensorMap* map3,
-                                             uint64_t* bar, bool kmajor, int row0, int k0, int k, uint64_t pol) {
+                                             uint64_t* bar, bool kmajor, int row0, int k0, int k) {
   if (kmajor) {
     if constexpr (Config::KB == 1) {
       constexpr int BOX = tma_box_rows(ROWS);  // 320-row tiles: two boxes of 160
 #pragma unroll
       for (int b = 0; b < ROWS / BOX; ++b)
-        ld2(dst + b * BOX * Config::BK * 2, map, bar, k0, row0 + b * BOX, pol);
+        sm90::tma_load_2d(dst + b * BOX * Config::BK * 2, map, bar, k0, row0 + b * BOX);
     } else {
       if (k0 + Config::KSTEP <= k) {
-        ld3(dst, map3, bar, 0, row0, k0 / Config::BK, pol);
+        sm90::tma_load_3d(dst, map3, bar, 0, row0, k0 / Config::BK);
       } else {
 #pragma unroll
         for (int j = 0; j < Config::KB; ++j)
-          ld2(dst + j * ROWS * Config::BK * 2, map, bar, k0 + j * Config::BK, row0, pol);
+          sm90::tma_load_2d(dst + j * ROWS * Config::BK * 2, map, bar, k0 + j * Config::BK, row0);
       }
     }
   } else if constexpr (ROWS % 64 == 0) {
 #pragma unroll
-    for (int c = 0; c < ROWS / 64; ++c) ld2(dst + c * kMnChunkBytes, map, bar, row0 + 64 * c, k0, pol);
+    for (int c = 0; c < ROWS / 64; ++c) sm90::tma_load_2d(dst + c * kMnChunkBytes, map, bar, row0 + 64 * c, k0);
   } else {
     __trap();  // an MN-major tile that is not whole 64-wide chunks: the launcher never plans one (layout_fits)
   }
@@ -103,9 +80,9 @@ __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* ma
 // MN-major operands whose halves are not).
 template <int ROWS, int CL>
 __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, const CUtensorMap* map3,
-                                          uint64_t* bar, bool kmajor, int row0, int k0, int k, int rank, uint64_t pol) {
+                                          uint64_t* bar, bool kmajor, int row0, int k0, int k, int rank) {
   if constexpr (CL == 1) {
-    load_operand<ROWS>(dst, map, map3, bar, kmajor, row0, k0, k, pol);
+    load_operand<ROWS>(dst, map, map3, bar, kmajor, row0, k0, k);
   } else if constexpr (Config::KB == 2) {
     // Two k blocks per stage: CTA `rank` brings k block `rank` (all ROWS rows; a box wholly past
     // K is zero-filled and still counts its bytes). K-major: the stage's k blocks are ROWS x 128 B
@@ -114,11 +91,12 @@ __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, 
     const uint16_t both = 0x3;
     const int kr = k0 + rank * Config::BK;
     if (kmajor) {
-      ld2mc(dst + rank * ROWS * Config::BK * 2, map, bar, kr, row0, both, pol);
+      sm90::tma_load_2d_multicast(dst + rank * ROWS * Config::BK * 2, map, bar, kr, row0, both);
     } else if constexpr (ROWS % 64 == 0) {
 #pragma unroll
       for (int c = 0; c < ROWS / 64; ++c)
-        ld2mc(dst + c * kMnChunkBytes + rank * 64 * Config::BK * 2, map, bar, row0 + 64 * c, kr, both, pol);
+        sm90::tma_load_2d_multicast(dst + c * kMnChunkBytes + rank * 64 * Config::BK * 2, map, bar, row0 + 64 * c,
+                                    kr, both);
     } else {
       __trap();  // an MN-major tile that is not whole 64-wide chunks: the launcher never plans one (layout_fits)
     }
@@ -127,12 +105,12 @@ __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, 
     constexpr int HALF = ROWS / 2;
     const uint16_t both = 0x3;
     if (kmajor) {
-      ld2mc(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, both, pol);
+      sm90::tma_load_2d_multicast(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, both);
     } else if constexpr (HALF % 64 == 0) {
 #pragma unroll
       for (int c = 0; c < HALF / 64; ++c) {
         const int chunk = rank * (HALF / 64) + c;
-        ld2mc(dst + chunk * 64 * Config::BK * 2, map, bar, row0 + 64 * chunk, k0, both, pol);
+        sm90::tma_load_2d_multicast(dst + chunk * 64 * Config::BK * 2, map, bar, row0 + 64 * chunk, k0, both);
       }
     } else {
       __trap();  // MN-major halves that are not whole chunks: the launcher never plans one (layout_fits)
@@ -153,12 +131,6 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
   // k_stagger: this CTA's (cluster's: multicast peers must load the same k step) start offset.
   constexpr int CL = Config::CLUSTER;
   const int k_off = p.k_stagger ? int(uint64_t(blockIdx.x / CL) * sched.kb_total / max(1u, gridDim.x / CL)) : 0;
-  uint64_t pol_p = 0, pol_q = 0;
-  if constexpr (kL2Hint) {
-    const bool p_streams = p.rows >= p.cols;
-    pol_p = p_streams ? sm90::l2_policy_evict_first() : sm90::l2_policy_evict_last();
-    pol_q = p_streams ? sm90::l2_policy_evict_last() : sm90::l2_policy_evict_first();
-  }
   while (sched.fetch(u)) {
     const int off = u.kb_begin == 0 && u.kb_end == sched.kb_total ? k_off : 0;
     for (int kb0 = u.kb_begin; kb0 < u.kb_end; ++kb0) {
@@ -170,9 +142,9 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
       uint64_t* fb = &ring.full[ps.stage];
       sm90::mbar_arrive_expect_tx(fb, Config::STAGE_BYTES);  // OOB zero-fill bytes count too
       load_tile<Config::BM, Config::MP>(ring.p_tile(ps.stage), &p.tm_p, &p.tm_p3, fb, pk, u.tm * Config::BM,
-                                        kb * Config::KSTEP, p.k, sched.rank, pol_p);
+                                        kb * Config::KSTEP, p.k, sched.rank);
       load_tile<Config::BN, Config::MC>(ring.q_tile(ps.stage), &p.tm_q, &p.tm_q3, fb, qk, u.tn * Config::BN,
-                                        kb * Config::KSTEP, p.k, sched.rank, pol_q);
+                                        kb * Config::KSTEP, p.k, sched.rank);
       ps.advance();
     }
   }

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""GPU kernel durations (torch.profiler / CUPTI) of our GEMM and cuBLAS's on suite shapes, with the
+L2 warm (back-to-back calls on the same operands) and cold (a 256 MiB read flush before each call):
+what each kernel costs without launch gaps or event overhead, and how much of it is the first read
+of the operands from DRAM.
+
+  python3 bench/kernel_times.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
+                                [--layouts nt] [--max-m 512] [--calls 20]
+
+Per shape, layout and mode, the median duration of the GPU kernels each call launched (ours:
+names starting fly_gemm; cuBLAS: every other kernel torch.mm launched, split-K reductions
+included, summed per call).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
+from fly_abi import gemm_caller, load  # noqa: E402
+from gemm_torch import make_operands  # noqa: E402
+
+
+def per_call_us(fn, calls, flush):
+    """Median over `calls` calls of the summed duration of the kernels one call of fn launches."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    marks = []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            if flush:
+                timing.flush_l2(i)
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA or not ev.device_time:
+            continue
+        if "at::native" in ev.name:  # the flush (a torch reduction), not the call
+            continue
+        marks.append((ev.time_range.start, ev.device_time, ev.name))
+    marks.sort()
+    # Consecutive kernels of one call are summed: the same number per call (cuBLAS's split-K GEMM
+    # and its reduction are two).
+    if not marks:
+        return float("nan"), ""
+    names = [m[2] for m in marks]
+    k = max(1, len(marks) // calls)
+    for j in range(0, len(marks) - k + 1, k):
+        per.setdefault(j // k, 0.0)
+        per[j // k] += sum(m[1] for m in marks[j:j + k])
+    v = sorted(per.values())
+    return v[len(v) // 2], names[0][:60]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--suite", default="suites/gemm_bf16.json")
+    ap.add_argument("--layouts", default="nt")
+    ap.add_argument("--max-m", type=int, default=512)
+    ap.add_argument("--calls", type=int, default=20)
+    a = ap.parse_args()
+    lib = load(a.lib)
+    with open(a.suite) as f:
+        cases = [(c["M"], c["N"], c["K"]) for c in json.load(f)["cases"] if c["M"] <= a.max_m]
+    print("kernel durations (us), median per call; warm: back-to-back, cold: L2 flushed before each call")
+    print(f"{'layout':6s} {'shape':>16s} {'ours warm':>10s} {'cuBLAS warm':>12s} {'ours cold':>10s} "
+          f"{'cuBLAS cold':>12s}  cold ratio  kernels")
+    for layout in a.layouts.split(","):
+        for M, N, K in cases:
+            x, b = make_operands(M, N, K, layout, torch.bfloat16)
+            c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            ours = gemm_caller(lib, x, b, c)
+            ours()
+            torch.cuda.synchronize()
+            variant = lib.fly_last_variant().decode()
+            cub = lambda: torch.mm(x, b, out=c)  # noqa: E731
+            ow, _ = per_call_us(ours, a.calls, False)
+            cw, cname = per_call_us(cub, a.calls, False)
+            oc, _ = per_call_us(ours, a.calls, True)
+            cc, _ = per_call_us(cub, a.calls, True)
+            print(f"{layout:6s} {f'{M}x{N}x{K}':>16s} {ow:10.2f} {cw:12.2f} {oc:10.2f} {cc:12.2f}  "
+                  f"{cc / oc:9.3f}x  {variant} | {cname}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
