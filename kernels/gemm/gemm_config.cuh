@@ -31,6 +31,9 @@
 #ifndef FLY_KB
 #define FLY_KB 1
 #endif
+#ifndef FLY_KW
+#define FLY_KW 1
+#endif
 
 namespace fly::gemm {
 
@@ -48,7 +51,16 @@ struct Config {
   // split the tile's BN columns, WG_N = BN / 2 each; no split-K, no staged epilogue.
   static constexpr int BM = FLY_BM;
   static constexpr int BN = FLY_BN;
-  static constexpr int WG_N = BM == 64 ? BN / 2 : BN;  // Q columns of each consumer warpgroup
+  // KW = 2 (narrow tiles only): the consumer warpgroups split the k steps instead of the columns.
+  // Each takes every other ring stage with the whole 64 x BN tile (wgmma N = BN), and the two
+  // partial tiles are summed through shared memory before the epilogue (gemm_sm90.cu
+  // kw_exchange), each warpgroup storing half of the columns. Why: with the column split both
+  // warpgroups read all 64 P rows of every k16 slice from shared memory for N = BN / 2 each, so on
+  // decode shapes shared-memory bandwidth, not DRAM, limits the kernel (bench/RESULTS.md, tenth
+  // session): per k16 slice the column split reads 2 x (2 KiB + BN x 16 B), the k split 2 KiB +
+  // BN x 32 B.
+  static constexpr int KW = FLY_KW;
+  static constexpr int WG_N = BM == 64 && KW == 1 ? BN / 2 : BN;  // Q columns of each consumer warpgroup
   // BN = 320 (cuBLAS's 320 x 128 tile on the largest shapes: 25% more output per k block than
   // 128 x 256 for 17% more operand bytes): each warpgroup issues two wgmma n160 per k16 slice, whose
   // accumulators lie one after the other (the same column order as one n320 would have).
@@ -94,9 +106,9 @@ struct Config {
   // EPI = 3: the same with one box per 64 columns, the warp's whole row band staged at once.
   static constexpr int EPI = FLY_EPI;
   static constexpr int EPI_WG_BYTES = epi_wg_bytes(BN, EPI);
-  static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM, KB);
+  static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM, KB, KW);
   static constexpr int ACC = MH * WG_N / 2;  // fp32 accumulators per consumer thread (MH x 64 x WG_N / 128)
-  static constexpr int STAGE_READERS = PP ? 1 : 2;  // consumer warpgroups that read each stage
+  static constexpr int STAGE_READERS = PP || KW == 2 ? 1 : 2;  // consumer warpgroups that read each stage
   // Register split: producer warpgroup keeps 40, consumers get 232 (40*128 + 232*256 <= 64K).
   // Narrow tiles (small accumulators) give the producer 56 and the consumers 224: at 40 the
   // producer of the kb = 4 and the P-multicast kb = 2 tiles spilled 20 bytes (ptxas caps the code
@@ -117,6 +129,11 @@ struct Config {
   static_assert(EPI < 2 || (EPI <= 3 && BM == 128 && BN % 64 == 0 && BN <= 256 && !PP),
                 "TMA-store epilogue: 128-row tiles, passes of 64 columns");
   static_assert(MP == 1 || MP == 2, "P multicast: clusters of 2");
+  // KW = 2 with an even ring: stage s always belongs to warpgroup s % 2, so each full barrier has
+  // one reader and its parity test is never a whole phase behind (with an odd ring a warpgroup
+  // could test a stage whose previous fill, the other warpgroup's, has not landed yet).
+  static_assert(KW == 1 || (KW == 2 && BM == 64 && !PP && EPI == 0 && STAGES % 2 == 0),
+                "k split over the warpgroups: narrow tiles, an even number of stages");
   static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
                 "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
   static_assert(MC == 1 || (MC == 2 && BN % 16 == 0), "Q multicast: each CTA loads BN / 2 rows (8-row atoms)");

@@ -68,14 +68,15 @@ struct OutView {
   }
 };
 
-// Stores one warpgroup's 64 x WG_N accumulator block (Mma::kRegs values from `acc`) whose first
-// element is D(i_base, j_base).
+// Stores one warpgroup's 64 x NCOL accumulator block (NCOL / 2 values from `acc`, in the m64nN
+// layout) whose first element is D(i_base, j_base).
+template <int NCOL = Config::WG_N>
 __device__ __forceinline__ void store_block(const OutView& out, int i_base, int j_base, const float* acc) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int i0 = i_base + warp * 16 + lane / 4;
   const int j0 = j_base + 2 * (lane % 4);
 #pragma unroll
-  for (int j8 = 0; j8 < Config::WG_N / 8; ++j8) {
+  for (int j8 = 0; j8 < NCOL / 8; ++j8) {
     out.store_pair(i0, j0 + 8 * j8, acc[4 * j8 + 0], acc[4 * j8 + 1]);
     out.store_pair(i0 + 8, j0 + 8 * j8, acc[4 * j8 + 2], acc[4 * j8 + 3]);
   }
@@ -90,9 +91,48 @@ __device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u
     for (int h = 0; h < Config::MH; ++h) store_block(out, i_base + 64 * h, j_base, acc + h * (Config::ACC / Config::MH));
   } else if constexpr (Config::BM == 128) {
     store_block(out, i_base + wg * 64, j_base, acc);  // the warpgroup owns rows wg*64.. of the tile
+  } else if constexpr (Config::KW == 2) {
+    // After kw_exchange: the warpgroup's columns wg*BN/2.. are its accumulators wg*ACC/2.. (a
+    // constant offset in each branch, so the accumulators stay in registers)
+    constexpr int H = Config::BN / 2;
+    if (wg == 0) store_block<H>(out, i_base, j_base, acc);
+    else store_block<H>(out, i_base, j_base + H, acc + Config::ACC / 2);
   } else {
     store_block(out, i_base, j_base + wg * Config::WG_N, acc);  // BM = 64: columns wg*WG_N..
   }
+}
+
+// KW = 2 (gemm_config.cuh): both warpgroups hold partial sums of the whole 64 x BN tile, thread t
+// of each the same elements. Warpgroup w keeps columns [w BN/2, (w+1) BN/2), its accumulators
+// [w ACC/2, (w+1) ACC/2), and hands the other half to the other warpgroup through `xchg`
+// (kw_exchange_bytes: float4 j of thread t of warpgroup w at [w][j][t], so each warp's stores and
+// loads are 512 contiguous bytes). Named barrier 1 (256 threads; narrow tiles have no split-K,
+// whose barrier it is) orders the hand-over, and a second one keeps a next tile's hand-over from
+// overwriting what the other warpgroup is still reading.
+template <int WG>
+__device__ __forceinline__ void kw_exchange_as(float (&acc)[Config::ACC], float4* x) {
+  constexpr int H = Config::ACC / 2, H4 = H / 4, GIVE = (1 - WG) * H, KEEP = WG * H;
+  static_assert(H % 4 == 0, "float4 hand-over");
+  const int t = threadIdx.x % 128;
+#pragma unroll
+  for (int j = 0; j < H4; ++j)
+    x[(WG * H4 + j) * 128 + t] = make_float4(acc[GIVE + 4 * j], acc[GIVE + 4 * j + 1], acc[GIVE + 4 * j + 2],
+                                             acc[GIVE + 4 * j + 3]);
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+  for (int j = 0; j < H4; ++j) {
+    const float4 v = x[((1 - WG) * H4 + j) * 128 + t];
+    acc[KEEP + 4 * j] += v.x;
+    acc[KEEP + 4 * j + 1] += v.y;
+    acc[KEEP + 4 * j + 2] += v.z;
+    acc[KEEP + 4 * j + 3] += v.w;
+  }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+// The warpgroup index as a template argument: constant accumulator indices keep them in registers.
+__device__ __forceinline__ void kw_exchange(float (&acc)[Config::ACC], int wg, float* xchg) {
+  if (wg == 0) kw_exchange_as<0>(acc, reinterpret_cast<float4*>(xchg));
+  else kw_exchange_as<1>(acc, reinterpret_cast<float4*>(xchg));
 }
 
 // ---- shared-memory epilogue (Config::EPI == 1) ---------------------------------------------------

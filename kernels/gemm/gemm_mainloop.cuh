@@ -14,7 +14,9 @@ namespace fly::gemm {
 struct PipeState {
   int stage = 0;
   uint32_t phase = 0;
+  uint32_t step = 0;  // KW = 2 only: stages passed so far (step % 2 is the warpgroup that reads it)
   __device__ void advance() {
+    if constexpr (Config::KW == 2) ++step;
     if (++stage == Config::STAGES) {
       stage = 0;
       phase ^= 1;
@@ -22,6 +24,7 @@ struct PipeState {
   }
   // Skips n stages (ping-pong: the other consumer warpgroup's tile).
   __device__ void advance(int n) {
+    if constexpr (Config::KW == 2) step += n;
     stage += n;
     const int wraps = stage / Config::STAGES;
     stage -= wraps * Config::STAGES;
@@ -236,11 +239,18 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
   // 8 KiB (MN-major; the launcher plans that only when WG_N is a multiple of 64). Ping-pong: the
   // warpgroup takes both halves of P (MH = 2), each into its own Mma::kRegs accumulators.
   const int p_off = Config::BM == 128 && !Config::PP ? sub_offset<TA == 0>(wg) : 0;
-  const int q_off = Config::BM == 128 ? 0
-                    : (TB == 0 ? wg * Config::WG_N * Config::BK * 2 : sub_offset<false>(wg * (Config::WG_N / 64)));
+  const int q_off = Config::BM == 128 || Config::KW == 2
+                        ? 0
+                        : (TB == 0 ? wg * Config::WG_N * Config::BK * 2 : sub_offset<false>(wg * (Config::WG_N / 64)));
   const uint32_t ring_s = sm90::smem_u32(ring.base);  // once: the stages are offsets from it
   int prev = -1;
   for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+    if constexpr (Config::KW == 2) {
+      if (static_cast<int>(ps.step & 1) != wg) {  // the other warpgroup's stage
+        ps.advance();
+        continue;
+      }
+    }
     FLY_TRACE_WAIT_BEGIN
     sm90::mbar_wait(&ring.full[ps.stage], ps.phase);
     FLY_TRACE_WAIT_END

@@ -106,12 +106,17 @@ CUresult encode_sw128(Encode encode, CUtensorMap* map, cuuint32_t rank, const vo
                 CU_TENSOR_MAP_SWIZZLE_128B, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, int kb = 1) {
+// kw = 2 (narrow tiles whose consumer warpgroups split the k steps): the exchange area where each
+// warpgroup leaves the half of its fp32 64 x bn partial tile that the other one stores.
+inline constexpr int kw_exchange_bytes(int bn) { return 64 * bn * 4; }
+
+inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, int kb = 1, int kw = 1) {
   // stages * (P tile + Q tile, kb k blocks of each) + barriers + 1 KiB for aligning the base to
   // 1024 bytes, then the two consumer warpgroups' epilogue staging tiles (epi = 1, or epi = 2 and 3
-  // with 1 KiB of alignment slack).
+  // with 1 KiB of alignment slack), or the kw = 2 exchange area.
   return stages * kb * (bm * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 +
-         (epi >= 2 ? 1024 + 2 * epi_wg_bytes(bn, epi) : epi ? 2 * epi_wg_bytes(bn) : 0);
+         (epi >= 2 ? 1024 + 2 * epi_wg_bytes(bn, epi) : epi ? 2 * epi_wg_bytes(bn) : 0) +
+         (kw == 2 ? kw_exchange_bytes(bn) : 0);
 }
 
 }  // namespace fly::gemm

@@ -47,6 +47,7 @@ struct VariantShape {
   int kb = 1;     // 64-wide k blocks per ring stage (2: one TMA box brings two; no Q multicast)
   int ks = 0;     // 1: stagger the CTAs' k walks (GemmParams::k_stagger; a launch axis)
   int gm = 0;     // raster strip height in tile rows (a launch axis); 0: raster_group's choice
+  int kw = 1;     // 2: narrow tiles whose consumer warpgroups split the k steps (gemm_config.cuh KW)
 };
 
 // Raster strip height (GemmParams::group_m) for `wave` tiles in flight at once: the tile order walks
@@ -219,7 +220,8 @@ inline bool layout_fits(const Problem& pr, const VariantShape& v) {
   const Operand& P = v.swap ? pr.bt : pr.a;
   const Operand& Q = v.swap ? pr.a : pr.bt;
   if (v.swap && v.bn > 256) return false;  // 320-wide tiles store C in one orientation only
-  const int q_cols = v.bm == kBM ? (v.bn > 256 ? v.bn / 2 : v.bn) : v.bn / 2;  // Q columns per wgmma
+  // Q columns per wgmma: narrow tiles split the bn columns over the warpgroups, unless kw = 2
+  const int q_cols = v.bm == kBM ? (v.bn > 256 ? v.bn / 2 : v.bn) : v.kw == 2 ? v.bn : v.bn / 2;
   const bool q_ok = Q.kmajor || (q_cols % 64 == 0 && (v.mc <= 1 || v.kb > 1 || (v.bn / v.mc) % 64 == 0));
   const bool p_ok = P.kmajor || v.mp <= 1 || v.kb > 1 || (v.bm / v.mp) % 64 == 0;
   return q_ok && p_ok;
@@ -333,7 +335,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   // Tiles in flight at once: one per CTA of a persistent grid, one per cluster of split-K.
   const int64_t wave = split > 1 ? std::max<int64_t>(1, sm_count / split) : int64_t(out->grid);
   p.group_m = v.gm > 0 ? v.gm : raster_group(p.tiles_m, p.tiles_n, v.bm, v.bn, std::min(wave, tiles));
-  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi, v.bm, kb));
+  out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi, v.bm, kb, v.kw));
   return CUDA_SUCCESS;
 }
 

@@ -12,6 +12,8 @@
 // (128-row and narrow tiles);
 // FLY_MP == 2: clusters of 2 CTAs share the P tile by multicast (narrow and 128-row tiles).
 // FLY_PP == 1 (ping-pong): the consumer warpgroups take alternate whole tiles (gemm_config.cuh).
+// FLY_KW == 2 (narrow tiles): the consumer warpgroups take alternate k steps of the whole tile and
+// sum their partials through shared memory (gemm_config.cuh, gemm_epilogue.cuh kw_exchange).
 // Layouts (runtime): p_kmajor / q_kmajor pick one of four consumer instantiations (the wgmma
 // transpose bits are immediates), so one kernel serves NN/NT/TN/TT and swap-AB.
 #include "gemm/gemm_config.cuh"
@@ -94,7 +96,9 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
     }
     if (u.role == kOwner) sk_gather(p, u, wg, acc);
     if constexpr (Config::BM != 128) {
-      store_tile(out, u, wg, acc);  // narrow tiles: no split-K (the launcher plans split = 1)
+      // narrow tiles: no split-K (the launcher plans split = 1); KW = 2: sum the two k halves first
+      if constexpr (Config::KW == 2) kw_exchange(acc, wg, reinterpret_cast<float*>(epi_stage));
+      store_tile(out, u, wg, acc);
     } else if constexpr (Config::BN > 256) {
       // 320-wide tiles: no split-K, no swap-AB (the launcher plans neither): the epilogue of one
       // orientation only, which keeps the 160 accumulators in registers.
@@ -183,7 +187,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     // Epilogue staging tiles (EPI = 1, 2, 3) follow the ring's barriers: one area per consumer warpgroup.
     uintptr_t epi_area = reinterpret_cast<uintptr_t>(ring.empty + Config::STAGES);
     if constexpr (Config::EPI >= 2) epi_area = (epi_area + 1023) & ~uintptr_t(1023);  // 128B-swizzled boxes
-    uint8_t* epi_stage = reinterpret_cast<uint8_t*>(epi_area) + cw * Config::EPI_WG_BYTES;
+    // KW = 2 (no staged epilogue): the exchange area, shared by both, in the same place.
+    uint8_t* epi_stage = reinterpret_cast<uint8_t*>(epi_area) + (Config::KW == 2 ? 0 : cw * Config::EPI_WG_BYTES);
     const int sel = (p.p_kmajor ? 0 : 2) + (p.q_kmajor ? 0 : 1);
     switch (sel) {
       case 0: consumer_role<0, 0>(p, ring, cw, epi_stage); break;

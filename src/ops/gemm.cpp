@@ -116,7 +116,7 @@ struct VariantShapeOf {
     return {int(v.get_int("bn", 128)), int(v.get_int("stages", 4)), v.get_int("swap", 0) == 1,
             int(v.get_int("mc", 1)), int(v.get_int("epi", 0)), int(v.get_int("bm", gemm::kBM)),
             int(v.get_int("mp", 1)), int(v.get_int("l2p", 256)), int(v.get_int("pp", 0)),
-            int(v.get_int("kb", 1)), int(v.get_int("ks", 0)), int(v.get_int("gm", 0))};
+            int(v.get_int("kb", 1)), int(v.get_int("ks", 0)), int(v.get_int("gm", 0)), int(v.get_int("kw", 1))};
   }
 };
 

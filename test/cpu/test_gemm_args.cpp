@@ -495,6 +495,34 @@ TEST_CASE("ping-pong variants (pp = 1): persistent, never split", "[gemm][args]"
   CHECK(L.params.tiles_m * L.params.tiles_n == 32 * 32);
 }
 
+TEST_CASE("narrow tiles splitting K over the warpgroups (kw = 2): exchange area, whole-bn wgmma", "[gemm][args]") {
+  using namespace fly::gemm;
+  Problem pr = decode_problem();  // swap: P = B^T (4096 rows), Q = A^T (64 rows)
+  EncodeLog log;
+  auto encode = log.encoder();
+  VariantShape kw2{64, 8, true, 1, 0, 64};
+  kw2.kw = 2;
+  VariantShape kw1 = kw2;
+  kw1.kw = 1;
+  // The exchange area: both warpgroups' halves of a 64 x bn fp32 tile.
+  CHECK(kw_exchange_bytes(64) == 64 * 64 * 4);
+  CHECK(smem_bytes(64, 8, 0, 64, 1, 2) - smem_bytes(64, 8, 0, 64, 1, 1) == kw_exchange_bytes(64));
+  Launch L{};
+  REQUIRE(plan_gemm(pr, kw2, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.smem == unsigned(smem_bytes(64, 8, 0, 64, 1, 2)));
+  CHECK(L.params.split == 1);  // narrow tiles: never split-K
+  CHECK(L.grid == 64);         // 4096 / 64 tiles of P, one of Q
+  REQUIRE(plan_gemm(pr, kw1, 132, encode, &L) == CUDA_SUCCESS);
+  CHECK(L.smem == unsigned(smem_bytes(64, 8, 0, 64, 1, 1)));
+  // Each warpgroup's wgmma takes all bn = 64 Q columns, so an MN-major Q (A column-major, with
+  // swap) is whole 64-wide chunks at kw = 2 and half chunks at kw = 1.
+  pr.a.kmajor = false;
+  CHECK(layout_fits(pr, kw2));
+  CHECK(!layout_fits(pr, kw1));
+  kw2.bn = 32;  // 32 columns: half a chunk either way
+  CHECK(!layout_fits(pr, kw2));
+}
+
 TEST_CASE("two k blocks per stage (kb = 2): 3-D maps for K-major operands, taller MN-major boxes", "[gemm][args]") {
   using namespace fly::gemm;
   Problem pr = decode_problem();

@@ -185,8 +185,8 @@ int64_t param_of(const std::string& params, const std::string& key) {
 
 // Which MN-major operands a TMA-tile variant takes, from its parameters: the test's own statement
 // of gemm_plan.h layout_fits. MN-major tiles come in 64-wide chunks, so the Q columns of each
-// consumer warpgroup (bn, or bn / 2 on narrow tiles) and the rows each multicast CTA loads (one k
-// block per stage) must be whole chunks.
+// consumer warpgroup (bn, or bn / 2 on narrow tiles unless kw = 2) and the rows each multicast CTA
+// loads (one k block per stage) must be whole chunks.
 struct MnFits {
   bool p, q;  // an MN-major P operand (A, or B^T with swap) / Q operand
 };
@@ -194,7 +194,9 @@ MnFits mn_fits(const std::string& ps) {
   const int64_t bm = param_of(ps, "bm") > 0 ? param_of(ps, "bm") : 128, bn = param_of(ps, "bn");
   const int64_t mc = std::max<int64_t>(1, param_of(ps, "mc")), mp = std::max<int64_t>(1, param_of(ps, "mp"));
   const int64_t kb = std::max<int64_t>(1, param_of(ps, "kb"));
-  const int64_t q_cols = bm == 128 && bn <= 256 ? bn : bn / 2;  // per wgmma (bn = 320: two n160)
+  const int64_t kw = std::max<int64_t>(1, param_of(ps, "kw"));
+  // per wgmma (bn = 320: two n160; narrow tiles split bn over the warpgroups unless kw = 2)
+  const int64_t q_cols = (bm == 128 && bn <= 256) || (bm == 64 && kw == 2) ? bn : bn / 2;
   return {mp == 1 || kb > 1 || (bm / mp) % 64 == 0, q_cols % 64 == 0 && (mc == 1 || kb > 1 || (bn / mc) % 64 == 0)};
 }
 }  // namespace
@@ -265,6 +267,16 @@ TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
       CHECK(run_case({200, 300, 256, kRow, kCol, 0, true, dt}, 7) == FLY_SUCCESS);
       CHECK(run_case({64, 1000, 700, kRow, kCol, 8, false, dt}, 10) == FLY_SUCCESS);  // decode-like, ragged
       CHECK(run_case({40, 520, 512, kCol, kRow, 8, false, dt}, 8) == (mn_ok ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));
+      if (param_of(ps, "kw") == 2) {
+        // k split over the warpgroups: several tiles per CTA (N / 128 and N / 64 > 132) whose
+        // k-step counts are odd (5 k blocks at kb = 1, 3 steps at kb = 2), so the warpgroups'
+        // turns carry over from tile to tile; a single k step (the second warpgroup adds nothing);
+        // an MN-major A.
+        CHECK(run_case({16, 17000, 300, kRow, kCol, 0, true, dt}, 14) == FLY_SUCCESS);
+        CHECK(run_case({50, 3000, 64, kRow, kCol, 8, false, dt}, 15) == FLY_SUCCESS);
+        const bool a_ok = param_of(ps, "swap") == 1 ? f.q : f.p;  // A is Q with swap-AB
+        CHECK(run_case({64, 600, 300, kCol, kCol, 0, true, dt}, 16) == (a_ok ? FLY_SUCCESS : FLY_ERROR_UNSUPPORTED));
+      }
       if (!mn_ok) {  // the refused call named no variant: run one it takes so the check below holds
         CHECK(run_case({17, 129, 1000, kRow, kCol, 0, true, dt}, 11) == FLY_SUCCESS);
       }
