@@ -193,7 +193,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,102
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,128,'gemm_bf16_bn256_st3_sw0_mc1_e1',119.456,'gemm_bf16_bn256_st4_sw0_mc1_e1',121.184,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,16,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',119.968,'gemm_bf16_bm64_bn128_st4_sw0_mc1_mp2_kb2_kw2',123.424,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,2048,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',1220.256,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',1225.344,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,256,'gemm_bf16_bn256_st4_sw0_mc2_e2',176.224,'gemm_bf16_bn256_st3_sw0_mc1_e2_sk1',177.600,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,256,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',186.336,'gemm_bf16_bn128_st6_sw0_mc1_e2_sk1',189.088,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,32,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',117.536,'gemm_bf16_bm64_bn128_st4_sw0_mc1_mp2_kb2_kw2',122.912,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,4096,'gemm_bf16_bn256_st3_sw0_mc2_e2',2826.176,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',2826.336,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tn',28672,8192,512,'gemm_bf16_bn128_st5_sw0_mc2_e2',330.944,'gemm_bf16_bn128_st6_sw0_mc2_e2',331.360,'NVIDIA H200','2026-11-30');
@@ -269,7 +269,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,102
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,128,'gemm_bf16_bn256_st4_sw0_mc1_e1',120.384,'gemm_bf16_bn256_st3_sw0_mc1_e1',121.824,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,16,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',119.808,'gemm_bf16_bm64_bn128_st4_sw0_mc1_mp2_kb2_kw2',124.960,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,2048,'gemm_bf16_bn256_st3_sw0_mc1_e2',1409.696,'gemm_bf16_bn256_st4_sw0_mc1_e1_sk1',1413.920,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,256,'gemm_bf16_bn128_st5_sw0_mc1_e2_sk1',186.144,'gemm_bf16_bn112_st6_sw0_mc1',186.880,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,256,'gemm_bf16_bn256_st4_sw0_mc1_e2_sk1',186.880,'gemm_bf16_bn112_st6_sw0_mc1_e1',194.880,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,32,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',120.704,'gemm_bf16_bn64_st7_sw1_mc1',121.632,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,4096,'gemm_bf16_bn256_st4_sw0_mc2_e2',2789.056,'gemm_bf16_bn256_st3_sw0_mc2_e2',2803.872,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','tt',28672,8192,512,'gemm_bf16_bn256_st3_sw0_mc1_e1_sk1',346.240,'gemm_bf16_bn128_st5_sw0_mc2',346.304,'NVIDIA H200','2026-11-30');
