@@ -5,11 +5,12 @@ what each kernel costs without launch gaps or event overhead, and how much of it
 of the operands from DRAM.
 
   python3 bench/kernel_times.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
-                                [--layouts nt] [--max-m 512] [--calls 20]
+                                [--layouts nt] [--min-m 1] [--max-m 512] [--calls 20] [--force V1,V2,..]
 
 Per shape, layout and mode, the median duration of the GPU kernels each call launched (ours:
 names starting fly_gemm; cuBLAS: every other kernel torch.mm launched, split-K reductions
-included, summed per call).
+included, summed per call). --force adds a row per named variant (forced with fly_force_variant;
+skipped where it cannot take the shape) after the database's pick.
 """
 import argparse
 import json
@@ -21,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-from fly_abi import gemm_caller, load  # noqa: E402
+from fly_abi import force_variant, gemm_caller, load  # noqa: E402
 from gemm_torch import make_operands  # noqa: E402
 
 
@@ -63,12 +64,14 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--suite", default="suites/gemm_bf16.json")
     ap.add_argument("--layouts", default="nt")
+    ap.add_argument("--min-m", type=int, default=1)
     ap.add_argument("--max-m", type=int, default=512)
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--force", default="", help="comma-separated variants to time beside the pick")
     a = ap.parse_args()
     lib = load(a.lib)
     with open(a.suite) as f:
-        cases = [(c["M"], c["N"], c["K"]) for c in json.load(f)["cases"] if c["M"] <= a.max_m]
+        cases = [(c["M"], c["N"], c["K"]) for c in json.load(f)["cases"] if a.min_m <= c["M"] <= a.max_m]
     print("kernel durations (us), median per call; warm: back-to-back, cold: L2 flushed before each call")
     print(f"{'layout':6s} {'shape':>16s} {'ours warm':>10s} {'cuBLAS warm':>12s} {'ours cold':>10s} "
           f"{'cuBLAS cold':>12s}  cold ratio  kernels")
@@ -77,16 +80,22 @@ def main():
             x, b = make_operands(M, N, K, layout, torch.bfloat16)
             c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             ours = gemm_caller(lib, x, b, c)
-            ours()
-            torch.cuda.synchronize()
-            variant = lib.fly_last_variant().decode()
             cub = lambda: torch.mm(x, b, out=c)  # noqa: E731
-            ow, _ = per_call_us(ours, a.calls, False)
             cw, cname = per_call_us(cub, a.calls, False)
-            oc, _ = per_call_us(ours, a.calls, True)
             cc, _ = per_call_us(cub, a.calls, True)
-            print(f"{layout:6s} {f'{M}x{N}x{K}':>16s} {ow:10.2f} {cw:12.2f} {oc:10.2f} {cc:12.2f}  "
-                  f"{cc / oc:9.3f}x  {variant} | {cname}", flush=True)
+            for forced in [None] + [v for v in a.force.split(",") if v]:
+                force_variant(lib, forced)
+                try:
+                    ours()
+                except RuntimeError:
+                    continue  # this variant cannot take the shape
+                torch.cuda.synchronize()
+                variant = lib.fly_last_variant().decode() + (" (forced)" if forced else "")
+                ow, _ = per_call_us(ours, a.calls, False)
+                oc, _ = per_call_us(ours, a.calls, True)
+                print(f"{layout:6s} {f'{M}x{N}x{K}':>16s} {ow:10.2f} {cw:12.2f} {oc:10.2f} {cc:12.2f}  "
+                      f"{cc / oc:9.3f}x  {variant} | {cname}", flush=True)
+            force_variant(lib, None)
 
 
 if __name__ == "__main__":
