@@ -53,12 +53,12 @@ struct Config {
   static constexpr int BN = FLY_BN;
   // KW = 2 (narrow tiles only): the consumer warpgroups split the k steps instead of the columns.
   // Each takes every other ring stage with the whole 64 x BN tile (wgmma N = BN), and the two
-  // partial tiles are summed through shared memory before the epilogue (gemm_sm90.cu
-  // kw_exchange), each warpgroup storing half of the columns. Why: with the column split both
-  // warpgroups read all 64 P rows of every k16 slice from shared memory for N = BN / 2 each, so on
-  // decode shapes shared-memory bandwidth, not DRAM, limits the kernel (bench/RESULTS.md, tenth
-  // session): per k16 slice the column split reads 2 x (2 KiB + BN x 16 B), the k split 2 KiB +
-  // BN x 32 B.
+  // partial tiles are summed through shared memory before the epilogue (gemm_epilogue.cuh
+  // kw_exchange), each warpgroup storing half of the columns. Each P slice is then read from
+  // shared memory once instead of twice.
+  // NOTE: measured on the H200 (bench/RESULTS.md, tenth session): no faster than the same tile
+  // with KW = 1 at M = 64, 25-60% slower at M = 128. It stays in the space because an MN-major Q
+  // then needs only BN = 64 (whole 64-wide chunks per wgmma) and the tuner picks it for some keys.
   static constexpr int KW = FLY_KW;
   static constexpr int WG_N = BM == 64 && KW == 1 ? BN / 2 : BN;  // Q columns of each consumer warpgroup
   // BN = 320 (cuBLAS's 320 x 128 tile on the largest shapes: 25% more output per k block than
