@@ -63,6 +63,23 @@ def add_nt_args(ap):
     ap.add_argument("-K", type=int, required=True)
 
 
+def add_suite_args(ap, layouts, max_m):
+    """The options of the scripts that walk the GEMM suite: --lib, --suite, --layouts and the M
+    range (--min-m, --max-m); suite_cases(args) reads the cases."""
+    ap.add_argument("--lib", required=True, help="path to libflykernels.so")
+    ap.add_argument("--suite", default="suites/gemm_bf16.json")
+    ap.add_argument("--layouts", default=layouts)
+    ap.add_argument("--min-m", type=int, default=1)
+    ap.add_argument("--max-m", type=int, default=max_m)
+
+
+def suite_cases(a):
+    """(M, N, K) of the suite's cases with M in [a.min_m, a.max_m]."""
+    import json
+    with open(a.suite) as f:
+        return [(c["M"], c["N"], c["K"]) for c in json.load(f)["cases"] if a.min_m <= c["M"] <= a.max_m]
+
+
 def nt_problem(M, N, K):
     """bf16 operands of an NT GEMM from seed 0: x [M, K], w [N, K] (B = w.t(), column-major) and an
     uninitialised c [M, N]."""

@@ -13,7 +13,6 @@ included, summed per call). --force adds a row per named variant (forced with fl
 skipped where it cannot take the shape) after the database's pick.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -22,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-from fly_abi import force_variant, gemm_caller, load  # noqa: E402
+from fly_abi import add_suite_args, force_variant, gemm_caller, load, suite_cases  # noqa: E402
 from gemm_torch import make_operands  # noqa: E402
 
 
@@ -61,17 +60,12 @@ def per_call_us(fn, calls, flush):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--suite", default="suites/gemm_bf16.json")
-    ap.add_argument("--layouts", default="nt")
-    ap.add_argument("--min-m", type=int, default=1)
-    ap.add_argument("--max-m", type=int, default=512)
+    add_suite_args(ap, "nt", 512)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--force", default="", help="comma-separated variants to time beside the pick")
     a = ap.parse_args()
     lib = load(a.lib)
-    with open(a.suite) as f:
-        cases = [(c["M"], c["N"], c["K"]) for c in json.load(f)["cases"] if a.min_m <= c["M"] <= a.max_m]
+    cases = suite_cases(a)
     print("kernel durations (us), median per call; warm: back-to-back, cold: L2 flushed before each call")
     print(f"{'layout':6s} {'shape':>16s} {'ours warm':>10s} {'cuBLAS warm':>12s} {'ours cold':>10s} "
           f"{'cuBLAS cold':>12s}  cold ratio  kernels")

@@ -4,7 +4,7 @@ process, torch's stream, bench/timing.py: L2 flushed by a read and a ~100 us spi
 call), and says where the database's pick loses to another bundled variant.
 
   python3 bench/variant_sweep.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
-      [--layouts nt,nn,tn,tt] [--max-m 512] [--top 4] [--rounds 5] [--sql db/sm_90a.sql]
+      [--layouts nt,nn,tn,tt] [--min-m 1] [--max-m 512] [--top 4] [--rounds 5] [--sql db/sm_90a.sql]
       [--sql-out sweep.sql] [--min-gain 0.02]
 
 Per shape and layout:
@@ -19,7 +19,6 @@ beats the pick by more than --min-gain are rewritten with the winner and the run
 times; every other row is copied unchanged. Review the diff before committing it.
 """
 import argparse
-import json
 import os
 import re
 import sys
@@ -28,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-from fly_abi import force_variant, gemm_caller, load, max_rel_err  # noqa: E402
+from fly_abi import add_suite_args, force_variant, gemm_caller, load, max_rel_err, suite_cases  # noqa: E402
 from gemm_torch import make_operands  # noqa: E402
 
 WARM_MS = 30.0
@@ -102,10 +101,7 @@ def timing_date():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--suite", default="suites/gemm_bf16.json")
-    ap.add_argument("--layouts", default="nt,nn,tn,tt")
-    ap.add_argument("--max-m", type=int, default=512)
+    add_suite_args(ap, "nt,nn,tn,tt", 512)
     ap.add_argument("--top", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sql", default="db/sm_90a.sql")
@@ -115,8 +111,7 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("variant_sweep: no CUDA device")
     lib = load(a.lib)
-    with open(a.suite) as f:
-        cases = [(c["M"], c["N"], c["K"]) for c in json.load(f)["cases"] if c["M"] <= a.max_m]
+    cases = suite_cases(a)
     names = bundled(lib, "bf16")
     print(f"{len(names)} bundled bf16 variants; {len(cases)} shapes x {a.layouts}; top {a.top} + the pick, "
           f"{a.rounds} interleaved rounds beside torch.mm", flush=True)
