@@ -113,8 +113,10 @@ struct Config {
   // Narrow tiles (small accumulators) give the producer 56 and the consumers 224: at 40 the
   // producer of the kb = 4 and the P-multicast kb = 2 tiles spilled 20 bytes (ptxas caps the code
   // after setmaxnreg.dec at the new count).
-  static constexpr int PRODUCER_REGS = BM == 64 ? 56 : 40;
-  static constexpr int CONSUMER_REGS = BM == 64 ? 224 : 232;
+  // KW = 2 tiles with a multicast cluster and kb = 2 spilled 36-56 bytes in the producer at 56
+  // (ptxas), none at 72; their consumers need far fewer than 208.
+  static constexpr int PRODUCER_REGS = BM == 64 ? (KW == 2 ? 72 : 56) : 40;
+  static constexpr int CONSUMER_REGS = BM == 64 ? (KW == 2 ? 208 : 224) : 232;
 
   static_assert(BM == 128 || BM == 64, "tile rows: 128 (two 64-row halves) or 64 (shared rows)");
   // wgmma N (BN, or BN / 2 for narrow tiles) is any multiple of 8 from 8 to 256; common/wgmma_ops.h

@@ -14,9 +14,7 @@ namespace fly::gemm {
 struct PipeState {
   int stage = 0;
   uint32_t phase = 0;
-  uint32_t step = 0;  // KW = 2 only: stages passed so far (step % 2 is the warpgroup that reads it)
   __device__ void advance() {
-    if constexpr (Config::KW == 2) ++step;
     if (++stage == Config::STAGES) {
       stage = 0;
       phase ^= 1;
@@ -24,7 +22,6 @@ struct PipeState {
   }
   // Skips n stages (ping-pong: the other consumer warpgroup's tile).
   __device__ void advance(int n) {
-    if constexpr (Config::KW == 2) step += n;
     stage += n;
     const int wraps = stage / Config::STAGES;
     stage -= wraps * Config::STAGES;
@@ -246,7 +243,8 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
   int prev = -1;
   for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
     if constexpr (Config::KW == 2) {
-      if (static_cast<int>(ps.step & 1) != wg) {  // the other warpgroup's stage
+      // The ring is even (gemm_config.cuh), so stage s is always warpgroup s % 2's.
+      if ((ps.stage & 1) != wg) {  // the other warpgroup's stage
         ps.advance();
         continue;
       }
