@@ -54,7 +54,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,4096,32,'
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,4096,4,'gemm_bf16_bm64_bn32_st4_sw1_kb4',15.520,'gemm_bf16_bm64_bn32_st10_sw1_mp1',15.648,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,4096,4096,'gemm_bf16_bn256_st3_sw0_mc1_e2',189.376,'gemm_bf16_bn256_st3_sw0_mc2_e2',189.472,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,4096,512,'gemm_bf16_bn128_st5_sw0_mc2_e2',26.560,'gemm_bf16_bn128_st6_sw0_mc2_e2',27.328,'NVIDIA H200','2026-11-30');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,4096,64,'gemm_bf16_bm64_bn32_st8_sw1_mc1_mp2_kb2_kw2',14.368,'gemm_bf16_bm64_bn32_st7_sw1_mp2_kb2',14.624,'NVIDIA H200','2026-11-30');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,4096,64,'gemm_bf16_bm64_bn32_st8_sw1_mp2_kb2',13.980,'gemm_bf16_bm64_bn32_st8_sw1_mc1_mp2_kb2_kw2',14.620,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,4096,8,'gemm_bf16_bm64_bn32_st8_sw1_mc1_mp1_kb2_kw2',14.400,'gemm_bf16_bm64_bn32_st7_sw1_kb2',14.496,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',4096,4096,8192,'gemm_bf16_bn256_st3_sw0_mc1_e2',355.808,'gemm_bf16_bn256_st4_sw0_mc2_e2',355.840,'NVIDIA H200','2026-11-30');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nn',6144,4096,1,'gemm_bf16_bm64_bn32_st8_sw1_kb2',20.608,'gemm_bf16_bm64_bn32_st4_sw1_mc1_mp1_kb4_kw2',20.768,'NVIDIA H200','2026-11-30');
