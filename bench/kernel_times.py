@@ -17,7 +17,6 @@ import os
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
@@ -26,36 +25,18 @@ from gemm_torch import make_operands  # noqa: E402
 
 
 def per_call_us(fn, calls, flush):
-    """Median over `calls` calls of the summed duration of the kernels one call of fn launches."""
+    """Median over `calls` calls of the summed duration of the kernels one call of fn launches, and
+    the first kernel's name. Each call launches the same number of kernels (cuBLAS's split-K GEMM
+    and its reduction are two), so consecutive groups of that many are one call each."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    marks = []
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            if flush:
-                timing.flush_l2(i)
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA or not ev.device_time:
-            continue
-        if "at::native" in ev.name:  # the flush (a torch reduction), not the call
-            continue
-        marks.append((ev.time_range.start, ev.device_time, ev.name))
-    marks.sort()
-    # Consecutive kernels of one call are summed: the same number per call (cuBLAS's split-K GEMM
-    # and its reduction are two).
+    marks = timing.profiled_kernels(fn, calls, flush)
     if not marks:
         return float("nan"), ""
-    names = [m[2] for m in marks]
     k = max(1, len(marks) // calls)
-    for j in range(0, len(marks) - k + 1, k):
-        per.setdefault(j // k, 0.0)
-        per[j // k] += sum(m[1] for m in marks[j:j + k])
-    v = sorted(per.values())
-    return v[len(v) // 2], names[0][:60]
+    per = sorted(sum(m[1] for m in marks[j:j + k]) for j in range(0, len(marks) - k + 1, k))
+    return per[len(per) // 2], marks[0][2][:60]
 
 
 def main():

@@ -82,3 +82,18 @@ def timed_calls(fn, reps):
         e1.synchronize()
         ts.append(e0.elapsed_time(e1) * 1000.0)
     return ts
+
+
+def profiled_kernels(fn, calls, flush=True):
+    """(start, microseconds, name) of every GPU kernel that `calls` calls of fn launch, in launch
+    order, from the profiler (CUPTI). With flush, each call follows flush_l2, whose reduction
+    kernel is left out."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            if flush:
+                flush_l2(i)
+            fn()
+        torch.cuda.synchronize()
+    return sorted((e.time_range.start, e.device_time_total, e.name) for e in prof.events()
+                  if e.device_type.name == "CUDA" and not e.name.startswith("void at::native::reduce_kernel"))

@@ -10,23 +10,15 @@ import argparse
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import timing
 from fly_abi import gemm_caller, load
 
 
 def kernel_us(fn, calls=30):
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            timing.flush_l2(i)
-            fn()
-        torch.cuda.synchronize()
     per = {}
-    for e in prof.events():
-        if e.device_type.name != "CUDA" or e.name.startswith("void at::native::reduce_kernel"):
-            continue  # the flush (bench/timing.py: one reduction)
-        per.setdefault(e.name, []).append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    for _, us, name in timing.profiled_kernels(fn, calls):
+        per.setdefault(name, []).append(us)
     total = sum(sum(v) for v in per.values()) / calls
     names = ", ".join(f"{n[:40]} x{len(v) / calls:.0f}" for n, v in per.items())
     return total, names

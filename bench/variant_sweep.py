@@ -19,6 +19,7 @@ beats the pick by more than --min-gain are rewritten with the winner and the run
 times; every other row is copied unchanged. Review the diff before committing it.
 """
 import argparse
+import datetime
 import os
 import re
 import sys
@@ -27,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-from fly_abi import add_suite_args, force_variant, gemm_caller, load, max_rel_err, suite_cases  # noqa: E402
+from fly_abi import add_suite_args, force_variant, gemm_caller, load, poisoned_err, suite_cases  # noqa: E402
 from gemm_torch import make_operands  # noqa: E402
 
 WARM_MS = 30.0
@@ -54,12 +55,10 @@ def sweep_shape(lib, layout, M, N, K, names, a):
     quick = {}
     for v in names:
         force_variant(lib, v)
-        c.fill_(float("nan"))
         try:
-            call()
+            err = poisoned_err(call, c, ref)
         except RuntimeError:
             continue  # cannot take this shape or layout
-        err = max_rel_err(c, ref)
         if not err <= TOL:
             raise SystemExit(f"{layout} {M}x{N}x{K} {v}: max rel err {err} (> {TOL}): WRONG RESULT")
         quick[v] = timing.time_us(call, reps=10, warmup=2)
@@ -77,6 +76,7 @@ def rewrite_sql(path_in, path_out, changes):
     """changes: {(layout, N, K, M): (best, t_best, second, t_second)}; returns rows rewritten."""
     row = re.compile(r"^INSERT OR REPLACE INTO tuning VALUES \('sm_90a','gemm','bf16','(\w+)',(\d+),(\d+),(\d+),"
                      r"'[^']*',[\d.]+,'[^']*',[\d.]+,('[^']*'),'[^']*'\);$")
+    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     done, out = 0, []
     with open(path_in) as f:
         for line in f:
@@ -86,17 +86,12 @@ def rewrite_sql(path_in, path_out, changes):
                 best, tb, second, ts = changes[key]
                 line = (f"INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','{key[0]}',{key[1]},"
                         f"{key[2]},{key[3]},'{best}',{tb:.3f},'{second}',{ts:.3f},{m.group(5)},"
-                        f"'{timing_date()}');\n")
+                        f"'{today}');\n")
                 done += 1
             out.append(line)
     with open(path_out, "w") as f:
         f.writelines(out)
     return done
-
-
-def timing_date():
-    import datetime
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
 def main():
