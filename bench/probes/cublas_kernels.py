@@ -1,6 +1,6 @@
 """Which cuBLAS kernel torch.mm runs on each GEMM suite shape, with its launch shape (grid, block,
 shared memory, registers) from the profiler trace: what our variants are up against.
-Usage: python3 bench/cublas_kernels.py [--layouts nt,nn] [--suite suites/gemm_bf16.json]"""
+Usage: python3 bench/probes/cublas_kernels.py [--layouts nt,nn] [--suite suites/gemm_bf16.json]"""
 import argparse
 import json
 import os

@@ -2,7 +2,7 @@
 """Times chosen GEMM variants on one shape through the library's C ABI (forced with
 fly_force_variant), beside torch.mm, after checking each against an FP32 reference.
 
-  python3 bench/gemm_probe.py --lib build-tune/libflykernels.so -M 128 -N 6144 -K 4096 \
+  python3 bench/probes/gemm_probe.py --lib build-tune/libflykernels.so -M 128 -N 6144 -K 4096 \
       gemm_bf16_bn64_st7_sw0_mc1_e1 gemm_bf16_bn64_st7_sw0_mc1_e1_sk1
 
 NT layout (A[M,K] row-major, B = W^T with W[N,K] row-major), bf16. Timing: bench/timing.py (L2
@@ -16,8 +16,12 @@ import argparse
 
 import torch
 
-import timing
-from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem, poisoned_err
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
+import timing  # noqa: E402
+from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem, poisoned_err  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -25,8 +25,12 @@ import statistics
 
 import torch
 
-import timing
-from fly_abi import desc, load
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
+import timing  # noqa: E402
+from fly_abi import desc, load  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

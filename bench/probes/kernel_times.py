@@ -4,7 +4,7 @@ L2 warm (back-to-back calls on the same operands) and cold (a 256 MiB read flush
 what each kernel costs without launch gaps or event overhead, and how much of it is the first read
 of the operands from DRAM.
 
-  python3 bench/kernel_times.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
+  python3 bench/probes/kernel_times.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
                                 [--layouts nt] [--min-m 1] [--max-m 512] [--calls 20] [--force V1,V2,..]
 
 Per shape, layout and mode, the median duration of the GPU kernels each call launched (ours:
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
 import timing  # noqa: E402
 from fly_abi import add_suite_args, force_variant, gemm_caller, load, suite_cases  # noqa: E402
 from gemm_torch import make_operands  # noqa: E402

@@ -2,7 +2,7 @@
 """How a GEMM's time moves over the first few hundred back-to-back calls (the GPU clock settling
 under its power limit), per variant and for torch.mm, on one NT bf16 shape.
 
-  python3 bench/clock_probe.py --lib build/libflykernels.so -M 8192 -N 8192 -K 8192 VARIANT...
+  python3 bench/probes/clock_probe.py --lib build/libflykernels.so -M 8192 -N 8192 -K 8192 VARIANT...
 
 Each series starts after --cool seconds idle, then times --calls calls (L2 flushed by a read
 before each, CUDA events) and prints the median of each window of calls: the first numbers are a
@@ -13,8 +13,12 @@ import time
 
 import torch
 
-import timing
-from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
+import timing  # noqa: E402
+from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem  # noqa: E402
 
 WINDOWS = [(0, 5), (5, 15), (15, 30), (30, 60), (60, 120), (120, 250), (250, 400)]
 

@@ -3,7 +3,7 @@
 process, torch's stream, bench/timing.py: L2 flushed by a read and a ~100 us spin before every
 call), and says where the database's pick loses to another bundled variant.
 
-  python3 bench/variant_sweep.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
+  python3 bench/probes/variant_sweep.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
       [--layouts nt,nn,tn,tt] [--min-m 1] [--max-m 512] [--top 4] [--rounds 5] [--sql db/sm_90a.sql]
       [--sql-out sweep.sql] [--min-gain 0.02]
 
@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
 import timing  # noqa: E402
 from fly_abi import add_suite_args, force_variant, gemm_caller, load, poisoned_err, suite_cases  # noqa: E402
 from gemm_torch import make_operands  # noqa: E402

@@ -2,7 +2,7 @@
 """A/B of two builds of the library on the GEMM suite: each build's own database pick (or a forced
 variant) per shape, beside torch.mm, timed interleaved in one process.
 
-  python3 bench/ab_libs.py --a build-old/libflykernels.so --b build/libflykernels.so
+  python3 bench/probes/ab_libs.py --a build-old/libflykernels.so --b build/libflykernels.so
                            [--suite suites/gemm_bf16.json] [--layouts nt] [--min-m 1] [--max-m 1e9]
                            [--rounds 5] [--dtype bf16]
 
@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
 import timing  # noqa: E402
 from fly_abi import gemm_caller, load, poisoned_err  # noqa: E402
 from gemm_torch import geomean, make_operands  # noqa: E402

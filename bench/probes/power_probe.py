@@ -3,7 +3,7 @@
 chosen FlyKernels variants on one NT bf16 shape (a dev probe: do our kernels run at a lower clock
 than cuBLAS's under the power limit, and why?).
 
-  python3 bench/power_probe.py --lib build/libflykernels.so -M 8192 -N 8192 -K 8192 VARIANT...
+  python3 bench/probes/power_probe.py --lib build/libflykernels.so -M 8192 -N 8192 -K 8192 VARIANT...
 
 Each contender runs back-to-back (no flush: as a layer's GEMMs do) for --seconds after --cool
 seconds idle, while `nvidia-smi` samples the SM clock, power and temperature every 50 ms; the
@@ -15,7 +15,11 @@ import time
 
 import torch
 
-from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
+from fly_abi import add_nt_args, force_variant, gemm_caller, load, nt_problem  # noqa: E402
 
 QUERY = "clocks.sm,power.draw,temperature.gpu"
 

@@ -4,15 +4,19 @@ the CUDA-event median as bench/timing.py takes it, the kernels' own durations fr
 (summed per call, the flush excluded), and the host time of one call; with torch.randn operands
 and with uniform(-1, 1) ones (flybench's).
 
-  python3 bench/timing_probe.py --lib build/libflykernels.so 64x4096x4096 2048x14336x4096
+  python3 bench/probes/timing_probe.py --lib build/libflykernels.so 64x4096x4096 2048x14336x4096
 """
 import argparse
 import time
 
 import torch
 
-import timing
-from fly_abi import gemm_caller, load
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
+import timing  # noqa: E402
+from fly_abi import gemm_caller, load  # noqa: E402
 
 
 def kernel_us(fn, calls=30):

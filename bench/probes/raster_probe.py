@@ -3,10 +3,10 @@
 strip height of the tile order, `_g8` = the fixed height before 2026-11-30's eighth session, `_g16`,
 `_g32`; the plain name now takes raster_group's choice) and torch.mm, timed interleaved.
 
-  python3 bench/raster_probe.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
+  python3 bench/probes/raster_probe.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
                                 [--min-m 512] [--heights 8,16,32] [--rounds 5] [--picks F]
 
-A/B of two databases: `FLYKERNELS_TUNING_DB=new.sqlite python3 bench/raster_probe.py --lib L
+A/B of two databases: `FLYKERNELS_TUNING_DB=new.sqlite python3 bench/probes/raster_probe.py --lib L
 --list-picks > picks.json` records the new database's variant per shape; `--picks picks.json
 --heights ''` then times it (as "alt") beside the shipped database's variant and torch.mm.
 
@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
 import timing  # noqa: E402
 from fly_abi import force_variant, gemm_caller, load, nt_problem, poisoned_err  # noqa: E402
 
