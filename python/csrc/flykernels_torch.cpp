@@ -1,0 +1,573 @@
+// The flykernels._C extension: boxed CUDA-key overrides of aten ops and Inductor GEMM entry
+// points, each calling libflykernels only through its C ABI (include/flykernels/flykernels.h).
+// Every override checks eligibility first and otherwise calls the kernel that was registered
+// before it (captured at registration), so what we do not cover behaves exactly as stock.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "flykernels/flykernels.h"
+
+namespace {
+
+// ---- ops we override, their counters and switches -------------------------------------------
+enum OpId { kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kOpCount };
+const char* const kOpNames[kOpCount] = {"rms_norm", "topk", "topk.values", "mm", "addmm"};
+
+struct OpCounts {
+  std::atomic<uint64_t> ours{0};
+  std::atomic<uint64_t> stock{0};
+};
+OpCounts g_counts[kOpCount];
+
+std::atomic<bool> g_log{false};
+std::mutex g_log_mutex;
+std::set<std::string> g_logged_reasons;
+
+// Counts a fallback and, with logging on, prints each (op, reason) once.
+void note_fallback(OpId op, const char* reason) {
+  g_counts[op].stock.fetch_add(1, std::memory_order_relaxed);
+  if (!g_log.load(std::memory_order_relaxed)) return;
+  std::string key = std::string(kOpNames[op]) + ": " + reason;
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  if (g_logged_reasons.insert(key).second)
+    std::fprintf(stderr, "flykernels: %s -> stock kernel (%s)\n", kOpNames[op], reason);
+}
+
+void note_ours(OpId op) { g_counts[op].ours.fetch_add(1, std::memory_order_relaxed); }
+
+// ---- device support, cached per device (the arch query is a driver round trip) ---------------
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<int8_t>, kMaxDevices> g_device_ok{};  // 0 unknown, 1 yes, -1 no
+std::mutex g_device_mutex;
+std::array<std::string, kMaxDevices> g_device_reason;
+
+// The raw cudaStream_t of torch's current stream on `device`, without CUDA headers.
+void* current_stream(const c10::Device& device) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+}
+
+// nullptr when our kernels can run on this CUDA device, else the reason (stable pointer).
+const char* device_unsupported(const c10::Device& device) {
+  int idx = device.index();
+  if (idx < 0 || idx >= kMaxDevices) return "device index out of range";
+  int8_t state = g_device_ok[idx].load(std::memory_order_acquire);
+  if (state == 1) return nullptr;
+  std::lock_guard<std::mutex> lock(g_device_mutex);
+  state = g_device_ok[idx].load(std::memory_order_acquire);
+  if (state == 0) {
+    c10::DeviceGuard guard(device);
+    const char* arch = nullptr;
+    fly_status st = fly_device_arch(current_stream(device), &arch);
+    if (st == FLY_SUCCESS) {
+      state = 1;
+    } else {
+      g_device_reason[idx] = std::string("device not supported: ") + fly_get_last_error();
+      state = -1;
+    }
+    g_device_ok[idx].store(state, std::memory_order_release);
+  }
+  return state == 1 ? nullptr : g_device_reason[idx].c_str();
+}
+
+// ---- descriptors ----------------------------------------------------------------------------
+fly_dtype fly_dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return FLY_F16;
+    case at::kBFloat16: return FLY_BF16;
+    case at::kFloat: return FLY_F32;
+    case at::kDouble: return FLY_F64;
+    case at::kInt: return FLY_I32;
+    case at::kLong: return FLY_I64;
+    case at::kByte: return FLY_U8;
+    default: return FLY_DTYPE_INVALID;
+  }
+}
+
+// A rank-2 view [rows, cols] with row stride `ld` and unit inner stride.
+fly_tensor desc_2d(const at::Tensor& t, int64_t rows, int64_t cols, int64_t ld) {
+  fly_tensor d{};
+  d.data = t.data_ptr();
+  d.dtype = fly_dtype_of(t.scalar_type());
+  d.rank = 2;
+  d.sizes[0] = rows;
+  d.sizes[1] = cols;
+  d.strides[0] = ld;
+  d.strides[1] = 1;
+  return d;
+}
+
+fly_tensor desc_1d(const at::Tensor& t, int64_t n) {
+  fly_tensor d{};
+  d.data = t.data_ptr();
+  d.dtype = fly_dtype_of(t.scalar_type());
+  d.rank = 1;
+  d.sizes[0] = n;
+  d.strides[0] = 1;
+  return d;
+}
+
+// Library statuses that mean "valid for torch, not for us": the stock kernel takes the call.
+bool status_means_fallback(fly_status st) {
+  return st == FLY_ERROR_UNSUPPORTED || st == FLY_ERROR_INVALID_ARGUMENT || st == FLY_ERROR_MISALIGNED ||
+         st == FLY_ERROR_ARCH_NOT_BUILT || st == FLY_ERROR_NO_DEVICE;
+}
+
+bool is_fly_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
+
+// ---- eligibility (shared by the overrides and the Python-side explain_* used in tests) -------
+// Each returns nullptr when our kernel takes the call, else a static reason. check_device=false
+// skips the device checks so the shape/dtype/layout logic is testable on CPU tensors.
+
+const char* rms_norm_ineligible(const at::Tensor& x, c10::ArrayRef<int64_t> normalized_shape,
+                                const at::Tensor* weight, std::optional<double> eps, bool check_device) {
+  if (check_device && !x.is_cuda()) return "input is not a CUDA tensor";
+  if (!is_fly_float(x.scalar_type())) return "dtype not covered (fp16, bf16, fp32)";
+  const int64_t nd = static_cast<int64_t>(normalized_shape.size());
+  if (nd == 0 || nd > x.dim()) return "normalized_shape does not match the input";
+  int64_t N = 1;
+  for (int64_t i = 0; i < nd; ++i) {
+    if (x.size(x.dim() - nd + i) != normalized_shape[i]) return "normalized_shape does not match the input";
+    N *= normalized_shape[i];
+  }
+  if (x.numel() == 0) return "empty input";
+  if (!x.is_contiguous()) return "input is not contiguous";
+  if (N > std::numeric_limits<int32_t>::max()) return "rows longer than 2^31 elements";
+  if (eps.has_value() && !(std::isfinite(*eps) && *eps >= 0)) return "eps negative or not finite";
+  if (weight != nullptr && weight->defined()) {
+    if (weight->scalar_type() != x.scalar_type()) return "weight dtype differs from the input's";
+    if (weight->sizes() != normalized_shape) return "weight shape differs from normalized_shape";
+    if (!weight->is_contiguous()) return "weight is not contiguous";
+    if (check_device && weight->device() != x.device()) return "weight on another device";
+  }
+  if (check_device) return device_unsupported(x.device());
+  return nullptr;
+}
+
+const char* topk_ineligible(const at::Tensor& x, int64_t k, int64_t dim, bool check_device) {
+  if (check_device && !x.is_cuda()) return "input is not a CUDA tensor";
+  if (x.scalar_type() != at::kFloat) return "dtype not covered (fp32)";
+  if (x.dim() == 0) return "zero-dimensional input";
+  const int64_t d = dim < 0 ? dim + x.dim() : dim;
+  if (d != x.dim() - 1) return "dim is not the last dimension";
+  const int64_t C = x.size(-1);
+  if (k < 1 || k > C) return "k outside 1..size(dim)";
+  if (x.numel() == 0) return "empty input";
+  const int64_t R = x.numel() / C;
+  const bool rows_strided = x.dim() == 2 && x.stride(1) == 1 && x.stride(0) >= C;
+  if (!x.is_contiguous() && !rows_strided) return "input is not contiguous";
+  if (R > std::numeric_limits<int32_t>::max() || C > std::numeric_limits<int32_t>::max())
+    return "more than 2^31 rows or columns";
+  if (check_device) return device_unsupported(x.device());
+  return nullptr;
+}
+
+// ---- RMSNorm: aten::_fused_rms_norm -----------------------------------------------------------
+std::optional<c10::SafeKernelFunction> g_prev_rms_norm;
+
+// Runs our forward; returns false (nothing written) when the library declines.
+bool rms_norm_run(const at::Tensor& x, c10::ArrayRef<int64_t> normalized_shape, const at::Tensor* weight,
+                  std::optional<double> eps, at::Tensor& y, at::Tensor& rstd, std::string& why) {
+  const int64_t nd = static_cast<int64_t>(normalized_shape.size());
+  int64_t N = 1;
+  for (int64_t v : normalized_shape) N *= v;
+  const int64_t M = x.numel() / N;
+  c10::DeviceGuard guard(x.device());
+  y = at::empty(x.sizes(), x.options());
+  std::vector<int64_t> stat_shape(x.sizes().begin(), x.sizes().end());
+  for (int64_t i = x.dim() - nd; i < x.dim(); ++i) stat_shape[i] = 1;
+  rstd = at::empty(stat_shape, x.options().dtype(at::kFloat));
+  fly_tensor xd = desc_2d(x, M, N, N), yd = desc_2d(y, M, N, N), rd = desc_1d(rstd, M);
+  fly_tensor wd{};
+  const bool has_w = weight != nullptr && weight->defined();
+  if (has_w) wd = desc_1d(*weight, N);
+  // PyTorch's default eps is the epsilon of the accumulation type (fp32 here).
+  const double eps_val = eps.value_or(static_cast<double>(std::numeric_limits<float>::epsilon()));
+  fly_status st = fly_rms_norm_fwd(&xd, has_w ? &wd : nullptr, eps_val, &yd, &rd, current_stream(x.device()));
+  if (st == FLY_SUCCESS) return true;
+  if (status_means_fallback(st)) {
+    why = fly_get_last_error();
+    return false;
+  }
+  TORCH_CHECK(false, "flykernels rms_norm: ", fly_status_string(st), ": ", fly_get_last_error());
+}
+
+void rms_norm_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t n = s.size();
+  const at::Tensor& x = s[n - 4].toTensor();
+  const std::vector<int64_t> normalized_shape = s[n - 3].toIntVector();
+  const at::Tensor* weight = s[n - 2].isNone() ? nullptr : &s[n - 2].toTensor();
+  const std::optional<double> eps = s[n - 1].isNone() ? std::nullopt : std::optional<double>(s[n - 1].toDouble());
+  const char* why = rms_norm_ineligible(x, normalized_shape, weight, eps, true);
+  if (why == nullptr) {
+    at::Tensor y, rstd;
+    std::string lib_why;
+    if (rms_norm_run(x, normalized_shape, weight, eps, y, rstd, lib_why)) {
+      note_ours(kRmsNorm);
+      torch::jit::drop(s, 4);
+      torch::jit::push(s, std::move(y), std::move(rstd));
+      return;
+    }
+    note_fallback(kRmsNorm, lib_why.c_str());
+  } else {
+    note_fallback(kRmsNorm, why);
+  }
+  g_prev_rms_norm->callBoxed(op, ks, stack);
+}
+
+// ---- TopK: aten::topk and aten::topk.values ----------------------------------------------------
+std::optional<c10::SafeKernelFunction> g_prev_topk;
+std::optional<c10::SafeKernelFunction> g_prev_topk_values;
+
+// An out= tensor we can write directly: right dtype and device, and either already the result's
+// shape and contiguous, or empty (then resized, as torch's resize_output does without a warning).
+bool out_usable(const at::Tensor& out, at::ScalarType dtype, const c10::Device& device, c10::IntArrayRef shape) {
+  if (out.scalar_type() != dtype || out.device() != device) return false;
+  if (out.sizes() == shape) return out.is_contiguous();
+  return out.numel() == 0 && out.is_contiguous();
+}
+
+bool topk_run(const at::Tensor& x, int64_t k, bool largest, at::Tensor& values, at::Tensor& indices,
+              std::string& why) {
+  const int64_t C = x.size(-1);
+  const int64_t R = x.numel() / C;
+  const int64_t ld = x.dim() == 2 ? x.stride(0) : C;
+  c10::DeviceGuard guard(x.device());
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = k;
+  if (!values.defined()) values = at::empty(out_shape, x.options());
+  else if (values.sizes() != c10::IntArrayRef(out_shape)) values.resize_(out_shape);
+  if (!indices.defined()) indices = at::empty(out_shape, x.options().dtype(at::kLong));
+  else if (indices.sizes() != c10::IntArrayRef(out_shape)) indices.resize_(out_shape);
+  const int deterministic = at::globalContext().deterministicAlgorithms() ? 1 : 0;
+  fly_tensor xd = desc_2d(x, R, C, ld), vd = desc_2d(values, R, k, k), id = desc_2d(indices, R, k, k);
+  size_t ws_bytes = 0;
+  fly_status st = fly_topk_workspace_size(&xd, k, largest ? 1 : 0, deterministic, &ws_bytes);
+  at::Tensor ws;
+  if (st == FLY_SUCCESS && ws_bytes > 0)
+    ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+  if (st == FLY_SUCCESS)
+    st = fly_topk(&xd, k, largest ? 1 : 0, deterministic, &vd, &id, ws_bytes ? ws.data_ptr() : nullptr, ws_bytes,
+                  current_stream(x.device()));
+  if (st == FLY_SUCCESS) return true;
+  if (status_means_fallback(st)) {
+    why = fly_get_last_error();
+    return false;
+  }
+  TORCH_CHECK(false, "flykernels topk: ", fly_status_string(st), ": ", fly_get_last_error());
+}
+
+// Both schemas start (self, k, dim, largest, sorted); topk.values adds (values, indices).
+template <bool kOut>
+void topk_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  constexpr size_t kArgs = kOut ? 7 : 5;
+  const OpId id = kOut ? kTopkValues : kTopk;
+  const size_t base = s.size() - kArgs;
+  const at::Tensor& x = s[base].toTensor();
+  const char* why = nullptr;
+  int64_t k = 0;
+  if (!s[base + 1].isInt()) why = "symbolic k";
+  else k = s[base + 1].toInt();
+  const int64_t dim = s[base + 2].toInt();
+  const bool largest = s[base + 3].toBool();
+  if (why == nullptr) why = topk_ineligible(x, k, dim, true);
+  at::Tensor values, indices;
+  if (why == nullptr && kOut) {
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = k;
+    values = s[base + 5].toTensor();
+    indices = s[base + 6].toTensor();
+    if (!out_usable(values, x.scalar_type(), x.device(), shape) || !out_usable(indices, at::kLong, x.device(), shape))
+      why = "out= tensors of another shape, dtype, device or layout";
+    else if (values.is_same(x) || indices.is_same(x))
+      why = "out= aliases the input";
+  }
+  if (why == nullptr) {
+    std::string lib_why;
+    if (topk_run(x, k, largest, values, indices, lib_why)) {
+      note_ours(id);
+      torch::jit::drop(s, kArgs);
+      torch::jit::push(s, std::move(values), std::move(indices));
+      return;
+    }
+    note_fallback(id, lib_why.c_str());
+  } else {
+    note_fallback(id, why);
+  }
+  (kOut ? g_prev_topk_values : g_prev_topk)->callBoxed(op, ks, stack);
+}
+
+// ---- registration: one torch::Library per op, reset to restore the stock kernel --------------
+// The dispatcher warns once per process when a kernel is overridden; we override on purpose, so
+// that one message is dropped and any other warning goes to the handler that was in place.
+class OverrideWarningFilter : public c10::WarningHandler {
+ public:
+  explicit OverrideWarningFilter(c10::WarningHandler* prev) : prev_(prev) {}
+  void process(const c10::Warning& w) override {
+    if (w.msg().find("Overriding a previously registered kernel") != std::string::npos) return;
+    if (prev_ != nullptr) prev_->process(w);
+  }
+
+ private:
+  c10::WarningHandler* prev_;
+};
+
+std::mutex g_reg_mutex;
+std::unordered_map<std::string, std::unique_ptr<torch::Library>> g_overrides;  // "rms_norm", "topk"
+
+c10::OperatorHandle find_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+std::unique_ptr<torch::Library> new_cuda_impl_library() {
+  return std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+}
+
+// Installs the override named `op` ("rms_norm" or "topk", the latter covering topk.values).
+bool enable_op(const std::string& op) {
+  std::lock_guard<std::mutex> lock(g_reg_mutex);
+  if (g_overrides.count(op)) return true;
+  OverrideWarningFilter filter(c10::WarningUtils::get_warning_handler());
+  c10::WarningUtils::WarningHandlerGuard guard(&filter);
+  std::unique_ptr<torch::Library> lib;
+  if (op == "rms_norm") {
+    auto h = find_op("aten::_fused_rms_norm", "");
+    g_prev_rms_norm.emplace(h.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    lib = new_cuda_impl_library();
+    lib->impl("_fused_rms_norm", torch::CppFunction::makeFromBoxedFunction<&rms_norm_boxed>());
+  } else if (op == "topk") {
+    auto h = find_op("aten::topk", "");
+    auto hv = find_op("aten::topk", "values");
+    g_prev_topk.emplace(h.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    g_prev_topk_values.emplace(hv.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    lib = new_cuda_impl_library();
+    lib->impl("topk", torch::CppFunction::makeFromBoxedFunction<&topk_boxed<false>>());
+    lib->impl("topk.values", torch::CppFunction::makeFromBoxedFunction<&topk_boxed<true>>());
+  } else {
+    TORCH_CHECK_VALUE(false, "flykernels: no eager override named '", op, "' (rms_norm, topk)");
+  }
+  g_overrides[op] = std::move(lib);
+  return true;
+}
+
+void disable_op(const std::string& op) {
+  std::lock_guard<std::mutex> lock(g_reg_mutex);
+  g_overrides.erase(op);  // ~Library deregisters our kernels; the stock ones are current again
+}
+
+bool op_enabled(const std::string& op) {
+  std::lock_guard<std::mutex> lock(g_reg_mutex);
+  return g_overrides.count(op) > 0;
+}
+
+// ---- dense GEMM for Inductor's candidates -----------------------------------------------------
+// A/B as the library sees them: rows-major [r, c] with leading dim, or transposed (col-major).
+bool gemm_operand(const at::Tensor& t, fly_tensor& d) {
+  if (t.dim() != 2) return false;
+  d = fly_tensor{};
+  d.data = t.data_ptr();
+  d.dtype = fly_dtype_of(t.scalar_type());
+  d.rank = 2;
+  d.sizes[0] = t.size(0);
+  d.sizes[1] = t.size(1);
+  d.strides[0] = t.stride(0);
+  d.strides[1] = t.stride(1);
+  return true;
+}
+
+struct StreamWorkspace {
+  at::Tensor buffer;
+  size_t bytes = 0;
+};
+std::mutex g_ws_mutex;
+// Never freed: the caching allocator may be gone at exit; one per stream (two GEMMs running at
+// once must not share the stream-K flags).
+auto* g_gemm_ws = new std::unordered_map<void*, StreamWorkspace>();
+
+const char* gemm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, const at::Tensor* bias) {
+  if (!a.is_cuda() || !b.is_cuda() || !out.is_cuda()) return "not CUDA tensors";
+  const auto dt = a.scalar_type();
+  if (dt != at::kHalf && dt != at::kBFloat16) return "dtype not covered (fp16, bf16)";
+  if (b.scalar_type() != dt || out.scalar_type() != dt) return "mixed dtypes";
+  if (a.dim() != 2 || b.dim() != 2 || out.dim() != 2) return "not 2-D";
+  if (a.size(1) != b.size(0) || out.size(0) != a.size(0) || out.size(1) != b.size(1)) return "shape mismatch";
+  if (a.numel() == 0 || b.numel() == 0) return "empty operand";
+  if (out.stride(1) != 1 || out.stride(0) < out.size(1)) return "out is not row-major";
+  if (bias != nullptr) {
+    if (bias->scalar_type() != dt || bias->dim() != 1 || bias->size(0) != out.size(1) || bias->stride(0) != 1)
+      return "bias is not a contiguous [N] vector of the same dtype";
+  }
+  if (a.device() != out.device() || b.device() != out.device()) return "operands on different devices";
+  return device_unsupported(out.device());
+}
+
+// Our GEMM into `out` (bias optional); false when ineligible or declined (out untouched).
+bool gemm_try(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, const at::Tensor* bias, OpId op) {
+  const char* why = gemm_ineligible(a, b, out, bias);
+  if (why != nullptr) {
+    note_fallback(op, why);
+    return false;
+  }
+  c10::DeviceGuard guard(out.device());
+  fly_tensor ad, bd, cd, biasd;
+  gemm_operand(a, ad);
+  gemm_operand(b, bd);
+  cd = desc_2d(out, out.size(0), out.size(1), out.stride(0));
+  if (bias != nullptr) biasd = desc_1d(*bias, bias->size(0));
+  void* stream = current_stream(out.device());
+  void* ws_ptr = nullptr;
+  size_t ws_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_ws_mutex);
+    auto& ws = (*g_gemm_ws)[stream];
+    if (!ws.buffer.defined()) {
+      size_t need = 0;
+      if (fly_gemm_workspace_size(&ad, &bd, &cd, &need) == FLY_SUCCESS && need > 0) {
+        ws.buffer = at::zeros({static_cast<int64_t>(need)}, out.options().dtype(at::kByte));
+        ws.bytes = need;
+      }
+    }
+    if (ws.bytes > 0) {
+      ws_ptr = ws.buffer.data_ptr();
+      ws_bytes = ws.bytes;
+    }
+  }
+  fly_status st = fly_gemm(&ad, &bd, &cd, bias != nullptr ? &biasd : nullptr, ws_ptr, ws_bytes, stream);
+  if (st == FLY_SUCCESS) {
+    note_ours(op);
+    return true;
+  }
+  if (status_means_fallback(st)) {
+    note_fallback(op, fly_get_last_error());
+    return false;
+  }
+  TORCH_CHECK(false, "flykernels gemm: ", fly_status_string(st), ": ", fly_get_last_error());
+}
+
+// out = a @ b; what we do not cover runs at::mm_out.
+void mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor out) {
+  if (!gemm_try(a, b, out, nullptr, kMm)) at::mm_out(out, a, b);
+}
+
+// out = bias + a @ b with bias a [N] vector (or its [M, N] broadcast view); else at::addmm_out.
+void addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, at::Tensor out, double beta,
+               double alpha) {
+  at::Tensor vec;
+  if (beta == 1.0 && alpha == 1.0) {
+    if (bias.dim() == 1) vec = bias;
+    else if (bias.dim() == 2 && bias.stride(0) == 0 && bias.size(1) == out.size(1)) vec = bias.select(0, 0);
+  }
+  if (!vec.defined()) {
+    note_fallback(kAddmm, "bias is not an [N] vector or alpha/beta are not 1");
+  } else if (gemm_try(a, b, out, &vec, kAddmm)) {
+    return;
+  }
+  at::addmm_out(out, bias, a, b, beta, alpha);
+}
+
+// ---- Python-facing helpers --------------------------------------------------------------------
+std::string explain_rms_norm(const at::Tensor& x, std::vector<int64_t> normalized_shape,
+                             std::optional<at::Tensor> weight, std::optional<double> eps, bool check_device) {
+  const char* why = rms_norm_ineligible(x, normalized_shape, weight ? &*weight : nullptr, eps, check_device);
+  return why ? why : "";
+}
+
+std::string explain_topk(const at::Tensor& x, int64_t k, int64_t dim, bool check_device) {
+  const char* why = topk_ineligible(x, k, dim, check_device);
+  return why ? why : "";
+}
+
+py::dict counts() {
+  py::dict d;
+  for (int i = 0; i < kOpCount; ++i)
+    d[kOpNames[i]] = py::make_tuple(g_counts[i].ours.load(), g_counts[i].stock.load());
+  return d;
+}
+
+void reset_counts() {
+  for (auto& c : g_counts) {
+    c.ours = 0;
+    c.stock = 0;
+  }
+}
+
+void set_log(bool on) {
+  g_log = on;
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_logged_reasons.clear();
+}
+
+py::dict library_info() {
+  py::dict d;
+  d["version"] = std::string(fly_version_string());
+  const int n = fly_variant_count();
+  d["variant_count"] = n;
+  py::dict families;
+  for (int i = 0; i < n; ++i) {
+    const char* fam = nullptr;
+    const char* params = nullptr;
+    const char* name = fly_variant_name(i);
+    if (name && fly_variant_info(name, &fam, &params) == FLY_SUCCESS && fam) {
+      py::str key(fam);
+      families[key] = families.contains(key) ? py::int_(families[key].cast<int>() + 1) : py::int_(1);
+    }
+  }
+  d["families"] = families;
+  return d;
+}
+
+// (ok, arch-or-reason) for CUDA device `index`, or for "no device" when index < 0.
+py::tuple device_status(int64_t index) {
+  const char* arch = nullptr;
+  fly_status st;
+  if (index < 0) {
+    st = fly_device_arch(nullptr, &arch);
+  } else {
+    c10::Device dev(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+    c10::DeviceGuard guard(dev);
+    st = fly_device_arch(current_stream(dev), &arch);
+  }
+  if (st == FLY_SUCCESS) return py::make_tuple(true, std::string(arch ? arch : ""));
+  return py::make_tuple(false, std::string(fly_status_string(st)) + ": " + fly_get_last_error());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "FlyKernels' PyTorch extension (calls libflykernels through its C ABI only)";
+  m.def("enable_op", &enable_op, "install the CUDA-key override named op (rms_norm, topk)");
+  m.def("disable_op", &disable_op, "remove the override named op; the stock kernel is current again");
+  m.def("op_enabled", &op_enabled);
+  m.def("explain_rms_norm", &explain_rms_norm, py::arg("x"), py::arg("normalized_shape"), py::arg("weight"),
+        py::arg("eps"), py::arg("check_device") = true, "'' when our RMSNorm takes the call, else why not");
+  m.def("explain_topk", &explain_topk, py::arg("x"), py::arg("k"), py::arg("dim") = -1,
+        py::arg("check_device") = true, "'' when our TopK takes the call, else why not");
+  m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("out"));
+  m.def("addmm_out", &addmm_out, py::arg("bias"), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("beta") = 1.0,
+        py::arg("alpha") = 1.0);
+  m.def("counts", &counts, "{op: (ours, stock)} dispatch counts since the last reset");
+  m.def("reset_counts", &reset_counts);
+  m.def("set_log", &set_log, "print each fallback reason once (FLYKERNELS_LOG=info)");
+  m.def("library_info", &library_info);
+  m.def("device_status", &device_status);
+}

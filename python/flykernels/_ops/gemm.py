@@ -1,0 +1,125 @@
+"""Dense GEMM candidates for torch.compile(mode="max-autotune"): torch.mm / @ (lowering "mm")
+and addmm with an [N] bias and alpha = beta = 1 (lowering "addmm"), fp16/bf16, any of the four
+operand layouts. A provider offers our kernel only for static shapes whose layouts the library
+takes; Inductor benchmarks it beside ATen and Triton, and the compiled code calls the winner."""
+import torch
+
+from . import inductor, register
+
+_GEMM_DTYPES = (torch.float16, torch.bfloat16)
+_choices = {}  # "mm"/"addmm" -> ExternKernelChoice (created once per process)
+
+
+def flykernels_mm(a, b, *, out):
+    """out = a @ b through fly_gemm (the extension falls back to at::mm_out where we decline)."""
+    from .._loader import ext
+    ext.mm_out(a, b, out)
+
+
+def flykernels_addmm(inp, a, b, *, out, alpha=1, beta=1):
+    """out = beta * inp + alpha * (a @ b): fly_gemm with a bias vector, else at::addmm_out."""
+    from .._loader import ext
+    ext.addmm_out(inp, a, b, out, float(beta), float(alpha))
+
+
+def _extern_choice(kind):
+    if kind not in _choices:
+        from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
+        fn = {"mm": flykernels_mm, "addmm": flykernels_addmm}[kind]
+        if hasattr(extern_kernels, fn.__name__):  # ExternKernelChoice refuses duplicate names
+            delattr(extern_kernels, fn.__name__)
+        _choices[kind] = ExternKernelChoice(fn, name=fn.__name__, has_out_variant=True)
+    return _choices[kind]
+
+
+def operand_ok(sizes, strides):
+    """A static 2-D operand the library reads: row- or column-major, the leading dimension a
+    multiple of 8 elements (TMA's 16-byte rule for 2-byte types)."""
+    try:
+        r, c = (int(v) for v in sizes)
+        s0, s1 = (int(v) for v in strides)
+    except (TypeError, ValueError):  # symbolic (dynamic) sizes: not offered
+        return False
+    if r <= 0 or c <= 0:
+        return False
+    if s1 == 1 and s0 >= c and s0 % 8 == 0:
+        return True
+    return s0 == 1 and s1 >= r and s1 % 8 == 0
+
+
+def gemm_shape_ok(a_dtype, b_dtype, out_dtype, a_sizes, a_strides, b_sizes, b_strides, out_strides, device_type):
+    """Whether our candidate is offered (pure logic, tested on CPU)."""
+    if device_type != "cuda" or out_dtype not in _GEMM_DTYPES or a_dtype != out_dtype or b_dtype != out_dtype:
+        return False
+    if not (operand_ok(a_sizes, a_strides) and operand_ok(b_sizes, b_strides)):
+        return False
+    try:
+        return int(out_strides[1]) == 1 and int(a_sizes[1]) == int(b_sizes[0])
+    except (TypeError, ValueError):
+        return False
+
+
+def _nodes_ok(a, b, layout):
+    return gemm_shape_ok(a.get_dtype(), b.get_dtype(), layout.dtype, a.get_size(), a.get_stride(),
+                         b.get_size(), b.get_stride(), layout.stride, layout.device.type)
+
+
+def _mm_provider(choices, input_nodes, layout):
+    if len(input_nodes) != 2 or not _nodes_ok(input_nodes[0], input_nodes[1], layout):
+        return []
+    return [_extern_choice("mm").bind(input_nodes, layout)]
+
+
+def _addmm_provider(choices, input_nodes, layout):
+    if len(input_nodes) != 3 or not _nodes_ok(input_nodes[1], input_nodes[2], layout):
+        return []
+    kwargs = None  # alpha/beta as ATen's own addmm choice carries them
+    for c in choices:
+        if getattr(getattr(c, "choice", None), "name", "") in ("addmm", "bias_addmm"):
+            kwargs = dict(getattr(c, "kwargs", None) or {})
+            break
+    if kwargs is None or kwargs.get("alpha", 1) != 1 or kwargs.get("beta", 1) != 1:
+        return []
+    bias = input_nodes[0]
+    try:  # the [N] bias broadcast over rows: stride (0, 1)
+        if [int(s) for s in bias.get_stride()] != [0, 1] or bias.get_dtype() != layout.dtype:
+            return []
+    except (TypeError, ValueError):
+        return []
+    return [_extern_choice("addmm").bind(input_nodes, layout, alpha=1, beta=1)]
+
+
+class InductorGemm:
+    name = "gemm"
+    kind = "inductor"
+    lowerings = {"mm": _mm_provider, "addmm": _addmm_provider}
+
+    def supported(self):
+        from torch.torch_version import TorchVersion
+        if TorchVersion(torch.__version__) < (2, 11):
+            return f"torch {torch.__version__}: the Inductor hook is written against 2.11"
+        from .._loader import ext
+        if ext is None:
+            return "the extension did not load"
+        try:
+            import torch._inductor.kernel.mm as mm
+            import torch._inductor.select_algorithm as sa
+        except Exception as e:  # Inductor unavailable in this build
+            return f"Inductor did not import ({e})"
+        if not hasattr(mm, "autotune_select_algorithm") or not hasattr(sa, "ExternKernelChoice"):
+            return "this Inductor lacks autotune_select_algorithm / ExternKernelChoice"
+        return ""
+
+    def install(self):
+        for name, provider in self.lowerings.items():
+            inductor.register_candidates(name, provider, key="flykernels")
+
+    def remove(self):
+        for name in self.lowerings:
+            inductor.unregister_candidates(name, key="flykernels")
+
+    def installed(self):
+        return all(inductor.registered(name, "flykernels") for name in self.lowerings)
+
+
+register(InductorGemm())

@@ -1,0 +1,107 @@
+"""The controller: which FlyKernels overrides PyTorch sees.
+
+    import flykernels                     # turns everything on where our kernels can run
+    flykernels.torch.available, .reason   # can they run here, and if not why
+    flykernels.torch.enable(ops=["rms_norm"]); flykernels.torch.disable()
+    with flykernels.torch.disabled(): ... # stock PyTorch inside, the previous state after
+    flykernels.torch.active()             # names of the installed families
+
+Families (flykernels._ops.REGISTRY): "rms_norm", "topk" (eager CUDA-key overrides) and "gemm"
+(torch.compile max-autotune candidates). FLYKERNELS_TORCH=0 keeps them off at import.
+Compiled graphs keep the kernels they were compiled with: call torch._dynamo.reset() after a switch.
+"""
+import contextlib
+import threading
+
+from . import _loader, _ops
+
+available = _loader.available
+reason = _loader.reason
+_lock = threading.Lock()
+
+
+def families():
+    """{name: kind} of every family the controller knows."""
+    return {name: fam.kind for name, fam in _ops.REGISTRY.items()}
+
+
+def _select(ops):
+    if ops is None:
+        return list(_ops.REGISTRY)
+    if isinstance(ops, str):
+        ops = [ops]
+    unknown = [o for o in ops if o not in _ops.REGISTRY]
+    if unknown:
+        raise ValueError(f"flykernels: unknown op(s) {unknown}; known: {sorted(_ops.REGISTRY)}")
+    return list(ops)
+
+
+def enable(ops=None):
+    """Installs the named families (all when None) and returns the names now active. Works
+    whenever the extension loaded; where `available` is False the overrides only pass calls on
+    to the stock kernels. Families this torch cannot take are skipped (see why_not)."""
+    with _lock:
+        for name in _select(ops):
+            fam = _ops.REGISTRY[name]
+            if not fam.supported() and not fam.installed():
+                fam.install()
+    return active()
+
+
+def disable(ops=None):
+    """Removes the named families (all when None): the stock kernels are current again."""
+    with _lock:
+        for name in _select(ops):
+            _ops.REGISTRY[name].remove()
+    return active()
+
+
+def active():
+    """Names of the installed families."""
+    return [name for name, fam in _ops.REGISTRY.items() if fam.installed()]
+
+
+def why_not(op):
+    """'' when family `op` can be enabled here, else the reason."""
+    return _ops.REGISTRY[_select(op)[0]].supported()
+
+
+@contextlib.contextmanager
+def disabled(ops=None):
+    """Stock PyTorch for the named families (all when None) inside; on exit exactly the families
+    that were active before are active again."""
+    names = _select(ops)
+    before = [n for n in names if _ops.REGISTRY[n].installed()]
+    disable(names)
+    try:
+        yield
+    finally:
+        if before:
+            enable(before)
+
+
+def dispatch_counts():
+    """{op: (ours, stock)} calls our overrides took or passed to the stock kernel since the last
+    reset_counts() (ops: rms_norm, topk, topk.values, mm, addmm)."""
+    return _loader.ext.counts() if _loader.ext is not None else {}
+
+
+def reset_counts():
+    if _loader.ext is not None:
+        _loader.ext.reset_counts()
+
+
+def set_log(on=True):
+    """Print each fallback reason once per reason (what FLYKERNELS_LOG=info does at import)."""
+    if _loader.ext is not None:
+        _loader.ext.set_log(bool(on))
+
+
+def explain_rms_norm(x, normalized_shape, weight=None, eps=None, check_device=True):
+    """'' when our RMSNorm would take F.rms_norm(x, normalized_shape, weight, eps), else why not."""
+    return _loader.ext.explain_rms_norm(x, list(normalized_shape), weight, eps, check_device)
+
+
+def explain_topk(x, k, dim=-1, check_device=True):
+    """'' when our TopK would take torch.topk(x, k, dim), else why not."""
+    return _loader.ext.explain_topk(x, int(k), int(dim), check_device)
