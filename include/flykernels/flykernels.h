@@ -132,6 +132,42 @@ FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
                             const fly_tensor* bias, void* workspace, size_t workspace_bytes,
                             void* stream);
 
+/* ---- Fused attention forward ---------------------------------------------------------
+ * O = softmax(Q K^T * softmax_scale [+ causal mask]) V per (batch, head), and the FP32 natural-log
+ * log-sum-exp of each query row's scaled scores (what the backward needs).
+ * q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D]; o: [B, Hq, Sq, D]; all FP16 or all BF16, D innermost
+ *    (stride 1), other strides free (BHSD and BSHD views both), multiples of 8 elements and 16-byte
+ *    aligned bases (TMA; otherwise FLY_ERROR_UNSUPPORTED). Hq a multiple of Hkv (grouped-query:
+ *    query head h reads kv head h / (Hq / Hkv)). 1 <= D <= 512: the kernels are compiled for some
+ *    head dims and serve the others by the next one up (docs/attention.md lists them).
+ * lse: optional (NULL), FP32 [B, Hq, Sq], any strides (a view of SDPA's padded [B, Hq, Sq_pad]
+ *    buffer works); a row with no visible key gets O = 0 and LSE = -inf.
+ * softmax_scale: 0 means 1/sqrt(D). causal: 0 none, 1 query i sees keys j <= i (top-left aligned,
+ *    as SDPA's is_causal, also when Sq != Sk).
+ * Workspace (optional): short queries against long keys split the keys over CTAs and combine the
+ *    partials there. Query fly_attention_fwd_workspace_size and pass a 256-byte aligned device
+ *    buffer that large (NULL/0 runs unsplit, correct but slower); contents need no initialization.
+ * B, Hq or Sq of 0: a successful no-op. Sk of 0 writes O = 0 and LSE = -inf.
+ * Versioned: set struct_size = sizeof(fly_attention_fwd_params); fields may be appended in later
+ * versions (a caller built against this header keeps working), a struct larger than the library
+ * knows is refused with FLY_ERROR_UNSUPPORTED. */
+typedef struct fly_attention_fwd_params {
+  size_t struct_size;      /* sizeof(fly_attention_fwd_params) of the caller's header */
+  const fly_tensor* q;     /* [B, Hq, Sq, D] */
+  const fly_tensor* k;     /* [B, Hkv, Sk, D] */
+  const fly_tensor* v;     /* [B, Hkv, Sk, D] */
+  const fly_tensor* o;     /* [B, Hq, Sq, D], written */
+  const fly_tensor* lse;   /* optional FP32 [B, Hq, Sq], written */
+  double softmax_scale;    /* 0: 1/sqrt(D) */
+  int32_t causal;          /* 0 or 1 (top-left) */
+  int32_t reserved;        /* must be 0 */
+  void* workspace;         /* optional, see fly_attention_fwd_workspace_size */
+  size_t workspace_bytes;
+} fly_attention_fwd_params;
+
+FLY_API fly_status fly_attention_fwd_workspace_size(const fly_attention_fwd_params* params, size_t* bytes);
+FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "flykernels/flykernels.h"
 
@@ -45,6 +46,64 @@ inline fly_tensor tensor(void* data, fly_dtype dt, std::initializer_list<int64_t
   return t;
 }
 
+// ---- errors, version ------------------------------------------------------------------
+namespace detail {
+// A null C string (no message, no variant yet) reads as "".
+inline std::string to_string_or_empty(const char* s) { return s ? std::string(s) : std::string(); }
+}  // namespace detail
+inline std::string last_error() { return detail::to_string_or_empty(fly_get_last_error()); }
+inline std::string status_string(fly_status s) { return detail::to_string_or_empty(fly_status_string(s)); }
+struct Version {
+  int major = 0, minor = 0, patch = 0;
+};
+// The library's version at run time (FLY_VERSION_* give the header's).
+inline Version version() {
+  Version v;
+  fly_version(&v.major, &v.minor, &v.patch);
+  return v;
+}
+inline std::string version_string() { return detail::to_string_or_empty(fly_version_string()); }
+
+// ---- tuning database ---------------------------------------------------------------------
+// Overlay database read before the embedded one; nullptr clears it.
+inline void set_tuning_db(const char* path) { check(fly_set_tuning_db(path)); }
+inline void set_tuning_db(const std::string& path) { set_tuning_db(path.c_str()); }
+
+// ---- introspection -----------------------------------------------------------------------
+inline int variant_count() { return fly_variant_count(); }
+// Throws std::out_of_range outside [0, variant_count()).
+inline std::string variant_name(int index) {
+  const char* n = fly_variant_name(index);
+  if (!n) throw std::out_of_range("flykernels::variant_name: index " + std::to_string(index) + " out of range");
+  return n;
+}
+inline std::vector<std::string> variant_names() {
+  std::vector<std::string> out;
+  for (int i = 0; i < fly_variant_count(); ++i) out.push_back(variant_name(i));
+  return out;
+}
+struct VariantInfo {
+  std::string family;  // "rmsnorm", "topk", "gemm", ...
+  std::string params;  // "key=value;key=value"
+};
+inline VariantInfo variant_info(const std::string& name) {
+  const char* family = nullptr;
+  const char* params = nullptr;
+  check(fly_variant_info(name.c_str(), &family, &params));
+  return {detail::to_string_or_empty(family), detail::to_string_or_empty(params)};
+}
+// Forces this thread's next dispatches to `name`; nullptr restores database dispatch.
+inline void force_variant(const char* name) { check(fly_force_variant(name)); }
+inline std::string last_variant() { return detail::to_string_or_empty(fly_last_variant()); }
+inline std::string last_decision() { return detail::to_string_or_empty(fly_last_decision()); }
+// "sm_90a" for the stream's device; throws Error (FLY_ERROR_NO_DEVICE without a GPU).
+inline std::string device_arch(void* stream = nullptr) {
+  const char* arch = nullptr;
+  check(fly_device_arch(stream, &arch));
+  return detail::to_string_or_empty(arch);
+}
+
+// ---- operations ----------------------------------------------------------------------------
 inline void rms_norm_fwd(const fly_tensor& x, const fly_tensor* weight, double eps, const fly_tensor& y,
                          const fly_tensor* rstd = nullptr, void* stream = nullptr) {
   check(fly_rms_norm_fwd(&x, weight, eps, &y, rstd, stream));
@@ -56,9 +115,41 @@ inline void topk(const fly_tensor& x, int64_t k, bool largest, bool deterministi
   check(fly_topk(&x, k, largest, deterministic, &values, &indices, workspace, workspace_bytes, stream));
 }
 
+// Bytes of scratch fly_topk needs for this call (0: pass no workspace).
+inline size_t topk_workspace_size(const fly_tensor& x, int64_t k, bool largest, bool deterministic) {
+  size_t bytes = 0;
+  check(fly_topk_workspace_size(&x, k, largest, deterministic, &bytes));
+  return bytes;
+}
+
+// Bytes of the optional stream-K workspace of fly_gemm (shape independent; 0 when none is bundled).
+inline size_t gemm_workspace_size(const fly_tensor& a, const fly_tensor& b, const fly_tensor& c) {
+  size_t bytes = 0;
+  check(fly_gemm_workspace_size(&a, &b, &c, &bytes));
+  return bytes;
+}
+
 inline void gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& c, const fly_tensor* bias = nullptr,
                  void* workspace = nullptr, size_t workspace_bytes = 0, void* stream = nullptr) {
   check(fly_gemm(&a, &b, &c, bias, workspace, workspace_bytes, stream));
+}
+
+// Attention forward; fills struct_size. lse may be null; workspace as fly_attention_fwd_workspace_size says.
+inline void attention_fwd(const fly_tensor& q, const fly_tensor& k, const fly_tensor& v, const fly_tensor& o,
+                          const fly_tensor* lse = nullptr, bool causal = false, double softmax_scale = 0.0,
+                          void* workspace = nullptr, size_t workspace_bytes = 0, void* stream = nullptr) {
+  fly_attention_fwd_params p{};
+  p.struct_size = sizeof(p);
+  p.q = &q;
+  p.k = &k;
+  p.v = &v;
+  p.o = &o;
+  p.lse = lse;
+  p.softmax_scale = softmax_scale;
+  p.causal = causal ? 1 : 0;
+  p.workspace = workspace;
+  p.workspace_bytes = workspace_bytes;
+  check(fly_attention_fwd(&p, stream));
 }
 
 // Forces a variant for the lifetime of the object (this thread only), as the tuner does.

@@ -1,0 +1,233 @@
+// Attention forward for sm_90a (one variant per compile unit; constants from tools/flygen):
+// warpgroup 0 is the producer (one thread issues TMA loads of Q once and of K/V tiles through an
+// ST-deep mbarrier ring), warpgroups 1..NWG each own 64 query rows: S = Q K^T by SS wgmma, mask,
+// online softmax in registers, O += P V by RS wgmma with P straight from S's accumulators.
+// A second kernel merges the per-split partials of a split-key launch (flash-decoding).
+#include <type_traits>
+
+#include "attention/attention_params.h"
+#include "attention/attention_plan.h"
+#include "attention/attention_scheduler.cuh"
+#include "attention/attention_tiles.cuh"
+
+#ifndef FLY_HD  // a standalone compile (ptxas -v checks): one bf16 head-dim-128 variant
+#define FLY_HD 128
+#define FLY_M 128
+#define FLY_N 128
+#define FLY_ST 2
+#define FLY_DTYPE_IS_BF16 1
+#endif
+#ifndef FLY_DTYPE_IS_BF16
+#define FLY_DTYPE_IS_BF16 0
+#endif
+
+namespace fly::attn {
+namespace {
+
+using Cfg = AttnConfig<FLY_HD, FLY_M / 64, FLY_N, FLY_ST, FLY_DTYPE_IS_BF16 != 0>;
+static_assert(Cfg::kSmemBytes == attn_smem_bytes(FLY_HD, FLY_M, FLY_N, FLY_ST), "host and device smem sizes");
+using Elem = typename std::conditional<Cfg::kBF16, __nv_bfloat16, __half>::type;
+
+struct Ring {
+  uint64_t* q_full;
+  uint64_t* k_full;  // [ST]
+  uint64_t* v_full;  // [ST]
+  uint64_t* empty;   // [ST]: every consumer warp arrives once it has read the stage's K and V
+};
+
+__device__ __forceinline__ void producer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r) {
+  uint8_t* sq = smem;
+  uint8_t* sk = smem + Cfg::kQBytes;
+  uint8_t* sv = sk + Cfg::kST * Cfg::kKVBytes;
+  sm90::tma_prefetch_desc(&p.tm_q);
+  sm90::tma_prefetch_desc(&p.tm_k);
+  sm90::tma_prefetch_desc(&p.tm_v);
+  sm90::mbar_arrive_expect_tx(r.q_full, p.q_bytes);
+  if (p.pack_gqa) {
+    // Box {64, Sq, group, 1}: rows g * Sq + s, dense from row 0 (chunks still BM rows apart).
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_4d(sq + c * Cfg::BM * 128, &p.tm_q, r.q_full, c * 64, 0, t.kv_head * p.group, t.batch);
+  } else {
+    load_tile<Cfg::kHD>(sq, &p.tm_q, r.q_full, Cfg::BM, t.m0, t.head_y, t.batch);
+  }
+  for (int n = t.n_begin, it = 0; n < t.n_end; ++n, ++it) {
+    const int stage = it % Cfg::kST;
+    const uint32_t phase = (it / Cfg::kST) & 1;
+    sm90::mbar_wait(&r.empty[stage], phase ^ 1);
+    sm90::mbar_arrive_expect_tx(&r.k_full[stage], Cfg::kKVBytes);
+    load_tile<Cfg::kHD>(sk + stage * Cfg::kKVBytes, &p.tm_k, &r.k_full[stage], Cfg::kBN, n * Cfg::kBN, t.kv_head,
+                        t.batch);
+    sm90::mbar_arrive_expect_tx(&r.v_full[stage], Cfg::kKVBytes);
+    load_tile<Cfg::kHD>(sv + stage * Cfg::kKVBytes, &p.tm_v, &r.v_full[stage], Cfg::kBN, n * Cfg::kBN, t.kv_head,
+                        t.batch);
+  }
+}
+
+// Where the thread's two rows go: query head, position, validity.
+struct RowMap {
+  int head[2], pos[2];
+  bool valid[2];
+};
+
+__device__ __forceinline__ RowMap map_rows(const AttnFwdParams& p, const TileCoord& t, int cw) {
+  RowMap rm;
+  const int tid = threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int v = t.m0 + cw * 64 + (tid / 32) * 16 + (tid % 32) / 4 + 8 * i;
+    if (p.pack_gqa) {
+      const int g = v / p.Sq;
+      rm.pos[i] = v - g * p.Sq;
+      rm.head[i] = t.kv_head * p.group + g;
+      rm.valid[i] = g < p.group;
+    } else {
+      rm.pos[i] = v;
+      rm.head[i] = t.head_y;
+      rm.valid[i] = v < p.Sq;
+    }
+  }
+  return rm;
+}
+
+__device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileCoord& t, const RowMap& rm,
+                                             const float (&o)[Cfg::kHD / 2], const float (&inv)[2],
+                                             const float (&lse)[2]) {
+  const int lane = threadIdx.x % 32;
+  const int c0 = 2 * (lane % 4);
+  if (p.splits > 1) {
+    const int64_t rows = int64_t(p.B) * p.Hq * p.Sq;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (!rm.valid[i]) continue;
+      const int64_t row = (int64_t(t.batch) * p.Hq + rm.head[i]) * p.Sq + rm.pos[i];
+      float* dst = p.ws_o + (t.split * rows + row) * Cfg::kHD;
+#pragma unroll
+      for (int j = 0; j < Cfg::kHD / 8; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j + c0) = make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+      if (lane % 4 == 0) p.ws_lse[t.split * rows + row] = lse[i];
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!rm.valid[i]) continue;
+    Elem* dst = static_cast<Elem*>(p.o) + t.batch * p.o_sb + rm.head[i] * p.o_sh + rm.pos[i] * p.o_ss;
+#pragma unroll
+    for (int j = 0; j < Cfg::kHD / 8; ++j) {
+      const int col = 8 * j + c0;
+      const float a = o[4 * j + 2 * i] * inv[i], b = o[4 * j + 2 * i + 1] * inv[i];
+      if (p.o_vec2 && col + 1 < p.D) {
+        *reinterpret_cast<uint32_t*>(dst + col) = pack2<Cfg::kBF16>(a, b);
+      } else {
+        if (col < p.D) dst[col] = Elem(a);
+        if (col + 1 < p.D) dst[col + 1] = Elem(b);
+      }
+    }
+    if (p.lse && lane % 4 == 0)
+      p.lse[t.batch * p.lse_sb + rm.head[i] * p.lse_sh + rm.pos[i] * p.lse_ss] = lse[i];
+  }
+}
+
+__device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r,
+                                         int cw) {
+  const uint32_t sq = sm90::smem_u32(smem) + cw * 64 * 128;  // this warpgroup's 64 rows of each chunk
+  const uint32_t sk = sm90::smem_u32(smem) + Cfg::kQBytes;
+  const uint32_t sv = sk + Cfg::kST * Cfg::kKVBytes;
+  const RowMap rm = map_rows(p, t, cw);
+  // Smallest query position among the warpgroup's rows: tiles past it need the causal mask.
+  const int min_pos = p.pack_gqa ? 0 : t.m0 + cw * 64;
+
+  float o[Cfg::kHD / 2];
+#pragma unroll
+  for (int i = 0; i < Cfg::kHD / 2; ++i) o[i] = 0.f;
+  OnlineSoftmax sm;
+  sm90::mbar_wait(r.q_full, 0);
+  for (int n = t.n_begin, it = 0; n < t.n_end; ++n, ++it) {
+    const int stage = it % Cfg::kST;
+    const uint32_t phase = (it / Cfg::kST) & 1;
+    const int n0 = n * Cfg::kBN;
+    float s[Cfg::kBN / 2];
+    sm90::mbar_wait(&r.k_full[stage], phase);
+    mma_qk<Cfg>(s, sq, Cfg::BM, sk + stage * Cfg::kKVBytes);
+    sm90::wgmma_wait<0>();
+    fence_regs(s);
+    if (n0 + Cfg::kBN > p.Sk || (p.causal && n0 + Cfg::kBN - 1 > min_pos)) mask_tile<Cfg::kBN>(s, n0, p.Sk, p.causal, rm.pos);
+    float alpha[2];
+    sm.step<Cfg::kBN>(s, p.scale_log2, alpha);
+    scale_rows(o, alpha);
+    uint32_t pf[Cfg::kBN / 16][4];
+    pack_p<Cfg>(s, pf);
+    sm90::mbar_wait(&r.v_full[stage], phase);
+    mma_pv<Cfg>(o, pf, sv + stage * Cfg::kKVBytes);
+    sm90::wgmma_wait<0>();
+    fence_regs(o);
+    if (threadIdx.x % 32 == 0) sm90::mbar_arrive(&r.empty[stage]);
+  }
+  float inv[2], lse[2];
+  sm.finish(p.scale_log2, inv, lse);
+  store_output(p, t, rm, o, inv, lse);
+}
+
+}  // namespace
+}  // namespace fly::attn
+
+using namespace fly::attn;
+
+extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(const __grid_constant__ AttnFwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Cfg::kBarOffset);
+  Ring r{bars, bars + 1, bars + 1 + Cfg::kST, bars + 1 + 2 * Cfg::kST};
+  if (threadIdx.x == 0) {
+    fly::sm90::mbar_init(r.q_full, 1);
+    for (int s = 0; s < Cfg::kST; ++s) {
+      fly::sm90::mbar_init(&r.k_full[s], 1);
+      fly::sm90::mbar_init(&r.v_full[s], 1);
+      fly::sm90::mbar_init(&r.empty[s], 4 * Cfg::kNWG);
+    }
+    fly::sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const TileCoord t = schedule_tile<Cfg::BM, Cfg::kBN>(p);
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    fly::sm90::setmaxnreg_dec<Cfg::kNWG == 2 ? 24 : 56>();
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) producer(p, t, smem, r);
+  } else {
+    fly::sm90::setmaxnreg_inc<Cfg::kNWG == 2 ? 240 : 256>();
+    consumer(p, t, smem, r, wg - 1);
+  }
+}
+
+// Merges split partials: one warp per query row. Weights exp(LSE_s - max) over the splits; rows
+// whose splits all saw nothing get O = 0, LSE = -inf.
+extern "C" __global__ void __launch_bounds__(256) fly_attn_fwd_combine(const __grid_constant__ AttnFwdParams p) {
+  const int64_t rows = int64_t(p.B) * p.Hq * p.Sq;
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float part = lane < p.splits ? p.ws_lse[lane * rows + row] : -INFINITY;
+  float mx = part;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float w = mx == -INFINITY ? 0.f : __expf(part - mx);
+  float sum = w;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float wn = sum > 0.f ? w / sum : 0.f;
+  const int s = int(row % p.Sq);
+  const int h = int((row / p.Sq) % p.Hq);
+  const int b = int(row / (int64_t(p.Sq) * p.Hq));
+  Elem* dst = static_cast<Elem*>(p.o) + b * p.o_sb + h * p.o_sh + s * p.o_ss;
+  for (int c0 = 0; c0 < p.D; c0 += 32) {  // whole-warp steps: the shuffles need every lane
+    const int col = c0 + lane;
+    float acc = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) {
+      const float ws = __shfl_sync(0xffffffffu, wn, sp);
+      if (ws != 0.f && col < p.D) acc += ws * p.ws_o[(sp * rows + row) * Cfg::kHD + col];
+    }
+    if (col < p.D) dst[col] = Elem(acc);
+  }
+  if (lane == 0 && p.lse) p.lse[b * p.lse_sb + h * p.lse_sh + s * p.lse_ss] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+}

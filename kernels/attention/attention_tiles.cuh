@@ -1,0 +1,198 @@
+// Reusable pieces of the sm_90a attention kernels (forward now, backward later): the tile
+// configuration, TMA tile loads of Q/K/V into 128B-swizzled shared memory, the wgmma fragments of
+// S = Q K^T (both operands in shared memory) and O += P V (P from registers), the online softmax in
+// exp2 with the scale folded in, and the causal / key-bound masking of a score tile.
+//
+// Fragment layout (wgmma m64nN accumulator, per thread of a warpgroup): register 4 j + e holds row
+// 16 warp + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + (e % 2). A thread owns two rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "attention/wgmma_rs_ops.h"
+#include "common/sm90.h"
+#include "common/wgmma_ops.h"
+
+namespace fly::attn {
+
+// ---- configuration ---------------------------------------------------------------------------
+// HD: compiled head dim (a multiple of 64: one 128-byte swizzle row per 64 columns); NWG: consumer
+// warpgroups, 64 query rows each; BN: keys per tile; ST: K/V ring stages.
+template <int HD, int NWG, int BN, int ST, bool BF16>
+struct AttnConfig {
+  static constexpr int kHD = HD;
+  static constexpr int kChunks = HD / 64;  // 64-column chunks of a row (one swizzle row each)
+  static constexpr int kNWG = NWG;
+  static constexpr int BM = 64 * NWG;
+  static constexpr int kBN = BN;
+  static constexpr int kST = ST;
+  static constexpr bool kBF16 = BF16;
+  static constexpr int kThreads = 128 * (NWG + 1);  // warpgroup 0 is the producer
+  static constexpr int kQBytes = BM * HD * 2;
+  static constexpr int kKVBytes = BN * HD * 2;      // one K or one V tile
+  static constexpr int kBarOffset = kQBytes + 2 * ST * kKVBytes;
+  static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers, 1 KiB alignment slack
+  static_assert(HD % 64 == 0 && HD >= 64 && HD <= 256, "compiled head dims: 64, 128, 192, 256");
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "key tile: a multiple of 16, at most 256");
+  static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups");
+  static_assert(kSmemBytes <= 232448, "shared memory over the 227 KiB a block may have");
+};
+
+// ---- hardware wrappers the common set lacks ------------------------------------------------------
+// 4-D tile load (c0 innermost), completion counted in bytes on `bar`; out-of-bounds elements are
+// zero-filled and still counted.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(sm90::smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(sm90::smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) sm90::reg_fence(r[i]);
+}
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// ---- tile loads (producer) ---------------------------------------------------------------------
+// A [rows][HD] tile lands as HD / 64 chunks of [rows][64] (128 B rows, 128B swizzle), chunk c at
+// dst + c * rows * 128: the layout both K-major descriptors and the MN-major V descriptor read.
+template <int HD>
+__device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, uint64_t* bar, int rows, int row0,
+                                          int head, int batch) {
+#pragma unroll
+  for (int c = 0; c < HD / 64; ++c) tma_load_4d(dst + c * rows * 128, map, bar, c * 64, row0, head, batch);
+}
+
+// ---- wgmma fragments -----------------------------------------------------------------------------
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t saddr) { return sm90::make_desc_sw128(saddr, 16, 1024); }
+// MN-major (V as the B operand of P V): 64 columns per 128-byte row, LBO = the chunk stride.
+__device__ __forceinline__ uint64_t desc_mnmajor(uint32_t saddr, uint32_t chunk_bytes) {
+  return sm90::make_desc_sw128(saddr, chunk_bytes, 1024);
+}
+
+// s[BN/2] = Q[64 rows at q_rows][HD] * K[BN][HD]^T. q: Q tile base (chunks of q_tile_rows rows);
+// k: K tile base (chunks of BN rows). Issues and commits; the caller waits.
+template <class Cfg>
+__device__ __forceinline__ void mma_qk(float (&s)[Cfg::kBN / 2], uint32_t q, int q_tile_rows, uint32_t k) {
+  using Mma = sm90::Wgmma<Cfg::kBN, 0, 0, Cfg::kBF16>;
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int c = 0; c < Cfg::kChunks; ++c)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      Mma::mma(s, desc_kmajor(q + c * q_tile_rows * 128 + kk * 32), desc_kmajor(k + c * Cfg::kBN * 128 + kk * 32),
+               (c | kk) != 0);
+  sm90::wgmma_commit();
+}
+
+// o[HD/2] += P[64][BN] * V[BN][HD], P as packed 16-bit pairs in the A-fragment layout.
+template <class Cfg>
+__device__ __forceinline__ void mma_pv(float (&o)[Cfg::kHD / 2], const uint32_t (&p)[Cfg::kBN / 16][4], uint32_t v) {
+  using Mma = WgmmaRS<Cfg::kHD, 1, Cfg::kBF16>;
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBN / 16; ++kk) Mma::mma(o, p[kk], desc_mnmajor(v + kk * 2048, Cfg::kBN * 128), 1);
+  sm90::wgmma_commit();
+}
+
+// The S accumulator of columns 16 kk .. 16 kk + 15 is the A fragment of k step kk: a pure regroup.
+template <class Cfg>
+__device__ __forceinline__ void pack_p(const float (&s)[Cfg::kBN / 2], uint32_t (&p)[Cfg::kBN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBN / 16; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) p[kk][q] = pack2<Cfg::kBF16>(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+}
+
+// ---- masking ------------------------------------------------------------------------------------
+// Scores of keys past sk, or (causal) after the row's query position, become -inf. n0: the tile's
+// first key; qpos[i]: query position of the thread's row i.
+template <int BN>
+__device__ __forceinline__ void mask_tile(float (&s)[BN / 2], int n0, int sk, bool causal, const int (&qpos)[2]) {
+  const int c0 = n0 + 2 * (threadIdx.x % 4);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = c0 + 8 * j + (e & 1);
+      if (col >= sk || (causal && col > qpos[e >> 1])) s[4 * j + e] = -INFINITY;
+    }
+}
+
+// ---- online softmax -------------------------------------------------------------------------------
+// Running max (unscaled scores) and thread-partial row sums of the thread's two rows. Scores stay
+// unscaled; exp(scale (s - m)) = exp2(s scale_log2 - m scale_log2), one FFMA and one MUFU.EX2.
+struct OnlineSoftmax {
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  // Turns s into probabilities against the updated max and returns the factors the previous
+  // accumulator rows must be scaled by. A row with nothing visible yet keeps max -inf and uses 0.
+  template <int BN>
+  __device__ __forceinline__ void step(float (&s)[BN / 2], float scale_log2, float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = m[i];
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+      alpha[i] = ex2(m[i] * scale_log2 - m_scaled);  // m = -inf: 0
+      m[i] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * j + 2 * i + e];
+          x = ex2(fmaf(x, scale_log2, -m_scaled));
+          sum += x;
+        }
+      l[i] = l[i] * alpha[i] + sum;
+    }
+  }
+
+  // Row sums over the quad; then 1 / l (0 for an empty row) and the natural-log LSE (-inf empty).
+  __device__ __forceinline__ void finish(float scale_log2, float (&inv)[2], float (&lse)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float t = l[i];
+      t += __shfl_xor_sync(0xffffffffu, t, 1);
+      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      const bool empty = !(t > 0.f);
+      inv[i] = empty ? 0.f : 1.f / t;
+      lse[i] = empty ? -INFINITY : (m[i] * scale_log2 + log2f(t)) * 0.69314718055994531f;
+    }
+  }
+};
+
+// Scales the accumulator rows (registers 4 j + 2 i + {0, 1} belong to row i).
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&acc)[N], const float (&f)[2]) {
+#pragma unroll
+  for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[4 * j + e] *= f[e >> 1];
+}
+
+}  // namespace fly::attn

@@ -1,0 +1,318 @@
+// fly_attention_fwd / fly_attention_fwd_workspace_size: validation, dispatch and launch of the
+// attention family (kernels/attention/attention_fwd.cu, planned by attention/attention_plan.h).
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+#include "attention/attention_params.h"
+#include "attention/attention_plan.h"
+#include "core.hpp"
+
+namespace fly {
+namespace {
+
+constexpr const char* kFamily = "attention";
+// The first version of the struct ends with workspace_bytes; later fields are optional.
+constexpr size_t kParamsV1Size = offsetof(fly_attention_fwd_params, workspace_bytes) + sizeof(size_t);
+
+struct AttnCall {
+  attn::Shape s{};
+  fly_dtype dt = FLY_DTYPE_INVALID;
+  double scale = 0;
+  int hd = 0;  // compiled head dim serving D
+  const fly_tensor *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
+  bool empty = false;  // B, Hq or Sq of 0: nothing to do
+};
+
+// No two in-range index tuples reach the same element (outputs must not alias themselves).
+bool non_overlapping(const fly_tensor& t) {
+  int idx[FLY_MAX_RANK];
+  int n = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.sizes[i] == 0) return true;  // no elements
+    if (t.sizes[i] > 1) idx[n++] = i;
+  }
+  for (int i = 1; i < n; ++i)  // insertion sort by stride (at most FLY_MAX_RANK dims)
+    for (int j = i; j > 0 && t.strides[idx[j]] < t.strides[idx[j - 1]]; --j) std::swap(idx[j], idx[j - 1]);
+  int64_t span = 1;  // elements covered by the inner dims
+  for (int i = 0; i < n; ++i) {
+    if (t.strides[idx[i]] < span) return false;
+    span = t.strides[idx[i]] * (t.sizes[idx[i]] - 1) + span;
+  }
+  return true;
+}
+
+// TMA's rules for Q, K, V: 16-byte aligned base, strides of the non-inner dims multiples of 16 bytes.
+fly_status check_tma_operand(const fly_tensor& t, const char* what) {
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "%s: base address is not 16-byte aligned (TMA loads need it)", what);
+  static const char* kDim[3] = {"batch", "head", "sequence"};
+  for (int i = 0; i < 3; ++i)
+    if (t.sizes[i] > 1 && t.strides[i] % 8 != 0)
+      return fail(FLY_ERROR_UNSUPPORTED,
+                  "%s: %s stride %" PRId64 " elements is not a multiple of 8 (16 bytes, a TMA rule; pad the head dim "
+                  "to a multiple of 8 as SDPA does)",
+                  what, kDim[i], t.strides[i]);
+  return FLY_SUCCESS;
+}
+
+fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
+  if (!prm) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
+  if (prm->struct_size < kParamsV1Size)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "params: struct_size %zu is smaller than the first version of fly_attention_fwd_params (%zu bytes); "
+                "set struct_size = sizeof(fly_attention_fwd_params)",
+                prm->struct_size, kParamsV1Size);
+  if (prm->struct_size > sizeof(fly_attention_fwd_params))
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "params: struct_size %zu is larger than this library's fly_attention_fwd_params (%zu bytes): the "
+                "caller was built against a newer header",
+                prm->struct_size, sizeof(fly_attention_fwd_params));
+  FLY_TRY(check_tensor(prm->q, "q", 4));
+  FLY_TRY(check_tensor(prm->k, "k", 4));
+  FLY_TRY(check_tensor(prm->v, "v", 4));
+  FLY_TRY(check_tensor(prm->o, "o", 4));
+  const fly_tensor &q = *prm->q, &k = *prm->k, &v = *prm->v, &o = *prm->o;
+  const fly_dtype dt = q.dtype;
+  if (dt != FLY_F16 && dt != FLY_BF16)
+    return fail(FLY_ERROR_UNSUPPORTED, "q: dtype %s is not supported (fp16, bf16)", dtype_name(dt));
+  if (k.dtype != dt || v.dtype != dt || o.dtype != dt) {
+    const char* which = k.dtype != dt ? "k" : v.dtype != dt ? "v" : "o";
+    const fly_tensor& w = k.dtype != dt ? k : v.dtype != dt ? v : o;
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s does not match q (%s)", which, dtype_name(w.dtype), dtype_name(dt));
+  }
+  const int64_t B = q.sizes[0], Hq = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3];
+  const int64_t Hkv = k.sizes[1], Sk = k.sizes[2];
+  if (k.sizes[0] != B || k.sizes[3] != D)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "k: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match q [%" PRId64 ", %" PRId64
+                ", %" PRId64 ", %" PRId64 "] (k must be [B, Hkv, Sk, D])",
+                k.sizes[0], k.sizes[1], k.sizes[2], k.sizes[3], B, Hq, Sq, D);
+  for (int i = 0; i < 4; ++i)
+    if (v.sizes[i] != k.sizes[i])
+      return fail(FLY_ERROR_INVALID_ARGUMENT,
+                  "v: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match k [%" PRId64 ", %" PRId64
+                  ", %" PRId64 ", %" PRId64 "]",
+                  v.sizes[0], v.sizes[1], v.sizes[2], v.sizes[3], k.sizes[0], k.sizes[1], k.sizes[2], k.sizes[3]);
+  for (int i = 0; i < 4; ++i)
+    if (o.sizes[i] != q.sizes[i])
+      return fail(FLY_ERROR_INVALID_ARGUMENT,
+                  "o: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match q [%" PRId64 ", %" PRId64
+                  ", %" PRId64 ", %" PRId64 "]",
+                  o.sizes[0], o.sizes[1], o.sizes[2], o.sizes[3], B, Hq, Sq, D);
+  if (prm->lse) {
+    FLY_TRY(check_tensor(prm->lse, "lse", 3));
+    const fly_tensor& l = *prm->lse;
+    if (l.dtype != FLY_F32)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: dtype %s, expected fp32", dtype_name(l.dtype));
+    if (l.sizes[0] != B || l.sizes[1] != Hq || l.sizes[2] != Sq)
+      return fail(FLY_ERROR_INVALID_ARGUMENT,
+                  "lse: shape [%" PRId64 ", %" PRId64 ", %" PRId64 "], expected [B, Hq, Sq] = [%" PRId64 ", %" PRId64
+                  ", %" PRId64 "]",
+                  l.sizes[0], l.sizes[1], l.sizes[2], B, Hq, Sq);
+    if (!non_overlapping(l)) return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: strides make elements overlap");
+  }
+  if (prm->causal != 0 && prm->causal != 1)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "causal: %d, expected 0 or 1", int(prm->causal));
+  if (prm->reserved != 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "reserved: %d, must be 0", int(prm->reserved));
+  if (!std::isfinite(prm->softmax_scale))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "softmax_scale: must be finite, got %g", prm->softmax_scale);
+  if (!prm->workspace && prm->workspace_bytes > 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", prm->workspace_bytes);
+  if (prm->workspace && reinterpret_cast<uintptr_t>(prm->workspace) % 256 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", prm->workspace);
+  for (const fly_tensor* t : {&q, &k, &v, &o})
+    if (t->sizes[3] > 1 && t->strides[3] != 1) {
+      const char* which = t == &q ? "q" : t == &k ? "k" : t == &v ? "v" : "o";
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: the head dim must be innermost (stride 1), got stride %" PRId64, which,
+                  t->strides[3]);
+    }
+  if (!non_overlapping(o)) return fail(FLY_ERROR_INVALID_ARGUMENT, "o: strides make elements overlap");
+  out->dt = dt;
+  out->q = prm->q;
+  out->k = prm->k;
+  out->v = prm->v;
+  out->o = prm->o;
+  out->lse = prm->lse;
+  out->s = attn::Shape{B, Hq, Hkv, Sq, Sk, D, prm->causal == 1};
+  out->empty = B == 0 || Hq == 0 || Sq == 0;
+  if (out->empty) return FLY_SUCCESS;
+  if (Hkv == 0 || Hq % Hkv != 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "k: Hq = %" PRId64 " query heads is not a multiple of Hkv = %" PRId64 " kv heads",
+                Hq, Hkv);
+  if (D == 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "q: head dim D = 0");
+  if (D > attn::kMaxHeadDim)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "q: head dim D = %" PRId64 " exceeds the maximum %d", D, attn::kMaxHeadDim);
+  out->scale = prm->softmax_scale != 0 ? prm->softmax_scale : 1.0 / std::sqrt(double(D));
+  out->hd = attn::padded_head_dim(D);
+  if (out->hd == 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "q: head dim D = %" PRId64 " is above the largest compiled head dim (256) of this build",
+                D);
+  const int64_t lim = int64_t(1) << 31;
+  if (Sq >= lim || Sk >= lim || B > 65535 || Hq > 65535)
+    return fail(FLY_ERROR_UNSUPPORTED, "q/k: B = %" PRId64 ", Hq = %" PRId64 ", Sq = %" PRId64 ", Sk = %" PRId64
+                " exceed the kernels' grid limits (B, H <= 65535, S < 2^31)", B, Hq, Sq, Sk);
+  FLY_TRY(check_tma_operand(q, "q"));
+  if (Sk > 0) {
+    FLY_TRY(check_tma_operand(k, "k"));
+    FLY_TRY(check_tma_operand(v, "v"));
+  }
+  return FLY_SUCCESS;
+}
+
+// Layout field of the dispatch key: compiled head dim, causal, GQA ratio ("d128_causal_g4").
+std::string key_layout(const AttnCall& c) {
+  return "d" + std::to_string(c.hd) + (c.s.causal ? "_causal" : "_full") + "_g" + std::to_string(c.s.Hq / c.s.Hkv);
+}
+
+// Family default (names listed in tuning/attention.json "defaults").
+std::string default_variant(const AttnCall& c) {
+  const std::string d = dtype_name(c.dt);
+  switch (c.hd) {
+    case 64: return "attn_fwd_" + d + "_hd64_m128_n128_st2";
+    case 128: return "attn_fwd_" + d + "_hd128_m128_n128_st2";
+    case 192: return "attn_fwd_" + d + "_hd192_m128_n96_st2";
+    default: return "attn_fwd_" + d + "_hd256_m128_n64_st2";
+  }
+}
+
+// A [dims...] TMA map over one operand ({D, S, H, B}); a size-1 dim's stride is irrelevant and
+// replaced by a legal one (TMA wants multiples of 16 bytes).
+CUresult encode_operand(const Driver& d, CUtensorMap* map, const fly_tensor& t, bool bf16, int box_rows, int box_heads) {
+  cuuint64_t dims[4] = {cuuint64_t(t.sizes[3]), cuuint64_t(std::max<int64_t>(t.sizes[2], 1)),
+                        cuuint64_t(std::max<int64_t>(t.sizes[1], 1)), cuuint64_t(std::max<int64_t>(t.sizes[0], 1))};
+  cuuint64_t strides[3];
+  const int64_t legal = (t.sizes[3] * 2 + 15) / 16 * 16;
+  for (int i = 0; i < 3; ++i) {
+    const int dim = 2 - i;  // S, H, B
+    strides[i] = cuuint64_t(t.sizes[dim] > 1 ? t.strides[dim] * 2 : legal);
+  }
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), cuuint32_t(box_heads), 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  return d.cuTensorMapEncodeTiled(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                                  t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+}  // namespace
+}  // namespace fly
+
+extern "C" FLY_API fly_status fly_attention_fwd_workspace_size(const fly_attention_fwd_params* params, size_t* bytes) {
+  using namespace fly;
+  clear_error();
+  if (!bytes) return fail(FLY_ERROR_INVALID_ARGUMENT, "bytes: NULL pointer");
+  *bytes = 0;
+  AttnCall c;
+  FLY_TRY(validate(params, &c));
+  if (!c.empty) *bytes = size_t(attn::max_workspace_bytes(c.s));
+  return FLY_SUCCESS;
+}
+
+extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, void* stream) {
+  using namespace fly;
+  clear_error();
+  AttnCall c;
+  FLY_TRY(validate(params, &c));
+  if (c.empty) return FLY_SUCCESS;
+  const attn::Shape& s = c.s;
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_device_pointer(*c.q, "q"));
+  FLY_TRY(check_device_pointer(*c.k, "k"));
+  FLY_TRY(check_device_pointer(*c.v, "v"));
+  FLY_TRY(check_device_pointer(*c.o, "o"));
+  if (c.lse) FLY_TRY(check_device_pointer(*c.lse, "lse"));
+  if (params->workspace && params->workspace_bytes > 0)
+    FLY_TRY(check_device_bytes(params->workspace, int64_t(params->workspace_bytes), "workspace"));
+
+  DispatchRequest req = make_request(kFamily, "attention_fwd", dtype_name(c.dt), key_layout(c).c_str(),
+                                     {{"Sk", s.Sk}, {"Sq", s.Sq}, {"BH", s.B * s.Hq}});
+  const fly_dtype dt = c.dt;
+  const int hd = c.hd;
+  const int smem_max = dc->max_smem_optin;
+  req.supports = [dt, hd, smem_max](const Variant& v) {
+    return v.get("dtype") == dtype_name(dt) && v.get_int("hd") == hd &&
+           attn::attn_smem_bytes(hd, int(v.get_int("m")), int(v.get_int("n")), int(v.get_int("st"))) <= smem_max;
+  };
+  req.cache_tag = "smem=" + std::to_string(smem_max);
+  const AttnCall cc = c;
+  req.fallback = [cc] { return default_variant(cc); };
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "fly_attn_fwd", &rk));
+  const Variant* v = rk.v;
+  const Driver* d = rk.d;
+  const int bm = int(v->get_int("m")), bn = int(v->get_int("n")), st = int(v->get_int("st"));
+
+  attn::AttnFwdParams p{};
+  const bool bf16 = dt == FLY_BF16;
+  const bool pack = attn::use_pack_gqa(s, bm);
+  const attn::Grid g = attn::tile_grid(s, bm);
+  const int64_t group = s.Hq / s.Hkv;
+  CUresult r = pack ? encode_operand(*d, &p.tm_q, *c.q, bf16, int(s.Sq), int(group))
+                    : encode_operand(*d, &p.tm_q, *c.q, bf16, bm, 1);
+  if (r == CUDA_SUCCESS && s.Sk > 0) r = encode_operand(*d, &p.tm_k, *c.k, bf16, bn, 1);
+  if (r == CUDA_SUCCESS && s.Sk > 0) r = encode_operand(*d, &p.tm_v, *c.v, bf16, bn, 1);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
+  p.o = c.o->data;
+  p.o_sb = c.o->strides[0];
+  p.o_sh = c.o->strides[1];
+  p.o_ss = c.o->strides[2];
+  if (c.lse) {
+    p.lse = static_cast<float*>(c.lse->data);
+    p.lse_sb = c.lse->strides[0];
+    p.lse_sh = c.lse->strides[1];
+    p.lse_ss = c.lse->strides[2];
+  }
+  p.B = int32_t(s.B);
+  p.Hq = int32_t(s.Hq);
+  p.Hkv = int32_t(s.Hkv);
+  p.Sq = int32_t(s.Sq);
+  p.Sk = int32_t(s.Sk);
+  p.D = int32_t(s.D);
+  p.group = int32_t(group);
+  p.m_blocks = int32_t(g.m_blocks);
+  p.pack_gqa = pack ? 1 : 0;
+  p.causal = s.causal ? 1 : 0;
+  const uintptr_t ob = reinterpret_cast<uintptr_t>(c.o->data);
+  p.o_vec2 = ob % 4 == 0 && (s.B <= 1 || p.o_sb % 2 == 0) && (s.Hq <= 1 || p.o_sh % 2 == 0) &&
+             (s.Sq <= 1 || p.o_ss % 2 == 0);
+  const int chunks = hd / 64;
+  p.q_bytes = uint32_t(chunks * 128 * (pack ? s.Sq * group : bm));
+  p.scale_log2 = float(c.scale * 1.4426950408889634);
+
+  int splits = attn::choose_splits(s, bm, bn, dc->sm_count);
+  while (splits > 1 && attn::split_workspace_bytes(s, splits, hd) > int64_t(params->workspace_bytes)) --splits;
+  p.splits = splits;
+  if (splits > 1) {
+    const int64_t rows = s.B * s.Hq * s.Sq;
+    p.ws_o = static_cast<float*>(params->workspace);
+    p.ws_lse = reinterpret_cast<float*>(static_cast<char*>(params->workspace) + attn::attn_ws_o_bytes(splits, rows, hd));
+  }
+  const unsigned smem = unsigned(attn::attn_smem_bytes(hd, bm, bn, st));
+  if (int64_t(smem) > dc->max_smem_optin)
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d", v->name.c_str(),
+                smem, dc->max_smem_optin);
+  if (log_level() >= LogLevel::kDebug)
+    log(LogLevel::kDebug, "attention_fwd %s: grid %" PRId64 "x%" PRId64 "x%" PRId64 " splits %d pack_gqa %d", v->name.c_str(),
+        g.m_blocks * splits, g.heads_y, s.B, splits, int(pack));
+  LaunchConfig cfg;
+  cfg.grid[0] = unsigned(g.m_blocks * splits);
+  cfg.grid[1] = unsigned(g.heads_y);
+  cfg.grid[2] = unsigned(s.B);
+  cfg.block[0] = unsigned(128 * (bm / 64 + 1));
+  cfg.smem = smem;
+  FLY_TRY(launch1(rk.f, cfg, stream, p));
+  if (splits == 1) return FLY_SUCCESS;
+  CUfunction comb = nullptr;
+  FLY_TRY(get_function(*dc, *v, "fly_attn_fwd_combine", &comb));
+  LaunchConfig cc2;
+  cc2.grid[0] = unsigned((s.B * s.Hq * s.Sq + 7) / 8);
+  cc2.block[0] = 256;
+  return launch1(comb, cc2, stream, p);
+}
