@@ -1,0 +1,34 @@
+import os
+import sys
+
+import pytest
+
+# Test the installed package, never the source folder beside these tests (it has no _C).
+_src = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != _src]
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+flykernels = pytest.importorskip("flykernels", reason="the flykernels package is not installed")
+
+
+@pytest.fixture
+def fly():
+    """The controller, with every family back in its starting state afterwards."""
+    ctl = flykernels.torch
+    before = ctl.active()
+    ctl.reset_counts()
+    yield ctl
+    ctl.disable()
+    if before:
+        ctl.enable(before)
+
+
+def gpu_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if not flykernels.available:
+        return f"flykernels not available here: {flykernels.reason}"
+    return ""
+
+
+needs_gpu = pytest.mark.skipif(bool(gpu_reason()), reason=gpu_reason() or "gpu")

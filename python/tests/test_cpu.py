@@ -1,0 +1,240 @@
+"""CPU-side tests of the flykernels package (run in CI, no GPU needed)."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flykernels
+from flykernels._ops import gemm
+
+HAS_GPU = torch.cuda.is_available()
+
+
+def run_py(code, env=None, cwd=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=e, cwd=cwd or "/")
+
+
+def test_extension_loaded_and_library_bundled():
+    assert flykernels._loader.ext is not None, flykernels._loader.load_error
+    info = flykernels._loader.ext.library_info()
+    assert info["version"] == "0.1.0"
+    assert info["variant_count"] > 0
+    assert {"rmsnorm", "topk", "gemm"} <= set(info["families"])
+    lib = os.path.join(os.path.dirname(flykernels.__file__), "libflykernels.so.0")
+    assert os.path.exists(lib)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+def test_no_gpu_leaves_available_false_with_reason():
+    assert flykernels.available is False
+    assert flykernels.torch.available is False
+    assert "no CUDA device" in flykernels.reason or "no CUDA" in flykernels.reason
+    assert flykernels.torch.active() == []  # nothing installed at import where nothing can run
+
+
+def test_switches(fly):
+    fly.disable()
+    assert fly.active() == []
+    assert fly.enable(ops=["rms_norm"]) == ["rms_norm"]
+    assert fly.enable("topk") == ["rms_norm", "topk"]
+    with fly.disabled():
+        assert fly.active() == []
+    assert fly.active() == ["rms_norm", "topk"]
+    with fly.disabled(ops=["topk"]):
+        assert fly.active() == ["rms_norm"]
+    assert fly.active() == ["rms_norm", "topk"]
+    fly.disable("rms_norm")
+    assert fly.active() == ["topk"]
+    fly.enable()
+    assert set(fly.active()) == {"rms_norm", "topk", "gemm"}
+    with pytest.raises(ValueError, match="unknown op"):
+        fly.enable(ops=["no_such_op"])
+
+
+def test_disabled_restores_state_after_an_exception(fly):
+    fly.disable()
+    fly.enable("rms_norm")
+    with pytest.raises(RuntimeError):
+        with fly.disabled():
+            raise RuntimeError("boom")
+    assert fly.active() == ["rms_norm"]
+
+
+def dispatch_file(op):
+    """The file that registered op's CUDA kernel, from the dispatcher's table."""
+    dump = torch._C._dispatch_dump(op)
+    line = next(ln for ln in dump.splitlines() if ln.startswith("CUDA:"))
+    return line
+
+
+def test_override_is_the_registered_cuda_kernel_and_disable_restores_stock(fly):
+    fly.disable()
+    stock_rms, stock_topk = dispatch_file("aten::_fused_rms_norm"), dispatch_file("aten::topk")
+    assert "flykernels_torch.cpp" not in stock_rms
+    fly.enable(["rms_norm", "topk"])
+    assert "flykernels_torch.cpp" in dispatch_file("aten::_fused_rms_norm")
+    assert "flykernels_torch.cpp" in dispatch_file("aten::topk")
+    assert "flykernels_torch.cpp" in dispatch_file("aten::topk.values")
+    fly.disable()
+    assert dispatch_file("aten::_fused_rms_norm") == stock_rms
+    assert dispatch_file("aten::topk") == stock_topk
+    fly.enable(["topk"])  # re-enabling works
+    assert "flykernels_torch.cpp" in dispatch_file("aten::topk")
+
+
+def test_cpu_tensors_reach_the_stock_kernels(fly):
+    fly.enable()
+    fly.reset_counts()
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, dtype=torch.bfloat16)
+    y = F.rms_norm(x, [64], w, 1e-5)
+    ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double())
+    assert torch.allclose(y.double(), ref, rtol=2e-2, atol=2e-2)
+    v, i = torch.topk(torch.randn(4, 100), 5)
+    assert v.shape == (4, 5) and i.dtype == torch.int64
+    counts = fly.dispatch_counts()
+    assert all(ours == 0 and stock == 0 for ours, stock in counts.values()), counts
+
+
+def test_no_override_warning_reaches_the_user():
+    r = run_py("""
+        import warnings
+        warnings.simplefilter("always")
+        import flykernels, flykernels.torch as t
+        t.disable(); t.enable(); t.disable(); t.enable()
+        print("ACTIVE", t.active())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "ACTIVE" in r.stdout
+    assert "Overriding a previously registered kernel" not in r.stderr + r.stdout
+
+
+def test_env_off_at_import():
+    r = run_py("import flykernels; print('ACTIVE', flykernels.torch.active())", env={"FLYKERNELS_TORCH": "0"})
+    assert r.returncode == 0, r.stderr
+    assert "ACTIVE []" in r.stdout
+
+
+def test_on_at_import_where_available():
+    r = run_py("import flykernels; print('ACTIVE', sorted(flykernels.torch.active()), flykernels.available)")
+    assert r.returncode == 0, r.stderr
+    expected = "['gemm', 'rms_norm', 'topk'] True" if flykernels.available else "[] False"
+    assert f"ACTIVE {expected}" in r.stdout
+
+
+def test_library_load_failure_leaves_torch_working(tmp_path):
+    pkg = os.path.dirname(flykernels.__file__)
+    broken = tmp_path / "flykernels"
+    shutil.copytree(pkg, broken, ignore=shutil.ignore_patterns("libflykernels.so*", "__pycache__"))
+    r = run_py("""
+        import sys; sys.path.insert(0, %r)
+        import torch, flykernels
+        assert flykernels.__file__.startswith(%r), flykernels.__file__
+        print("AVAILABLE", flykernels.available)
+        print("REASON", flykernels.reason)
+        print("ACTIVE", flykernels.torch.active())
+        print("TOPK", torch.topk(torch.arange(10.), 3).values.tolist())
+    """ % (str(tmp_path), str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    assert "AVAILABLE False" in r.stdout
+    assert "libflykernels.so.0" in r.stdout  # the reason names what failed
+    assert "ACTIVE []" in r.stdout
+    assert "TOPK [9.0, 8.0, 7.0]" in r.stdout
+
+
+def test_python_m_flykernels():
+    r = subprocess.run([sys.executable, "-m", "flykernels"], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert "libflykernels 0.1.0" in r.stdout
+    assert "available:" in r.stdout
+    for name in ("rms_norm", "topk", "gemm"):
+        assert name in r.stdout
+
+
+# ---- eligibility logic, on CPU tensors (device checks skipped) -------------------------------
+def rms_why(x, shape, w=None, eps=1e-5):
+    return flykernels.torch.explain_rms_norm(x, shape, w, eps, check_device=False)
+
+
+def test_rms_norm_eligibility():
+    x = torch.randn(4, 6, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, dtype=torch.bfloat16)
+    assert rms_why(x, [64], w) == ""
+    assert rms_why(x, [6, 64], torch.randn(6, 64, dtype=torch.bfloat16)) == ""
+    assert rms_why(x, [64], None, None) == ""
+    for dt in (torch.float16, torch.float32):
+        assert rms_why(x.to(dt), [64], w.to(dt)) == ""
+    assert "dtype" in rms_why(x.double(), [64], w.double())
+    assert "not contiguous" in rms_why(x.transpose(0, 1), [64], w)
+    assert "normalized_shape" in rms_why(x, [32], None)
+    assert "normalized_shape" in rms_why(x, [], None)
+    assert "weight dtype" in rms_why(x, [64], w.float())
+    assert "weight shape" in rms_why(x, [64], torch.randn(32, dtype=torch.bfloat16))
+    assert "weight is not contiguous" in rms_why(x, [64], torch.randn(128, dtype=torch.bfloat16)[::2])
+    assert "eps" in rms_why(x, [64], w, -1.0)
+    assert "eps" in rms_why(x, [64], w, float("nan"))
+    assert "empty" in rms_why(torch.empty(0, 64, dtype=torch.bfloat16), [64], w)
+    assert "CUDA" in flykernels.torch.explain_rms_norm(x, [64], w, 1e-5, check_device=True)
+
+
+def topk_why(x, k, dim=-1):
+    return flykernels.torch.explain_topk(x, k, dim, check_device=False)
+
+
+def test_topk_eligibility():
+    x = torch.randn(16, 300)
+    assert topk_why(x, 8) == ""
+    assert topk_why(x, 300) == ""
+    assert topk_why(x, 8, dim=1) == ""
+    assert topk_why(torch.randn(300), 8) == ""
+    assert topk_why(torch.randn(2, 3, 300), 8) == ""
+    assert topk_why(torch.randn(16, 600)[:, :300], 8) == ""  # row-strided 2-D is taken
+    assert "not contiguous" in topk_why(torch.randn(2, 3, 600)[..., :300], 8)
+    assert "dim" in topk_why(x, 8, dim=0)
+    assert "k outside" in topk_why(x, 0)
+    assert "k outside" in topk_why(x, 301)
+    assert "dtype" in topk_why(x.half(), 8)
+    assert "dtype" in topk_why(x.double(), 8)
+    assert "zero-dimensional" in topk_why(torch.tensor(1.0), 1)
+    assert "empty" in topk_why(torch.empty(0, 300), 8)
+    assert "CUDA" in flykernels.torch.explain_topk(x, 8, -1, check_device=True)
+
+
+def test_gemm_candidate_eligibility():
+    bf = torch.bfloat16
+    M, N, K = 128, 256, 512
+    row_a, col_a = ((M, K), (K, 1)), ((M, K), (1, M))
+    row_b, col_b = ((K, N), (N, 1)), ((K, N), (1, K))
+    for a in (row_a, col_a):
+        for b in (row_b, col_b):  # all four layouts
+            assert gemm.gemm_shape_ok(bf, bf, bf, *a, *b, (N, 1), "cuda")
+    assert gemm.gemm_shape_ok(torch.float16, torch.float16, torch.float16, *row_a, *row_b, (N, 1), "cuda")
+    assert not gemm.gemm_shape_ok(torch.float32, torch.float32, torch.float32, *row_a, *row_b, (N, 1), "cuda")
+    assert not gemm.gemm_shape_ok(bf, bf, bf, *row_a, *row_b, (N, 1), "cpu")
+    assert not gemm.gemm_shape_ok(bf, torch.float16, bf, *row_a, *row_b, (N, 1), "cuda")
+    assert not gemm.gemm_shape_ok(bf, bf, bf, (M, 100), (100, 1), (100, N), (N, 1), (N, 1), "cuda")  # lda 100
+    assert not gemm.gemm_shape_ok(bf, bf, bf, *row_a, *row_b, (1, M), "cuda")  # column-major out
+    import sympy
+    s = sympy.Symbol("s0")
+    assert not gemm.gemm_shape_ok(bf, bf, bf, (s, K), (K, 1), *row_b, (N, 1), "cuda")
+
+
+def test_inductor_hook_installs_and_restores(fly):
+    if fly.why_not("gemm"):
+        pytest.skip(fly.why_not("gemm"))
+    import torch._inductor.kernel.mm as mm
+    fly.disable()
+    original = mm.autotune_select_algorithm
+    fly.enable("gemm")
+    assert mm.autotune_select_algorithm is not original
+    assert mm.autotune_select_algorithm.__wrapped__ is original
+    fly.disable("gemm")
+    assert mm.autotune_select_algorithm is original
