@@ -1,0 +1,340 @@
+"""GPU tests of the eager overrides and the Inductor GEMM candidates (skipped without a GPU on
+which FlyKernels can run). References: the stock kernels (inside flykernels.torch.disabled())
+and float64 computations; fresh random inputs for every check."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flykernels
+from conftest import needs_gpu
+
+pytestmark = needs_gpu
+DEV = "cuda"
+RMS_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def rel_err(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def rms_ref(x, shape, w, eps):
+    dims = tuple(range(x.dim() - len(shape), x.dim()))
+    xd = x.double()
+    r = torch.rsqrt(xd.pow(2).mean(dims, keepdim=True) + eps)
+    y = xd * r
+    return (y * w.double() if w is not None else y), r
+
+
+@pytest.fixture
+def on(fly):
+    fly.enable()
+    fly.reset_counts()
+    return fly
+
+
+# ---- RMSNorm ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape,norm", [((64, 4096), [4096]), ((3, 77, 1000), [1000]), ((8, 4097), [4097]),
+                                        ((4, 16, 256), [16, 256]), ((1, 128), [128])])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_matches_reference_and_stock(on, dtype, shape, norm, weighted):
+    x = torch.randn(shape, device=DEV, dtype=dtype) * 3
+    w = torch.randn(norm, device=DEV, dtype=dtype) if weighted else None
+    for eps in (1e-5, None):
+        y, rstd = torch._fused_rms_norm(x, norm, w, eps)
+        e = eps if eps is not None else torch.finfo(torch.float32).eps
+        ref_y, ref_r = rms_ref(x, norm, w, e)
+        assert rel_err(y, ref_y) < RMS_TOL[dtype]
+        assert rel_err(rstd, ref_r) < 1e-5
+        with on.disabled():
+            sy, srstd = torch._fused_rms_norm(x, norm, w, eps)
+        assert y.shape == sy.shape and y.dtype == sy.dtype and y.stride() == sy.stride()
+        assert rstd.shape == srstd.shape and rstd.dtype == srstd.dtype
+        assert rel_err(y, sy) < RMS_TOL[dtype] and rel_err(rstd, srstd) < 1e-5
+        assert torch.equal(F.rms_norm(x, norm, w, eps), y)
+    assert on.dispatch_counts()["rms_norm"] == (4, 0)  # 2 eps x (_fused_rms_norm, F.rms_norm)
+
+
+def test_rms_norm_every_element_written(on):
+    x = torch.randn(513, 777, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(777, device=DEV, dtype=torch.bfloat16)
+    for _ in range(3):  # the caching allocator hands back poisoned blocks
+        torch.full((513 * 777 * 2,), float("nan"), device=DEV).sum()
+        y = F.rms_norm(x, [777], w, 1e-6)
+        assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("case", ["fp64", "noncontig", "cpu", "weight_dtype", "empty"])
+def test_rms_norm_ineligible_reaches_stock(on, case):
+    x = torch.randn(32, 256, device=DEV)
+    w = torch.randn(256, device=DEV)
+    if case == "fp64":
+        x, w = x.double(), w.double()
+    elif case == "noncontig":
+        x = torch.randn(256, 32, device=DEV).t()
+    elif case == "cpu":
+        x, w = x.cpu(), w.cpu()
+    elif case == "weight_dtype":
+        x = x.bfloat16()
+    elif case == "empty":
+        x = x[:0]
+    y = F.rms_norm(x, [256], w, 1e-5)
+    with on.disabled():
+        ref = F.rms_norm(x, [256], w, 1e-5)
+    torch.testing.assert_close(y, ref)
+    ours, stock = on.dispatch_counts()["rms_norm"]
+    assert ours == 0
+    if case in ("fp64", "noncontig"):
+        assert stock == 1
+    elif case in ("cpu", "weight_dtype"):  # mixed dtypes take F.rms_norm's composite path
+        assert stock == 0
+    else:
+        assert stock <= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rms_norm_gradients_match_stock(on, dtype):
+    x0 = torch.randn(96, 1536, device=DEV, dtype=dtype)
+    w0 = torch.randn(1536, device=DEV, dtype=dtype)
+    g = torch.randn_like(x0)
+
+    def grads():
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        F.rms_norm(x, [1536], w, 1e-5).backward(g)
+        return x.grad, w.grad
+
+    gx, gw = grads()
+    assert on.dispatch_counts()["rms_norm"][0] == 1
+    with on.disabled():
+        sx, sw = grads()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_err(gx, sx) < tol and rel_err(gw, sw) < tol
+
+
+def test_rms_norm_module(on):
+    m = torch.nn.RMSNorm(512, device=DEV, dtype=torch.bfloat16)  # eps=None: the default epsilon
+    x = torch.randn(4, 10, 512, device=DEV, dtype=torch.bfloat16)
+    y = m(x)
+    with on.disabled():
+        ref = m(x)
+    assert rel_err(y, ref) < 1e-2
+    assert on.dispatch_counts()["rms_norm"][0] == 1
+
+
+# ---- TopK --------------------------------------------------------------------------------------
+def check_topk(x, k, largest, v, i):
+    ref = torch.sort(x.double(), dim=-1, descending=largest).values[..., :k]
+    assert torch.equal(v.double(), ref)
+    assert i.dtype == torch.int64
+    assert torch.equal(torch.gather(x, -1, i), v)
+
+
+@pytest.mark.parametrize("shape,k", [((64, 4096), 8), ((4096, 128), 2), ((3, 5, 1000), 17), ((1000,), 100),
+                                     ((16, 32000), 1024), ((2, 70000), 3000)])
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_matches_sort_and_stock(on, shape, k, largest):
+    x = torch.randn(shape, device=DEV)
+    v, i = torch.topk(x, k, largest=largest)
+    check_topk(x, k, largest, v, i)
+    with on.disabled():
+        sv, si = torch.topk(x, k, largest=largest)
+    assert torch.equal(v, sv) and v.shape == sv.shape
+    assert on.dispatch_counts()["topk"] == (1, 0)
+
+
+def test_topk_out_variant(on):
+    x = torch.randn(128, 5000, device=DEV)
+    v = torch.empty(0, device=DEV)
+    i = torch.empty(0, device=DEV, dtype=torch.int64)
+    rv, ri = torch.topk(x, 40, out=(v, i))
+    assert rv.data_ptr() == v.data_ptr() and v.shape == (128, 40)
+    check_topk(x, 40, True, v, i)
+    v2 = torch.full((128, 40), float("nan"), device=DEV)
+    i2 = torch.full((128, 40), -1, device=DEV, dtype=torch.int64)
+    torch.topk(x, 40, out=(v2, i2))
+    check_topk(x, 40, True, v2, i2)
+    assert on.dispatch_counts()["topk.values"] == (2, 0)
+    bad = torch.empty(128, 40, device=DEV, dtype=torch.float64)  # stock raises its own error
+    with pytest.raises(RuntimeError):
+        torch.topk(x, 40, out=(bad, i2))
+    assert on.dispatch_counts()["topk.values"][1] == 1
+
+
+def test_topk_row_strided_and_nan(on):
+    x = torch.randn(64, 2048, device=DEV)[:, :1000]
+    x[3, 7] = float("nan")
+    v, i = torch.topk(x, 10)
+    with on.disabled():
+        sv, si = torch.topk(x, 10)
+    assert torch.equal(v.isnan(), sv.isnan()) and torch.equal(v.nan_to_num(), sv.nan_to_num())
+    assert i[3, 0].item() == 7
+    assert on.dispatch_counts()["topk"] == (1, 0)
+
+
+def test_topk_deterministic_mode(on):
+    x = torch.randint(0, 8, (256, 4096), device=DEV).float()  # many ties
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        v1, i1 = torch.topk(x, 64)
+        v2, i2 = torch.topk(x, 64)
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    assert torch.equal(i1, i2) and torch.equal(v1, v2)
+    check_topk(x, 64, True, v1, i1)
+    # ties resolved lowest index first: within equal values, indices ascend
+    same = v1[:, 1:] == v1[:, :-1]
+    assert bool((i1[:, 1:] > i1[:, :-1])[same].all())
+    assert on.dispatch_counts()["topk"][0] == 2
+
+
+@pytest.mark.parametrize("case", ["fp16", "fp64", "dim0", "k0", "cpu", "noncontig3d"])
+def test_topk_ineligible_reaches_stock(on, case):
+    x = torch.randn(32, 300, device=DEV)
+    k, dim = 5, -1
+    if case == "fp16":
+        x = x.half()
+    elif case == "fp64":
+        x = x.double()
+    elif case == "dim0":
+        dim = 0
+    elif case == "k0":
+        k = 0
+    elif case == "cpu":
+        x = x.cpu()
+    elif case == "noncontig3d":
+        x = torch.randn(2, 32, 600, device=DEV)[..., :300]
+    v, i = torch.topk(x, k, dim=dim)
+    with on.disabled():
+        sv, si = torch.topk(x, k, dim=dim)
+    assert torch.equal(v, sv)
+    assert on.dispatch_counts()["topk"] == (0, 0 if case == "cpu" else 1)
+
+
+def test_topk_bad_k_raises_torchs_error(on):
+    x = torch.randn(4, 10, device=DEV)
+    with pytest.raises(RuntimeError) as ours:
+        torch.topk(x, 11)
+    with on.disabled():
+        with pytest.raises(RuntimeError) as stock:
+            torch.topk(x, 11)
+    assert str(ours.value) == str(stock.value)
+
+
+def test_fallback_log_once_per_reason():
+    code = textwrap.dedent("""
+        import torch, flykernels
+        x = torch.randn(8, 100, device="cuda", dtype=torch.half)
+        for _ in range(3): torch.topk(x, 4)
+        torch.topk(x.double(), 4)
+        print("COUNTS", flykernels.torch.dispatch_counts()["topk"])
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, FLYKERNELS_LOG="info"), cwd="/")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("flykernels: topk")]
+    assert len(lines) == 1 and "dtype not covered" in lines[0], r.stderr
+    assert "COUNTS (0, 4)" in r.stdout
+
+
+# ---- PyTorch's own OpInfo samples ----------------------------------------------------------------
+def opinfo(name):
+    from torch.testing._internal.common_methods_invocations import op_db
+    return next(op for op in op_db if op.name == name)
+
+
+def _tree_cmp(a, b, rtol, atol):
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_opinfo_rms_norm(on, dtype):
+    op = opinfo("nn.functional.rms_norm")
+    n = 0
+    for s in op.sample_inputs(DEV, dtype):
+        out = op(s.input, *s.args, **s.kwargs)
+        with on.disabled():
+            ref = op(s.input, *s.args, **s.kwargs)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        _tree_cmp(out, ref, tol, tol)
+        n += 1
+    assert n > 0
+    assert on.dispatch_counts()["rms_norm"][0] > 0
+
+
+def test_opinfo_topk(on):
+    op = opinfo("topk")
+    n = 0
+    for s in op.sample_inputs(DEV, torch.float32):
+        v, i = op(s.input, *s.args, **s.kwargs)
+        with on.disabled():
+            sv, si = op(s.input, *s.args, **s.kwargs)
+        sorted_ = s.kwargs.get("sorted", s.args[3] if len(s.args) > 3 else True)
+        if not sorted_:  # order unspecified: compare as sets of values
+            v, sv = v.sort(-1).values if v.dim() else v, sv.sort(-1).values if sv.dim() else sv
+        torch.testing.assert_close(v, sv, equal_nan=True)
+        dim = s.kwargs.get("dim", s.args[1] if len(s.args) > 1 else -1)
+        if s.input.dim() > 0:
+            got = torch.gather(s.input, dim, i)
+            with on.disabled():
+                exp = torch.gather(s.input, dim, si)
+            torch.testing.assert_close(got.sort(dim).values, exp.sort(dim).values, equal_nan=True)
+        n += 1
+    assert n > 0
+    assert on.dispatch_counts()["topk"][0] > 0
+
+
+# ---- torch.compile: Inductor GEMM candidates -------------------------------------------------------
+def _compile_code(fn, *args, **cfg):
+    import torch._inductor.config as ic
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    with ic.patch(force_disable_caches=True, **cfg):
+        out, codes = run_and_get_code(torch.compile(fn, mode="max-autotune"), *args)
+    return out, "\n".join(codes)
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+def test_compiled_mm_calls_ours_when_it_is_the_winner(on, layout):
+    if on.why_not("gemm"):
+        pytest.skip(on.why_not("gemm"))
+    M, N, K = 256, 512, 1024
+    a = torch.randn(M, K, device=DEV, dtype=torch.bfloat16) if layout[0] == "N" else \
+        torch.randn(K, M, device=DEV, dtype=torch.bfloat16).t()
+    b = torch.randn(K, N, device=DEV, dtype=torch.bfloat16) if layout[1] == "N" else \
+        torch.randn(N, K, device=DEV, dtype=torch.bfloat16).t()
+    # Only our candidate in the list (no ATen, no Triton): it must win and be what the code calls.
+    out, code = _compile_code(lambda x, y: x @ y, a, b, max_autotune_gemm_backends="")
+    assert "flykernels_mm" in code, code[-3000:]
+    assert rel_err(out, a.double() @ b.double()) < 1e-2
+    assert on.dispatch_counts()["mm"][0] > 0
+
+
+def test_compiled_addmm_bias(on):
+    if on.why_not("gemm"):
+        pytest.skip(on.why_not("gemm"))
+    x = torch.randn(128, 768, device=DEV, dtype=torch.float16)
+    w = torch.randn(1024, 768, device=DEV, dtype=torch.float16)
+    bias = torch.randn(1024, device=DEV, dtype=torch.float16)
+    out, code = _compile_code(lambda x, w, b: F.linear(x, w, b), x, w, bias, max_autotune_gemm_backends="")
+    assert "flykernels_addmm" in code, code[-3000:]
+    assert rel_err(out, x.double() @ w.double().t() + bias.double()) < 2e-3
+
+
+def test_compiled_mm_autotunes_beside_aten_and_is_right(on):
+    if on.why_not("gemm"):
+        pytest.skip(on.why_not("gemm"))
+    a = torch.randn(512, 2048, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(2048, 1024, device=DEV, dtype=torch.bfloat16)
+    out, code = _compile_code(lambda x, y: x @ y, a, b, max_autotune_gemm_backends="ATEN")
+    assert on.dispatch_counts()["mm"][0] > 0  # our candidate was benchmarked
+    assert rel_err(out, a.double() @ b.double()) < 1e-2
+    with on.disabled():
+        _, stock_code = _compile_code(lambda x, y: x @ y, a, b, max_autotune_gemm_backends="ATEN")
+    assert "flykernels" not in stock_code
