@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "gemm/gemm_operand.h"
 #include "gemm/gemm_params.h"
 
 #ifndef FLY_BN
@@ -37,13 +38,66 @@
 
 namespace fly::gemm {
 
+// The operands' dtype: one of the operand traits (gemm_operand.h). A variant of a dtype with no
+// traits is a compile error; only a standalone compile (no FLY_VARIANT_NAME) defaults to BF16.
 #if defined(FLY_DTYPE_IS_FP16)
-using Elem = __half;
-constexpr bool kBF16 = false;
+constexpr Dtype kDtype = Dtype::kFp16;
+#elif defined(FLY_DTYPE_IS_BF16) || !defined(FLY_VARIANT_NAME)
+constexpr Dtype kDtype = Dtype::kBf16;
 #else
-using Elem = __nv_bfloat16;
-constexpr bool kBF16 = true;
+#error "gemm: this variant's dtype has no operand traits in kernels/gemm/gemm_operand.h"
 #endif
+using Traits = OperandTraits<kDtype>;
+
+// The device element type of a dtype (the dense kernels' A, B and C).
+template <Dtype D>
+struct DeviceElem;
+template <>
+struct DeviceElem<Dtype::kFp16> {
+  using type = __half;
+};
+template <>
+struct DeviceElem<Dtype::kBf16> {
+  using type = __nv_bfloat16;
+};
+using Elem = typename DeviceElem<kDtype>::type;
+static_assert(sizeof(Elem) == Traits::kBytes && sizeof(Elem) == kCBytes, "element size");
+constexpr bool kBF16 = kDtype == Dtype::kBf16;
+
+// Named barrier ids (bar.sync / bar.arrive; 0 is __syncthreads), in one place so no two uses
+// share one by accident.
+namespace named_bar {
+constexpr int kConsumers = 1;      // both consumer warpgroups (256 threads)
+constexpr int kWarpgroup = 2;      // + consumer index: one consumer warpgroup (128 threads)
+constexpr int kPingPongTurn = 4;   // + consumer index: the ping-pong turn (256 threads)
+}  // namespace named_bar
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync %0, 256;\n" ::"n"(named_bar::kConsumers) : "memory");
+}
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(named_bar::kWarpgroup + wg) : "memory");
+}
+
+// Register split between the producer warpgroup and the two consumer warpgroups (setmaxnreg),
+// by tile shape. 128-row tiles: 40 / 232. Narrow tiles (small accumulators): 56 / 224; at 40 the
+// producer of the kb = 4 and the P-multicast kb = 2 tiles spilled 20 bytes (ptxas caps the code
+// after setmaxnreg.dec at the new count). KW = 2 tiles with a multicast cluster and kb = 2
+// spilled 36-56 bytes in the producer at 56 (ptxas), none at 72; their consumers need far fewer
+// than 208.
+struct RegisterSplit {
+  int producer, consumer;
+};
+constexpr RegisterSplit register_split(int bm, int kw) {
+  return bm == 64 ? (kw == 2 ? RegisterSplit{72, 208} : RegisterSplit{56, 224}) : RegisterSplit{40, 232};
+}
+
+// Inner-loop (MMA) policies: what one ring stage adds to the accumulators. Dense: wgmma over the
+// stage's k slices straight into one accumulator set. A block-scaled policy (MXFP) needs a second
+// set to promote per k block (kAccSets = 2), which the config budgets for below.
+struct DenseMma {
+  static constexpr int kAccSets = 1;
+  static constexpr int kScaleBytes = 0;  // scale tiles per stage (block-scaled policies)
+};
 
 struct Config {
   // BM = 128: the 2 consumer warpgroups take 64 rows each (wgmma M is 64) of a BM x BN tile.
@@ -71,7 +125,10 @@ struct Config {
   // stores its previous tile. Persistent, no split-K, no multicast, direct-store epilogue.
   static constexpr bool PP = FLY_PP != 0;
   static constexpr int MH = PP ? 2 : 1;  // 64-row halves of P each consumer warpgroup multiplies
-  static constexpr int BK = kBK;  // 64 x 2 B = 128 B rows: exactly one 128B swizzle span
+  static constexpr int BK = k_block_elems<kDtype>();  // one 128-byte row: exactly one 128B swizzle span
+  static_assert(BK == kBK, "the dense kernel's host planning counts k in 64-element blocks");
+  using MmaPolicy = DenseMma;
+  static constexpr int ACC_SETS = MmaPolicy::kAccSets;
   // KB = 2 or 4: each ring stage holds KB k blocks of P and of Q, each operand brought by one TMA
   // instruction (a 3-D box when K-major, a box of 64 KB k rows when MN-major). On the H200 a TMA
   // stream of decode weights ran 15-35% faster with one box per 2 k blocks than with one per k
@@ -93,11 +150,15 @@ struct Config {
   // every CTA reads the same activations.
   static constexpr int MP = FLY_MP;
   static constexpr int CLUSTER = MC * MP;  // CTAs that write into each other's rings
-  static constexpr int P_KB_BYTES = BM * BK * 2;  // one k block of the P tile
-  static constexpr int Q_KB_BYTES = BN * BK * 2;
+  // One ring stage: KB k blocks of the P tile, of the Q tile, then the policy's scale tiles
+  // (none for Dense). The producer's full barrier expects all of it (STAGE_TX_BYTES).
+  static constexpr int P_KB_BYTES = BM * kRowBytes;  // one k block of the P tile
+  static constexpr int Q_KB_BYTES = BN * kRowBytes;
   static constexpr int P_BYTES = KB * P_KB_BYTES;
   static constexpr int Q_BYTES = KB * Q_KB_BYTES;
-  static constexpr int STAGE_BYTES = P_BYTES + Q_BYTES;
+  static constexpr int SCALE_BYTES = MmaPolicy::kScaleBytes;
+  static constexpr int STAGE_BYTES = P_BYTES + Q_BYTES + SCALE_BYTES;
+  static constexpr int STAGE_TX_BYTES = STAGE_BYTES;  // OOB zero-fill bytes count too
   static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   // EPI = 1: the persistent path stages each tile in shared memory and writes C with coalesced
   // 16-byte stores; 0: stores straight from the accumulators. EPI = 2: each warp stages its 16 rows in
@@ -109,14 +170,8 @@ struct Config {
   static constexpr int SMEM_BYTES = smem_bytes(BN, STAGES, EPI, BM, KB, KW);
   static constexpr int ACC = MH * WG_N / 2;  // fp32 accumulators per consumer thread (MH x 64 x WG_N / 128)
   static constexpr int STAGE_READERS = PP || KW == 2 ? 1 : 2;  // consumer warpgroups that read each stage
-  // Register split: producer warpgroup keeps 40, consumers get 232 (40*128 + 232*256 <= 64K).
-  // Narrow tiles (small accumulators) give the producer 56 and the consumers 224: at 40 the
-  // producer of the kb = 4 and the P-multicast kb = 2 tiles spilled 20 bytes (ptxas caps the code
-  // after setmaxnreg.dec at the new count).
-  // KW = 2 tiles with a multicast cluster and kb = 2 spilled 36-56 bytes in the producer at 56
-  // (ptxas), none at 72; their consumers need far fewer than 208.
-  static constexpr int PRODUCER_REGS = BM == 64 ? (KW == 2 ? 72 : 56) : 40;
-  static constexpr int CONSUMER_REGS = BM == 64 ? (KW == 2 ? 208 : 224) : 232;
+  static constexpr int PRODUCER_REGS = register_split(BM, KW).producer;
+  static constexpr int CONSUMER_REGS = register_split(BM, KW).consumer;
 
   static_assert(BM == 128 || BM == 64, "tile rows: 128 (two 64-row halves) or 64 (shared rows)");
   // wgmma N (BN, or BN / 2 for narrow tiles) is any multiple of 8 from 8 to 256; common/wgmma_ops.h
@@ -150,6 +205,10 @@ struct Config {
   static_assert(BM * (BN + 4) * 4 <= RING_BYTES && BN * (BM + 4) * 4 <= RING_BYTES,
                 "split-K partial tile must fit in the stage ring");
   static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536, "register file");
+  static_assert(ACC * ACC_SETS + 32 <= CONSUMER_REGS, "the accumulator sets fit the consumers' registers");
+  static_assert(SCALE_BYTES == 0 || SCALE_BYTES % 128 == 0, "scale tiles keep the next stage 128-byte aligned");
+  // smem_bytes (host) sizes the ring from the same P and Q rows.
+  static_assert(SCALE_BYTES != 0 || STAGE_BYTES == KB * (BM + BN) * kRowBytes, "ring layout as smem_bytes has it");
 };
 
 }  // namespace fly::gemm

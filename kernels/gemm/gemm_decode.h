@@ -81,7 +81,7 @@ CUresult plan_decode(const Problem& pr, const DecodeShape& v, int sm_count, Enco
   const cuuint64_t dims[2] = {cuuint64_t(pr.K), cuuint64_t(pr.M)};
   const cuuint64_t strides[1] = {cuuint64_t(pr.M > 1 ? pr.a.ld * 2 : ((pr.K * 2 + 15) / 16) * 16)};
   const cuuint32_t box[2] = {64, cuuint32_t(8 * v.mt)};
-  const CUresult r = encode_sw128(encode, &p.tm_a, 2, pr.a.data, dims, strides, box, pr.bf16,
+  const CUresult r = encode_sw128(encode, &p.tm_a, 2, pr.a.data, dims, strides, box, pr.dtype,
                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   if (r != CUDA_SUCCESS) return r;
   const int rows = decode_rows(v.nw, v.rpw);

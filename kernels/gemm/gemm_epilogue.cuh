@@ -106,7 +106,7 @@ __device__ __forceinline__ void store_tile(const OutView& out, const WorkUnit& u
 // of each the same elements. Warpgroup w keeps columns [w BN/2, (w+1) BN/2), its accumulators
 // [w ACC/2, (w+1) ACC/2), and hands the other half to the other warpgroup through `xchg`
 // (kw_exchange_bytes: float4 j of thread t of warpgroup w at [w][j][t], so each warp's stores and
-// loads are 512 contiguous bytes). Named barrier 1 (256 threads; narrow tiles have no split-K,
+// loads are 512 contiguous bytes). Named barrier kConsumers (256 threads; narrow tiles have no split-K,
 // whose barrier it is) orders the hand-over, and a second one keeps a next tile's hand-over from
 // overwriting what the other warpgroup is still reading.
 template <int WG>
@@ -118,7 +118,7 @@ __device__ __forceinline__ void kw_exchange_as(float (&acc)[Config::ACC], float4
   for (int j = 0; j < H4; ++j)
     x[(WG * H4 + j) * 128 + t] = make_float4(acc[GIVE + 4 * j], acc[GIVE + 4 * j + 1], acc[GIVE + 4 * j + 2],
                                              acc[GIVE + 4 * j + 3]);
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  consumers_sync();
 #pragma unroll
   for (int j = 0; j < H4; ++j) {
     const float4 v = x[((1 - WG) * H4 + j) * 128 + t];
@@ -127,7 +127,7 @@ __device__ __forceinline__ void kw_exchange_as(float (&acc)[Config::ACC], float4
     acc[KEEP + 4 * j + 2] += v.z;
     acc[KEEP + 4 * j + 3] += v.w;
   }
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  consumers_sync();
 }
 // The warpgroup index as a template argument: constant accumulator indices keep them in registers.
 __device__ __forceinline__ void kw_exchange(float (&acc)[Config::ACC], int wg, float* xchg) {
@@ -204,13 +204,13 @@ __device__ __forceinline__ void stage_columns(const OutView& out, Elem* s, const
 // elements so the accumulator layout's stores hit distinct banks; then its 128 threads copy the tile
 // to C in 16-byte chunks along C's rows: full sectors instead of the 4-byte pair stores of
 // store_tile. Ragged edges and a C that is not 16-byte aligned take element stores. Named barrier
-// 2 + wg (128 threads) orders the tile's reuse across tiles and its writes before its reads.
+// kWarpgroup + wg (128 threads) orders the tile's reuse across tiles and its writes before its reads.
 template <bool SWAP>
 __device__ __forceinline__ void store_tile_smem_whole(const OutView& out, const WorkUnit& u, int wg,
                                                       const float (&acc)[Config::ACC], uint8_t* stage) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   Elem* s = reinterpret_cast<Elem*>(stage);
-  const int bar = 2 + wg;
+  const int bar = named_bar::kWarpgroup + wg;
   asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the previous tile's reads are done
   const int i_base = u.tm * Config::BM + wg * 64;  // D row of the block's first row
   const int j_base = u.tn * Config::BN;            // D column of the block's first column
@@ -233,7 +233,7 @@ __device__ __forceinline__ void store_tile_smem_passes(const OutView& out, const
   constexpr int W = epi_pass_cols(Config::BN);  // D columns per pass
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   Elem* s = reinterpret_cast<Elem*>(stage);
-  const int bar = 2 + wg;
+  const int bar = named_bar::kWarpgroup + wg;
   const int i_base = u.tm * Config::BM + wg * 64;  // D row of the block's first row
   const int r0 = warp * 16 + lane / 4;             // this thread's local D rows: r0, r0 + 8
   const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
@@ -337,7 +337,7 @@ __device__ __forceinline__ void sk_park(const GemmParams& p, int wg, const float
 #pragma unroll
   for (int j = 0; j < Config::ACC / 4; ++j)
     __stcg(dst + j * 128 + t, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+  warpgroup_sync(wg);
   if (t == 0) sm90::st_release_gpu(p.sk_flags + 2 * blockIdx.x + wg, p.sk_epoch);
 }
 
@@ -349,7 +349,7 @@ __device__ __forceinline__ void sk_gather(const GemmParams& p, const WorkUnit& u
       while (sm90::ld_acquire_gpu(flag) != p.sk_epoch) __nanosleep(32);
       *reinterpret_cast<volatile uint32_t*>(flag) = 0u;  // for the next launch (stream-ordered)
     }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+    warpgroup_sync(wg);
     const float4* src = sk_slot(p, c, wg);
 #pragma unroll
     for (int j = 0; j < Config::ACC / 4; ++j) {

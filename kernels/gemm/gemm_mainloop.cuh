@@ -43,7 +43,7 @@ struct Ring {
 // ROWS x 128 B one after the other. MN-major: 128B swizzling caps the box's inner extent at 64
 // elements, so the tile is ROWS/64 chunks, each [KB x 64 k][64 mn] (KB x 8 KiB): one box
 // {64 mn, KB x 64 k} per chunk; the MN-major descriptor's LBO is the chunk stride.
-constexpr int kMnChunkBytes = Config::KB * 64 * Config::BK * 2;
+constexpr int kMnChunkBytes = Config::KB * Config::BK * kRowBytes;
 
 // Loads one operand tile of the k step starting at k0. K-major with KB > 1: one 3-D box (map3)
 // when the whole step lies inside K, else one 2-D box per k block (zero-filled past K).
@@ -55,14 +55,14 @@ __device__ __forceinline__ void load_operand(uint8_t* dst, const CUtensorMap* ma
       constexpr int BOX = tma_box_rows(ROWS);  // 320-row tiles: two boxes of 160
 #pragma unroll
       for (int b = 0; b < ROWS / BOX; ++b)
-        sm90::tma_load_2d(dst + b * BOX * Config::BK * 2, map, bar, k0, row0 + b * BOX);
+        sm90::tma_load_2d(dst + b * BOX * kRowBytes, map, bar, k0, row0 + b * BOX);
     } else {
       if (k0 + Config::KSTEP <= k) {
         sm90::tma_load_3d(dst, map3, bar, 0, row0, k0 / Config::BK);
       } else {
 #pragma unroll
         for (int j = 0; j < Config::KB; ++j)
-          sm90::tma_load_2d(dst + j * ROWS * Config::BK * 2, map, bar, k0 + j * Config::BK, row0);
+          sm90::tma_load_2d(dst + j * ROWS * kRowBytes, map, bar, k0 + j * Config::BK, row0);
       }
     }
   } else if constexpr (ROWS % 64 == 0) {
@@ -91,11 +91,11 @@ __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, 
     const uint16_t both = 0x3;
     const int kr = k0 + rank * Config::BK;
     if (kmajor) {
-      sm90::tma_load_2d_multicast(dst + rank * ROWS * Config::BK * 2, map, bar, kr, row0, both);
+      sm90::tma_load_2d_multicast(dst + rank * ROWS * kRowBytes, map, bar, kr, row0, both);
     } else if constexpr (ROWS % 64 == 0) {
 #pragma unroll
       for (int c = 0; c < ROWS / 64; ++c)
-        sm90::tma_load_2d_multicast(dst + c * kMnChunkBytes + rank * 64 * Config::BK * 2, map, bar, row0 + 64 * c,
+        sm90::tma_load_2d_multicast(dst + c * kMnChunkBytes + rank * Config::BK * kRowBytes, map, bar, row0 + 64 * c,
                                     kr, both);
     } else {
       __trap();  // an MN-major tile that is not whole 64-wide chunks: the launcher never plans one (layout_fits)
@@ -105,12 +105,12 @@ __device__ __forceinline__ void load_tile(uint8_t* dst, const CUtensorMap* map, 
     constexpr int HALF = ROWS / 2;
     const uint16_t both = 0x3;
     if (kmajor) {
-      sm90::tma_load_2d_multicast(dst + rank * HALF * Config::BK * 2, map, bar, k0, row0 + rank * HALF, both);
+      sm90::tma_load_2d_multicast(dst + rank * HALF * kRowBytes, map, bar, k0, row0 + rank * HALF, both);
     } else if constexpr (HALF % 64 == 0) {
 #pragma unroll
       for (int c = 0; c < HALF / 64; ++c) {
         const int chunk = rank * (HALF / 64) + c;
-        sm90::tma_load_2d_multicast(dst + chunk * 64 * Config::BK * 2, map, bar, row0 + 64 * chunk, k0, both);
+        sm90::tma_load_2d_multicast(dst + chunk * Config::BK * kRowBytes, map, bar, row0 + 64 * chunk, k0, both);
       }
     } else {
       __trap();  // MN-major halves that are not whole chunks: the launcher never plans one (layout_fits)
@@ -140,7 +140,7 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
       // over the ring (parity 1) does not block.
       sm90::mbar_wait(&ring.empty[ps.stage], ps.phase ^ 1);
       uint64_t* fb = &ring.full[ps.stage];
-      sm90::mbar_arrive_expect_tx(fb, Config::STAGE_BYTES);  // OOB zero-fill bytes count too
+      sm90::mbar_arrive_expect_tx(fb, Config::STAGE_TX_BYTES);  // OOB zero-fill bytes count too
       load_tile<Config::BM, Config::MP>(ring.p_tile(ps.stage), &p.tm_p, &p.tm_p3, fb, pk, u.tm * Config::BM,
                                         kb * Config::KSTEP, p.k, sched.rank);
       load_tile<Config::BN, Config::MC>(ring.q_tile(ps.stage), &p.tm_q, &p.tm_q3, fb, qk, u.tn * Config::BN,
@@ -186,19 +186,22 @@ __device__ __forceinline__ uint32_t desc_lo(uint32_t tile) {
 }
 constexpr uint32_t kDescHi = static_cast<uint32_t>((1024 >> 4) | (1u << 30));
 __device__ __forceinline__ uint64_t desc(uint32_t lo) { return (static_cast<uint64_t>(kDescHi) << 32) | lo; }
-// What k16 slice `kk` (0..4 KB - 1) adds to `lo`: its byte offset / 16 in the start-address field.
+// What k slice `kk` (one wgmma's k: 0..4 KB - 1) adds to `lo`: its byte offset / 16 in the
+// start-address field. K-major: kMmaK elements further along the 128-byte row, a k block per
+// row's worth; MN-major: kMmaK rows of 128 bytes further down the chunk.
 // Exact: no operand ends past 2^18 bytes of shared memory, so the 14-bit field never carries.
 // NOTE: a 32-bit add per operand and wgmma, in place of a descriptor built from each slice's
 // address (the narrow decode tiles' SASS spent ~12 uniform instructions per wgmma on it).
 template <bool KMAJOR, int KB_STRIDE>
 __device__ __forceinline__ constexpr uint32_t slice_offset(int kk) {
-  return (KMAJOR ? (kk / 4) * KB_STRIDE + (kk % 4) * 32 : kk * 2048) >> 4;
+  constexpr int kPerBlock = mma_per_k_block<kDtype>(), kSliceBytes = Traits::kMmaK * Traits::kBytes;
+  return (KMAJOR ? (kk / kPerBlock) * KB_STRIDE + (kk % kPerBlock) * kSliceBytes : kk * Traits::kMmaK * kRowBytes) >> 4;
 }
 
 // Byte offset of the 64-row (K-major) or 64-wide chunk (MN-major) number `i` of a stage's operand.
 template <bool KMAJOR>
 __device__ __forceinline__ constexpr int sub_offset(int i) {
-  return KMAJOR ? i * 64 * Config::BK * 2 : i * kMnChunkBytes;
+  return KMAJOR ? i * 64 * kRowBytes : i * kMnChunkBytes;
 }
 
 // NOTE: wgmma writes the accumulators asynchronously; these empty asm statements pin them so the
@@ -219,6 +222,28 @@ __device__ __forceinline__ void release_stage(const Ring& ring, int stage) {
   }
 }
 
+// The MMA policy's work on one ring stage. Dense: every k slice of the stage, each of the
+// warpgroup's MH halves of P times its NQ pieces of Q, into one accumulator set.
+template <class Policy>
+struct MmaStage;
+template <>
+struct MmaStage<DenseMma> {
+  template <int TA, int TB, class Mma>
+  __device__ __forceinline__ static void run(float (&acc)[Config::ACC], const uint32_t (&dp)[Config::MH], uint32_t dq) {
+    // NQ = 2 (BN = 320): the second wgmma takes Q rows MMA_N.. (K-major only: gemm_plan.h layout_fits).
+    constexpr uint32_t kQHalf = (Config::MMA_N * kRowBytes) >> 4;
+#pragma unroll
+    for (int kk = 0; kk < Config::KSTEP / Traits::kMmaK; ++kk)
+#pragma unroll
+      for (int h = 0; h < Config::MH; ++h)
+#pragma unroll
+        for (int nq = 0; nq < Config::NQ; ++nq)
+          Mma::mma(acc + (h * Config::NQ + nq) * Mma::kRegs,
+                   desc(dp[h] + slice_offset<TA == 0, Config::P_KB_BYTES>(kk)),
+                   desc(dq + nq * kQHalf + slice_offset<TB == 0, Config::Q_KB_BYTES>(kk)), 1);
+  }
+};
+
 // Accumulates the unit's k blocks into acc (zeroed here). `wg` is the consumer index (0/1).
 // NOTE: measured and dropped (bench/RESULTS.md): two wgmma groups in flight instead of one, and
 // rotating the k16 steps over 2-4 accumulator sets; neither sped up the narrow decode tiles.
@@ -238,7 +263,7 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
   const int p_off = Config::BM == 128 && !Config::PP ? sub_offset<TA == 0>(wg) : 0;
   const int q_off = Config::BM == 128 || Config::KW == 2
                         ? 0
-                        : (TB == 0 ? wg * Config::WG_N * Config::BK * 2 : sub_offset<false>(wg * (Config::WG_N / 64)));
+                        : (TB == 0 ? wg * Config::WG_N * kRowBytes : sub_offset<false>(wg * (Config::WG_N / 64)));
   const uint32_t ring_s = sm90::smem_u32(ring.base);  // once: the stages are offsets from it
   int prev = -1;
   for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
@@ -259,17 +284,7 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
 #pragma unroll
     for (int h = 0; h < Config::MH; ++h) dp[h] = desc_lo<TA == 0>(st + p_off + sub_offset<TA == 0>(h));
     const uint32_t dq = desc_lo<TB == 0>(st + Config::P_BYTES + q_off);
-    // NQ = 2 (BN = 320): the second wgmma takes Q rows MMA_N.. (K-major only: gemm_plan.h layout_fits).
-    constexpr uint32_t kQHalf = (Config::MMA_N * Config::BK * 2) >> 4;
-#pragma unroll
-    for (int kk = 0; kk < Config::KSTEP / 16; ++kk)
-#pragma unroll
-      for (int h = 0; h < Config::MH; ++h)
-#pragma unroll
-        for (int nq = 0; nq < Config::NQ; ++nq)
-          Mma::mma(acc + (h * Config::NQ + nq) * Mma::kRegs,
-                   desc(dp[h] + slice_offset<TA == 0, Config::P_KB_BYTES>(kk)),
-                   desc(dq + nq * kQHalf + slice_offset<TB == 0, Config::Q_KB_BYTES>(kk)), 1);
+    MmaStage<Config::MmaPolicy>::run<TA, TB, Mma>(acc, dp, dq);
     sm90::wgmma_commit();
     fence_acc(acc);
     // NOTE: keep one wgmma group in flight; the stage read by the previous group is free now.

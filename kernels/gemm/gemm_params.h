@@ -10,6 +10,8 @@
 #include <cuda.h>  // CUtensorMap (a 64-byte aligned POD): fine on host and device
 #include <stdint.h>
 
+#include "gemm/gemm_operand.h"
+
 namespace fly::gemm {
 
 struct GemmParams {
@@ -34,7 +36,7 @@ struct GemmParams {
   int32_t p_kmajor, q_kmajor;
   int32_t swap;            // 1: D[i][j] -> C[j][i]; bias indexed by i
   int32_t tiles_m, tiles_n;  // tiles of D (BM x BN)
-  int32_t group_m;         // rasterization: tiles visited in column strips group_m tiles tall
+  int32_t strip_m;         // rasterization: tiles visited in column strips strip_m tiles tall
   int32_t split;           // split-K factor == cluster size along x (1: persistent, no split)
   int32_t kb_per_split;    // k steps (KB x 64 wide: one ring stage each) per split
   int32_t c_vec;           // 1: C base 8-byte aligned and ldc % 4 == 0 (vector stores allowed)
@@ -64,7 +66,8 @@ struct GemmParams {
 // Constants the host needs to size launches (must match the kernel's Config).
 constexpr int kThreads = 384;  // 1 producer + 2 consumer warpgroups
 constexpr int kBM = 128;  // tile rows of P (the default; narrow variants use 64)
-constexpr int kBK = 64;
+constexpr int kBK = 64;   // k elements of one k block of the 16-bit dense kernel (one 128-byte row)
+constexpr int kCBytes = 2;  // the dense kernels' C element (FP16 / BF16)
 
 // Rows of one TMA box of an operand tile of `rows` rows (`rows` / cluster when multicast): a box
 // spans at most 256 rows, so a 320-row Q tile comes in two boxes of 160.
@@ -81,10 +84,10 @@ inline constexpr int epi_pass_cols(int bn) { return bn <= 128 ? bn : 64; }
 // 2 boxes per warp, used in turn; epi = 3: one per 64 columns (bn / 64), so a warp stages its whole
 // row band before reusing any. The area is 1 KiB-aligned first (smem_bytes adds the slack).
 inline constexpr int kEpiWarpRows = 16;
-inline constexpr int kEpiWarpBox = kEpiWarpRows * 64 * 2;
+inline constexpr int kEpiWarpBox = kEpiWarpRows * kRowBytes;  // 16 rows of 64 C elements
 inline constexpr int epi_warp_boxes(int bn, int epi) { return epi == 3 ? bn / 64 : 2; }
 inline constexpr int epi_wg_bytes(int bn, int epi = 1) {
-  return epi >= 2 ? 4 * epi_warp_boxes(bn, epi) * kEpiWarpBox : epi_pass_cols(bn) * (64 + 8) * 2;
+  return epi >= 2 ? 4 * epi_warp_boxes(bn, epi) * kEpiWarpBox : epi_pass_cols(bn) * (64 + 8) * kCBytes;
 }
 
 // Stream-K workspace: the flags (2 per CTA, padded to 256 bytes), then one BM x BN fp32 slot per CTA.
@@ -93,15 +96,15 @@ inline constexpr int64_t sk_workspace_bytes(int64_t ctas, int bm, int bn) {
   return sk_flags_bytes(ctas) + ctas * int64_t(bm) * bn * 4;
 }
 
-// Host planning (gemm_plan.h, gemm_decode.h): one 128B-swizzled tiled tensor map of 16-bit
-// elements, which every map of both GEMM kernels is. `encode` is the driver's
+// Host planning (gemm_plan.h, gemm_decode.h): one 128B-swizzled tiled tensor map of elements of
+// `dt` (operand_traits), which every map of both GEMM kernels is. `encode` is the driver's
 // cuTensorMapEncodeTiled (or a test's stand-in); dims, the outer dims' byte strides and the box
 // are the caller's, innermost first.
 template <class Encode>
 CUresult encode_sw128(Encode encode, CUtensorMap* map, cuuint32_t rank, const void* data, const cuuint64_t* dims,
-                      const cuuint64_t* strides, const cuuint32_t* box, bool bf16, CUtensorMapL2promotion l2) {
+                      const cuuint64_t* strides, const cuuint32_t* box, Dtype dt, CUtensorMapL2promotion l2) {
   const cuuint32_t estr[3] = {1, 1, 1};
-  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, rank,
+  return encode(map, tma_dtype(dt), rank,
                 const_cast<void*>(data), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
@@ -114,7 +117,7 @@ inline constexpr int smem_bytes(int bn, int stages, int epi = 0, int bm = kBM, i
   // stages * (P tile + Q tile, kb k blocks of each) + barriers + 1 KiB for aligning the base to
   // 1024 bytes, then the two consumer warpgroups' epilogue staging tiles (epi = 1, or epi = 2 and 3
   // with 1 KiB of alignment slack), or the kw = 2 exchange area.
-  return stages * kb * (bm * kBK * 2 + bn * kBK * 2) + 2 * stages * 8 + 1024 +
+  return stages * kb * (bm + bn) * kRowBytes + 2 * stages * 8 + 1024 +
          (epi >= 2 ? 1024 + 2 * epi_wg_bytes(bn, epi) : epi ? 2 * epi_wg_bytes(bn) : 0) +
          (kw == 2 ? kw_exchange_bytes(bn) : 0);
 }

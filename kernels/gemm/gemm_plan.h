@@ -31,7 +31,7 @@ struct Problem {
   void* c;
   int64_t ldc;
   const void* bias;
-  bool bf16;
+  Dtype dtype;  // of A, B and C (operand traits: gemm_operand.h)
 };
 
 struct VariantShape {
@@ -50,7 +50,7 @@ struct VariantShape {
   int kw = 1;     // 2: narrow tiles whose consumer warpgroups split the k steps (gemm_config.cuh KW)
 };
 
-// Raster strip height (GemmParams::group_m) for `wave` tiles in flight at once: the tile order walks
+// Raster strip height (GemmParams::strip_m) for `wave` tiles in flight at once: the tile order walks
 // strips of g tile rows column by column, so a wave touches about g P-tile rows and wave / g
 // Q-tile columns (each P row bm x K, each Q column bn x K). Picks the g of {8, 16, 32, 64} that
 // minimises those bytes, the smaller on a tie.
@@ -89,11 +89,19 @@ struct Launch {
 };
 
 // The 16-byte rules of TMA for one operand; returns nullptr when fine, else what is broken.
-inline const char* operand_tma_problem(const Operand& o, int64_t k) {
+inline const char* operand_tma_problem(const Operand& o, int64_t k, Dtype dt) {
   if (reinterpret_cast<uintptr_t>(o.data) % 16 != 0) return "base address is not 16-byte aligned";
   const int64_t outer = o.kmajor ? o.rows : k;  // extent of the strided dimension
-  if (outer > 1 && (o.ld * 2) % 16 != 0) return "leading dimension * 2 bytes is not a multiple of 16";
+  const int eb = elem_bytes(dt);
+  if (outer > 1 && (o.ld * eb) % 16 != 0)
+    return eb == 2 ? "leading dimension * 2 bytes is not a multiple of 16" : "leading dimension is not a multiple of 16 bytes";
   return nullptr;
+}
+
+// Bytes between rows of a tensor map's strided dimension: the leading dimension, or for a single
+// row (whose stride TMA never follows) its own length rounded up to TMA's 16-byte rule.
+inline cuuint64_t map_row_stride(int64_t rows, int64_t ld, int64_t row_elems, int eb) {
+  return cuuint64_t(rows > 1 ? ld * eb : ((row_elems * eb + 15) / 16) * 16);
 }
 
 // encode: CUresult(*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -103,24 +111,25 @@ inline const char* operand_tma_problem(const Operand& o, int64_t k) {
 // The 2-D map of an operand: K-major box {64 k, box_rows}; MN-major box {64 mn, 64 kb k}.
 template <class Encode>
 CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64_t k, int box_rows,
-                        bool bf16, CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, int kb = 1) {
+                        Dtype dt, CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, int kb = 1) {
   const int64_t kk = std::max<int64_t>(k, 1);
+  const int eb = elem_bytes(dt), bk = kRowBytes / eb;  // k elements of one k block
   cuuint64_t dims[2], strides[1];
   cuuint32_t box[2];
   if (o.kmajor) {
     dims[0] = kk;
     dims[1] = o.rows;
-    box[0] = kBK;
+    box[0] = bk;
     box[1] = box_rows;
-    strides[0] = o.rows > 1 ? o.ld * 2 : ((kk * 2 + 15) / 16) * 16;
+    strides[0] = map_row_stride(o.rows, o.ld, kk, eb);
   } else {
     dims[0] = o.rows;
     dims[1] = kk;
-    box[0] = 64;
-    box[1] = static_cast<cuuint32_t>(kBK * kb);
-    strides[0] = kk > 1 ? o.ld * 2 : ((o.rows * 2 + 15) / 16) * 16;
+    box[0] = kRowBytes / eb;  // one 128-byte row of MN elements
+    box[1] = static_cast<cuuint32_t>(bk * kb);
+    strides[0] = map_row_stride(kk, o.ld, o.rows, eb);
   }
-  return encode_sw128(encode, map, 2, o.data, dims, strides, box, bf16, l2);
+  return encode_sw128(encode, map, 2, o.data, dims, strides, box, dt, l2);
 }
 
 // The 3-D view of a K-major operand for kb > 1: (64 k, rows, K / 64 whole k blocks), the k-block
@@ -130,11 +139,12 @@ CUresult encode_operand(Encode encode, CUtensorMap* map, const Operand& o, int64
 // is whole, the kernel never reads it, and a 64-element inner extent could overrun short rows.
 template <class Encode>
 CUresult encode_operand_3d(Encode encode, CUtensorMap* map, const Operand& o, int64_t k, int box_rows, int kb,
-                           bool bf16, CUtensorMapL2promotion l2) {
-  const cuuint64_t dims[3] = {cuuint64_t(kBK), cuuint64_t(o.rows), cuuint64_t(k / kBK)};
-  const cuuint64_t strides[2] = {cuuint64_t(o.rows > 1 ? o.ld * 2 : ((k * 2 + 15) / 16) * 16), cuuint64_t(kBK * 2)};
-  const cuuint32_t box[3] = {cuuint32_t(kBK), cuuint32_t(box_rows), cuuint32_t(kb)};
-  return encode_sw128(encode, map, 3, o.data, dims, strides, box, bf16, l2);
+                           Dtype dt, CUtensorMapL2promotion l2) {
+  const int eb = elem_bytes(dt), bk = kRowBytes / eb;
+  const cuuint64_t dims[3] = {cuuint64_t(bk), cuuint64_t(o.rows), cuuint64_t(k / bk)};
+  const cuuint64_t strides[2] = {map_row_stride(o.rows, o.ld, k, eb), cuuint64_t(kRowBytes)};
+  const cuuint32_t box[3] = {cuuint32_t(bk), cuuint32_t(box_rows), cuuint32_t(kb)};
+  return encode_sw128(encode, map, 3, o.data, dims, strides, box, dt, l2);
 }
 
 // Clusters of s CTAs (one 384-thread, ~200 KiB CTA per SM) resident at once on a 132-SM H100/H200,
@@ -201,7 +211,8 @@ inline bool forced_split_fits(const Problem& pr, const VariantShape& v, int spli
   if (v.bn > 256) return false;   // nor 320-wide tiles
   const int64_t p_rows = v.swap ? pr.N : pr.M, q_rows = v.swap ? pr.M : pr.N;
   const int64_t tiles_m = (p_rows + kBM - 1) / kBM, tiles = tiles_m * ((q_rows + v.bn - 1) / v.bn);
-  const int64_t steps = (pr.K + kBK * v.kb - 1) / (kBK * v.kb);  // ring stages over K
+  const int64_t bk = kRowBytes / elem_bytes(pr.dtype);
+  const int64_t steps = (pr.K + bk * v.kb - 1) / (bk * v.kb);  // ring stages over K
   if (split == 1) return plan_stream_k(tiles_m, tiles, steps, sm_count).active();
   return tiles * split <= 2 * int64_t(sm_count) && steps >= 2 * int64_t(split);
 }
@@ -256,21 +267,22 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   const CUtensorMapL2promotion l2 = l2_promotion(v.l2p);
   const int kb = std::max(v.kb, 1);
   const bool p_split_k = v.mp > 1 && kb > 1;
-  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, p_split_k ? v.bm : v.bm / std::max(v.mp, 1), pr.bf16, l2,
+  CUresult r = encode_operand(encode, &p.tm_p, P, pr.K, p_split_k ? v.bm : v.bm / std::max(v.mp, 1), pr.dtype, l2,
                               p_split_k ? 1 : kb);
   if (r != CUDA_SUCCESS) return r;
   // With multicast each CTA loads half of the Q tile's rows (K-major box {64, bn/2}), or with
   // kb = 2 (narrow tiles) one of the stage's two k blocks, as P multicast does.
   const bool q_split_k = v.mc > 1 && kb > 1;
-  r = encode_operand(encode, &p.tm_q, Q, pr.K, q_split_k ? v.bn : tma_box_rows(v.bn / std::max(v.mc, 1)), pr.bf16,
+  r = encode_operand(encode, &p.tm_q, Q, pr.K, q_split_k ? v.bn : tma_box_rows(v.bn / std::max(v.mc, 1)), pr.dtype,
                      l2, q_split_k ? 1 : kb);
   if (r != CUDA_SUCCESS) return r;
-  const bool whole_step = pr.K >= int64_t(kBK) * kb;  // some k step lies wholly inside K
+  const int64_t bk = kRowBytes / elem_bytes(pr.dtype);  // k elements of one k block
+  const bool whole_step = pr.K >= bk * kb;  // some k step lies wholly inside K
   if (kb > 1 && whole_step && P.kmajor && !p_split_k &&
-      (r = encode_operand_3d(encode, &p.tm_p3, P, pr.K, v.bm, kb, pr.bf16, l2)) != CUDA_SUCCESS)
+      (r = encode_operand_3d(encode, &p.tm_p3, P, pr.K, v.bm, kb, pr.dtype, l2)) != CUDA_SUCCESS)
     return r;
   if (kb > 1 && whole_step && Q.kmajor && !q_split_k &&
-      (r = encode_operand_3d(encode, &p.tm_q3, Q, pr.K, v.bn, kb, pr.bf16, l2)) != CUDA_SUCCESS)
+      (r = encode_operand_3d(encode, &p.tm_q3, Q, pr.K, v.bn, kb, pr.dtype, l2)) != CUDA_SUCCESS)
     return r;
   p.c = pr.c;
   p.bias = pr.bias;
@@ -284,7 +296,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.tiles_m = static_cast<int32_t>((P.rows + v.bm - 1) / v.bm);
   p.tiles_n = static_cast<int32_t>((Q.rows + v.bn - 1) / v.bn);
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
-  const int64_t kb_total = (pr.K + kBK * kb - 1) / (kBK * kb);  // k steps (ring stages)
+  const int64_t kb_total = (pr.K + bk * kb - 1) / (bk * kb);  // k steps (ring stages)
   const bool want_sk = force_split == 1;
   int split = force_split > 1 ? force_split : want_sk ? 1 : choose_split(tiles, kb_total, sm_count);
   // The cluster is taken by multicast; narrow tiles, ping-pong consumers and 320-wide tiles have
@@ -299,11 +311,11 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   p.c_vec = (reinterpret_cast<uintptr_t>(pr.c) % 8 == 0) && (pr.ldc % 4 == 0);
   // The TMA-store epilogues (epi = 2, 3) write C through a tensor map, when TMA can address C (16-byte
   // aligned base and rows); otherwise (and with swap-AB) those variants store from the registers.
-  if (v.epi >= 2 && !v.swap && reinterpret_cast<uintptr_t>(pr.c) % 16 == 0 && (pr.M <= 1 || (pr.ldc * 2) % 16 == 0)) {
+  if (v.epi >= 2 && !v.swap && reinterpret_cast<uintptr_t>(pr.c) % 16 == 0 && (pr.M <= 1 || (pr.ldc * kCBytes) % 16 == 0)) {
     const cuuint64_t dims[2] = {cuuint64_t(pr.N), cuuint64_t(pr.M)};
-    const cuuint64_t strides[1] = {cuuint64_t(pr.M > 1 ? pr.ldc * 2 : (pr.N * 2 + 15) / 16 * 16)};
+    const cuuint64_t strides[1] = {map_row_stride(pr.M, pr.ldc, pr.N, kCBytes)};
     const cuuint32_t box[2] = {64, kEpiWarpRows};  // one warp's 16 rows x 64 columns
-    p.c_tma = encode_sw128(encode, &p.tm_c, 2, pr.c, dims, strides, box, pr.bf16, CU_TENSOR_MAP_L2_PROMOTION_NONE) ==
+    p.c_tma = encode_sw128(encode, &p.tm_c, 2, pr.c, dims, strides, box, pr.dtype, CU_TENSOR_MAP_L2_PROMOTION_NONE) ==
               CUDA_SUCCESS;
   }
   p.mc = v.mc > 1 ? v.mc : 1;
@@ -334,7 +346,7 @@ CUresult plan_gemm(const Problem& pr, const VariantShape& v, int sm_count, Encod
   }
   // Tiles in flight at once: one per CTA of a persistent grid, one per cluster of split-K.
   const int64_t wave = split > 1 ? std::max<int64_t>(1, sm_count / split) : int64_t(out->grid);
-  p.group_m = v.gm > 0 ? v.gm : raster_group(p.tiles_m, p.tiles_n, v.bm, v.bn, std::min(wave, tiles));
+  p.strip_m = v.gm > 0 ? v.gm : raster_group(p.tiles_m, p.tiles_n, v.bm, v.bn, std::min(wave, tiles));
   out->smem = static_cast<unsigned>(smem_bytes(v.bn, v.stages, v.epi, v.bm, kb, v.kw));
   return CUDA_SUCCESS;
 }

@@ -25,7 +25,7 @@ template <int MC, int MP = 1, int KB = 1>
 struct TileScheduler {
   static_assert(MC == 1 || MP == 1, "a cluster multicasts one operand");
   static constexpr int CL = MC * MP;  // CTAs per multicast cluster
-  int tiles_m, tiles_n, total, group_m, split, kb_total, kb_per_split;
+  int tiles_m, tiles_n, total, strip_m, split, kb_total, kb_per_split;
   int next, step, rank;
   // Stream-K (CL == 1, split == 1, sk_tiles > 0): unit sk_cur of this CTA (gemm_streamk.h
   // sk_cta_unit: data-parallel super tiles, then stream-K ranges, CTAs in groups of sk_g walking
@@ -35,7 +35,7 @@ struct TileScheduler {
     tiles_m = (p.tiles_m + MC - 1) / MC;  // super-tile rows
     tiles_n = (p.tiles_n + MP - 1) / MP;  // super-tile columns
     total = tiles_m * tiles_n;
-    group_m = max(1, p.group_m / MC);
+    strip_m = max(1, p.strip_m / MC);
     split = p.split;
     kb_total = (p.k + KB * kBK - 1) / (KB * kBK);
     kb_per_split = p.kb_per_split;
@@ -57,14 +57,14 @@ struct TileScheduler {
   }
 
   // Tile number t of the raster order -> its coordinates.
-  // NOTE: grouped rasterization: consecutive tiles walk down a strip of group_m tile-rows before
+  // NOTE: strip rasterization: consecutive tiles walk down a strip of strip_m tile-rows before
   // moving right, so the CTAs running at the same time share P rows and Q columns in L2.
   __device__ void tile_coords(int t, WorkUnit& u) const {
-    const int per_group = group_m * tiles_n;
-    const int g = t / per_group;
-    const int first_m = g * group_m;
-    const int gsz = min(tiles_m - first_m, group_m);
-    const int r = t - g * per_group;
+    const int per_strip = strip_m * tiles_n;
+    const int g = t / per_strip;
+    const int first_m = g * strip_m;
+    const int gsz = min(tiles_m - first_m, strip_m);
+    const int r = t - g * per_strip;
     u.tm = (first_m + r % gsz) * MC + (MC > 1 ? rank : 0);
     u.tn = (r / gsz) * MP + (MP > 1 ? rank : 0);
   }

@@ -25,14 +25,14 @@ namespace fly::gemm {
 
 // Ping-pong order: warpgroup w runs the mainloop of the CTA's units w, w + 2, ...; before each
 // one (except warpgroup 0's first) it waits until the other has finished the mainloop of the unit
-// before it (named barrier 4 + w, 256 threads: the other's 128 arrive, these 128 wait). Besides
+// before it (named barrier kPingPongTurn + w, 256 threads: the other's 128 arrive, these 128 wait). Besides
 // taking turns on the tensor cores, this keeps every full-barrier wait at most one phase ahead of
 // the producer, which the parity test of mbarrier.try_wait needs.
 __device__ __forceinline__ void pp_wait_turn(int wg) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(4 + wg) : "memory");
+  asm volatile("bar.sync %0, 256;\n" ::"r"(named_bar::kPingPongTurn + wg) : "memory");
 }
 __device__ __forceinline__ void pp_pass_turn(int wg) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(4 + (wg ^ 1)) : "memory");
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(named_bar::kPingPongTurn + (wg ^ 1)) : "memory");
 }
 
 template <int TA, int TB>
@@ -106,7 +106,7 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const Ring& r
       else store_tile(out, u, wg, acc);
     } else if (p.split > 1) {
       // Both consumer warpgroups must be done reading the ring before it holds partials.
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      consumers_sync();
       float* part = reinterpret_cast<float*>(ring.base);
       const PartialLayout L{out.swap};
       if (L.swap) park_partial<true>(part, wg, acc);

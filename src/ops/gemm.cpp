@@ -100,13 +100,13 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
   p.c = c->data;
   p.ldc = M > 1 ? c->strides[0] : N;
   p.bias = bias ? bias->data : nullptr;
-  p.bf16 = dt == FLY_BF16;
+  p.dtype = dt == FLY_BF16 ? gemm::Dtype::kBf16 : gemm::Dtype::kFp16;
   if (M == 0 || N == 0) return FLY_SUCCESS;  // nothing to check further: no-op
   if (K == 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported: C would be just the bias");
-  if (const char* why = gemm::operand_tma_problem(p.a, K))
+  if (const char* why = gemm::operand_tma_problem(p.a, K, p.dtype))
     return fail(FLY_ERROR_UNSUPPORTED, "a: %s (TMA needs 16-byte aligned rows; lda = %" PRId64 ")", why, lda);
-  if (const char* why = gemm::operand_tma_problem(p.bt, K))
+  if (const char* why = gemm::operand_tma_problem(p.bt, K, p.dtype))
     return fail(FLY_ERROR_UNSUPPORTED, "b: %s (TMA needs 16-byte aligned rows; ldb = %" PRId64 ")", why, ldb);
   return FLY_SUCCESS;
 }

@@ -40,7 +40,7 @@ fly::gemm::Problem decode_problem() {
   pr.bt = {bbuf, 4096, 4096, true};  // B stored [N, K] (NT): K-major
   pr.c = cbuf;
   pr.ldc = 4096;
-  pr.bf16 = true;
+  pr.dtype = fly::gemm::Dtype::kBf16;
   return pr;
 }
 
@@ -885,8 +885,8 @@ TEST_CASE("raster strips: the height that touches the fewest operand bytes per w
   VariantShape v{256, 4, false, 1, 0, kBM};
   Launch L{};
   REQUIRE(plan_gemm(pr, v, 132, encode, &L) == CUDA_SUCCESS);
-  CHECK(L.params.group_m == raster_group(L.params.tiles_m, L.params.tiles_n, 128, 256, L.grid));
+  CHECK(L.params.strip_m == raster_group(L.params.tiles_m, L.params.tiles_n, 128, 256, L.grid));
   v.gm = 32;
   REQUIRE(plan_gemm(pr, v, 132, encode, &L) == CUDA_SUCCESS);
-  CHECK(L.params.group_m == 32);
+  CHECK(L.params.strip_m == 32);
 }

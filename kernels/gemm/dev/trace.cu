@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   pr.M = M; pr.N = N; pr.K = K;
   pr.a = {a, M, K, true};
   pr.bt = {w, N, K, true};  // NT: B^T = W [N, K], K-major
-  pr.c = c; pr.ldc = N; pr.bf16 = true;
+  pr.c = c; pr.ldc = N; pr.dtype = Dtype::kBf16;
   Launch L{};
   CU(plan_gemm(pr, v, sms, cuTensorMapEncodeTiled, &L));
   CUmodule mod; CUfunction f;
@@ -103,10 +103,10 @@ int main(int argc, char** argv) {
   if (n == 0) { printf("no trace records (was the cubin built with -DFLY_GEMM_TRACE?)\n"); return 1; }
   const int64_t kb = (K + 63) / 64;
   const double ideal = double(kb) * 128 * v.bn * 64 * 2 / 4096.0;  // cycles at 4096 flop/clk/SM
-  printf("%lldx%lldx%lld bn%d st%d mc%d e%d gm%d: grid %u, cluster %u, group_m %d; %.1f us median of 40 "
+  printf("%lldx%lldx%lld bn%d st%d mc%d e%d gm%d: grid %u, cluster %u, strip_m %d; %.1f us median of 40 "
          "back-to-back (traced %.1f us)\n",
          (long long)M, (long long)N, (long long)K, v.bn, v.stages, v.mc, v.epi, v.gm, L.grid, L.cluster,
-         L.params.group_m, ts[ts.size() / 2], traced_ms * 1000.0);
+         L.params.strip_m, ts[ts.size() / 2], traced_ms * 1000.0);
   printf("  per tile (%ld tiles traced, cycles): mainloop %.0f (ideal %.0f: %.1f%%; first tile %.0f), "
          "full-barrier waits %.0f, epilogue %.0f, gap to next mainloop %.0f\n",
          n, ml / n, ideal, 100.0 * ideal / (ml / n), ml_first / std::max(1L, n_first), wt / n, ep / n,
