@@ -11,6 +11,7 @@ namespace fly::tools {
 int bench_rmsnorm(const Args&) __attribute__((weak));
 int bench_topk(const Args&) __attribute__((weak));
 int bench_gemm(const Args&) __attribute__((weak));
+int bench_attention(const Args&) __attribute__((weak));
 }  // namespace fly::tools
 
 int main(int argc, char** argv) try {
@@ -20,6 +21,7 @@ int main(int argc, char** argv) try {
       {"rmsnorm", bench_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes"},
       {"topk", bench_topk, "TopK: suite shapes, deterministic off and on"},
       {"gemm", bench_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts"},
+      {"attention", bench_attention, "attention forward: suite shapes and decode cases, 2 dtypes"},
   };
   Args args = parse_args(argc, argv);
   if (args.family.empty() || args.has("help")) {

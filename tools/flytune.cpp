@@ -11,6 +11,7 @@ namespace fly::tools {
 int tune_rmsnorm(const Args&) __attribute__((weak));
 int tune_topk(const Args&) __attribute__((weak));
 int tune_gemm(const Args&) __attribute__((weak));
+int tune_attention(const Args&) __attribute__((weak));
 }  // namespace fly::tools
 
 int main(int argc, char** argv) try {
@@ -20,6 +21,7 @@ int main(int argc, char** argv) try {
       {"rmsnorm", tune_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes"},
       {"topk", tune_topk, "TopK: suite shapes, deterministic off and on"},
       {"gemm", tune_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts"},
+      {"attention", tune_attention, "attention forward: suite shapes and decode cases, 2 dtypes"},
   };
   Args args = parse_args(argc, argv);
   if (args.family.empty() || args.has("help")) {

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "attention/attention_params.h"
+#include "attention_params.h"  // same folder: also included from tools/
 
 namespace fly::attn {
 

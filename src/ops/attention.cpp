@@ -120,6 +120,8 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
     return fail(FLY_ERROR_INVALID_ARGUMENT, "reserved: %d, must be 0", int(prm->reserved));
   if (!std::isfinite(prm->softmax_scale))
     return fail(FLY_ERROR_INVALID_ARGUMENT, "softmax_scale: must be finite, got %g", prm->softmax_scale);
+  if (prm->softmax_scale < 0)  // the running max would have to be a running min
+    return fail(FLY_ERROR_UNSUPPORTED, "softmax_scale: negative scales (%g) are not supported", prm->softmax_scale);
   if (!prm->workspace && prm->workspace_bytes > 0)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", prm->workspace_bytes);
   if (prm->workspace && reinterpret_cast<uintptr_t>(prm->workspace) % 256 != 0)

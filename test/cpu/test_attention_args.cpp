@@ -176,6 +176,9 @@ TEST_CASE("attention_fwd rejects bad descriptors with a status and a message", "
     c.p.softmax_scale = 1.0 / 0.0;
     CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("softmax_scale"));
+    c.p.softmax_scale = -0.5;
+    CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("negative scales"));
     c.p.softmax_scale = 0.125;
     c.p.workspace_bytes = 1024;
     CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
