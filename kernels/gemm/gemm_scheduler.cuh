@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/sm90.h"
+#include "gemm/gemm_grouped.h"
 #include "gemm/gemm_params.h"
 #include "gemm/gemm_streamk.h"
 
@@ -16,6 +17,9 @@ struct WorkUnit {
   int first_contrib = 0;  // CTAs first_contrib, + sk_group, .. < blockIdx.x, then stores the tile
 };
 
+// Scheduler policies: TileScheduler (dense: one problem's tiles, persistent or split-K, stream-K)
+// and GroupedScheduler (grouped mode: the tiles of G problems whose rows are concatenated).
+//
 // MC > 1 (multicast clusters): the cluster walks "super tiles" of MC vertically adjacent tiles;
 // CTA rank r takes tile row super*MC + r (possibly past the last row: it then only helps load Q
 // and its stores are clipped). MP > 1 is the same along the other axis: MP horizontally adjacent
@@ -93,6 +97,44 @@ struct TileScheduler {
       u.kb_begin = 0;
       u.kb_end = kb_total;
     }
+    return true;
+  }
+};
+
+// Grouped mode: units of the grouped decomposition (gemm_grouped.h), persistent over the CTAs.
+// A unit's rows end at its group's end (the epilogue clips at row_end) and its B tile comes from
+// its group's matrix. Not combined with multicast (a cluster's tiles could belong to different
+// groups, whose operands differ) nor with split-K or stream-K (whose partial tiles would have to
+// meet across groups).
+struct GroupedWorkUnit : WorkUnit {
+  int group = 0;
+  int row0 = 0;     // first row of the tile in the concatenated A / C (tm counts inside the group)
+  int row_end = 0;  // the group's end row
+};
+template <int MC, int MP = 1, int KB = 1>
+struct GroupedScheduler {
+  static_assert(MC == 1 && MP == 1, "grouped mode: no multicast across groups");
+  int tiles_n, kb_total, bm;
+  int64_t next, step;
+  const GroupedTail* tail;
+  GroupedCursor cursor;
+  __device__ GroupedScheduler(const GemmParams& p, const GroupedTail& t, int bm_) : tail(&t), bm(bm_) {
+    tiles_n = p.tiles_n;
+    kb_total = (p.k + KB * kBK - 1) / (KB * kBK);
+    next = blockIdx.x;
+    step = gridDim.x;
+  }
+  __device__ bool fetch(GroupedWorkUnit& u) {
+    GroupedUnit g;
+    if (!grouped_unit(tail->offs, tail->groups, bm, tiles_n, next, cursor, &g)) return false;
+    next += step;
+    u.group = g.group;
+    u.row_end = g.row_end;
+    u.row0 = g.row0;
+    u.tm = g.tm;
+    u.tn = g.tn;
+    u.kb_begin = 0;
+    u.kb_end = kb_total;
     return true;
   }
 };
