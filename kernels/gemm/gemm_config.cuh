@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "gemm/gemm_legal.h"
 #include "gemm/gemm_operand.h"
 #include "gemm/gemm_params.h"
 
@@ -173,37 +174,31 @@ struct Config {
   static constexpr int PRODUCER_REGS = register_split(BM, KW).producer;
   static constexpr int CONSUMER_REGS = register_split(BM, KW).consumer;
 
-  static_assert(BM == 128 || BM == 64, "tile rows: 128 (two 64-row halves) or 64 (shared rows)");
+  // Legality: each rule once, in gemm_legal.h (the launcher and a CPU test use the same ones).
+  static constexpr TileShape SHAPE{BM, BN, STAGES, KB, KW, MC, MP, EPI, PP ? 1 : 0};
+  static_assert(legal::bm(SHAPE), "tile rows: 128 (two 64-row halves) or 64 (shared rows)");
   // wgmma N (BN, or BN / 2 for narrow tiles) is any multiple of 8 from 8 to 256; common/wgmma_ops.h
   // instantiates the ones tuning/gemm.json uses. BN that is not a multiple of 64 (48, 96, 112: tile
   // counts that fill the 132 SMs on decode shapes) needs a K-major Q: an MN-major Q tile is loaded
   // in 64-wide chunks (gemm_plan.h layout_fits refuses the rest).
-  static_assert(BN % 16 == 0 && BN >= 32 && (BN <= 256 || (BN == 320 && BM == 128 && KB == 1 && !PP)),
-                "tile N: a multiple of 16 in 32..256, or 320 (128-row tiles, one k block per stage)");
-  static_assert(EPI == 0 || (BN >= 64 && (BN <= 128 || BN % 64 == 0)),
-                "staged epilogue: bn >= 64 (epi_wg_bytes), passes of 64 columns above 128");
-  static_assert(BM == 128 || (EPI == 0 && BN <= 128), "narrow tiles: no staged epilogue, BN <= 128");
-  static_assert(EPI < 2 || (EPI <= 3 && BM == 128 && BN % 64 == 0 && BN <= 256 && !PP),
-                "TMA-store epilogue: 128-row tiles, passes of 64 columns");
-  static_assert(MP == 1 || MP == 2, "P multicast: clusters of 2");
+  static_assert(legal::bn(SHAPE), "tile N: a multiple of 16 in 32..256, or 320 (128-row tiles, one k block per stage)");
+  static_assert(legal::epi_staged(SHAPE), "staged epilogue: bn >= 64 (epi_wg_bytes), passes of 64 columns above 128");
+  static_assert(legal::narrow(SHAPE), "narrow tiles: no staged epilogue, BN <= 128");
+  static_assert(legal::epi_tma(SHAPE), "TMA-store epilogue: 128-row tiles, passes of 64 columns");
+  static_assert(legal::multicast(SHAPE), "multicast: clusters of 2 CTAs, of one operand");
   // KW = 2 with an even ring: stage s always belongs to warpgroup s % 2, so each full barrier has
   // one reader and its parity test is never a whole phase behind (with an odd ring a warpgroup
   // could test a stage whose previous fill, the other warpgroup's, has not landed yet).
-  static_assert(KW == 1 || (KW == 2 && BM == 64 && !PP && EPI == 0 && STAGES % 2 == 0),
-                "k split over the warpgroups: narrow tiles, an even number of stages");
-  static_assert(!PP || (BM == 128 && MC == 1 && MP == 1 && EPI == 0 && BN <= 128),
-                "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
-  static_assert(MC == 1 || (MC == 2 && BN % 16 == 0), "Q multicast: each CTA loads BN / 2 rows (8-row atoms)");
+  static_assert(legal::kw(SHAPE), "k split over the warpgroups: narrow tiles, an even number of stages");
+  static_assert(legal::pp(SHAPE), "ping-pong: 128-row tiles, no multicast, direct stores, BN <= 128 (2 x BN/2 accumulators)");
   // With KB = 2 a multicast cluster of 2 (P or Q) splits each stage's two k blocks: CTA rank r
   // brings k block r of the shared operand, all its rows, into both (gemm_mainloop.cuh load_tile).
-  static_assert(KB == 1 || ((KB == 2 || KB == 4) && (CLUSTER == 1 || KB == 2) && (MC == 1 || BM == 64)),
-                "2 or 4 k blocks per stage; multicast with 2 only; Q multicast with 2 on narrow tiles only");
-  static_assert(STAGES >= 2 && STAGES <= 12, "pipeline depth");
-  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
-  static_assert(P_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms are 1024 B");
+  static_assert(legal::kb(SHAPE), "2 or 4 k blocks per stage; multicast with 2 only; Q multicast with 2 on narrow tiles only");
+  static_assert(legal::stages(SHAPE), "pipeline depth");
+  static_assert(legal::smem(SHAPE) && SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
+  static_assert(legal::atoms(SHAPE) && P_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms are 1024 B");
   // Split-K partials (fp32, padded rows) reuse the ring after the mainloop.
-  static_assert(BM * (BN + 4) * 4 <= RING_BYTES && BN * (BM + 4) * 4 <= RING_BYTES,
-                "split-K partial tile must fit in the stage ring");
+  static_assert(legal::partials(SHAPE), "split-K partial tile must fit in the stage ring");
   static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536, "register file");
   static_assert(ACC * ACC_SETS + 32 <= CONSUMER_REGS, "the accumulator sets fit the consumers' registers");
   static_assert(SCALE_BYTES == 0 || SCALE_BYTES % 128 == 0, "scale tiles keep the next stage 128-byte aligned");

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 
+#include "gemm/gemm_legal.h"
 #include "gemm/gemm_params.h"
 
 namespace fly::gemm {
@@ -49,6 +50,11 @@ struct VariantShape {
   int gm = 0;     // raster strip height in tile rows (a launch axis); 0: raster_group's choice
   int kw = 1;     // 2: narrow tiles whose consumer warpgroups split the k steps (gemm_config.cuh KW)
 };
+
+// The tile part of a variant, for the legality rules (gemm_legal.h).
+inline TileShape tile_shape(const VariantShape& v) {
+  return TileShape{v.bm, v.bn, v.stages, v.kb, v.kw, v.mc, v.mp, v.epi, v.pp};
+}
 
 // Raster strip height (GemmParams::strip_m) for `wave` tiles in flight at once: the tile order walks
 // strips of g tile rows column by column, so a wave touches about g P-tile rows and wave / g

@@ -129,10 +129,12 @@ gemm::DecodeShape decode_shape(const Variant& v) {
 // Whether a variant can take the problem: a decode one only NT with M <= 8 mt and K % 8 == 0
 // (gemm_decode.h decode_fits); one with a forced split-K factor (launch axis "split" > 0) only
 // where split-K makes sense (gemm_plan.h forced_split_fits); every tile only with the operand
-// layouts it can load (gemm_plan.h layout_fits: MN-major operands come in 64-wide chunks).
+// layouts it can load (gemm_plan.h layout_fits: MN-major operands come in 64-wide chunks), and
+// only a tile the legality rules admit (gemm_legal.h).
 bool variant_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
   if (is_decode(v)) return gemm::decode_fits(pr, decode_shape(v));
   const gemm::VariantShape vs = VariantShapeOf::of(v);
+  if (!gemm::tile_legal(gemm::tile_shape(vs))) return false;  // a bundled entry the kernel cannot be
   const int split = int(v.get_int("split", 0));
   return (split <= 0 || gemm::forced_split_fits(pr, vs, split, sm_count)) && gemm::layout_fits(pr, vs);
 }
