@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes wgmma_ops.h: one wrapper per wgmma shape m64nNk16 (f32 accumulate, bf16/f16 inputs,
-both operands from shared memory through descriptors). The accumulator count (N/2 registers per
-thread) makes these too long to write by hand. Run: python3 gen_wgmma.py > wgmma_ops.h"""
+both operands from shared memory through descriptors), and the FP8 forms m64nNk32 (e4m3/e5m2
+inputs, K-major only: FP8 wgmma has no transpose) that the block-scaled GEMM builds on. The
+accumulator count (N/2 registers per thread) makes these too long to write by hand.
+Run: python3 gen_wgmma.py > wgmma_ops.h"""
 
 NS = [16, 32, 48, 56, 64, 96, 112, 128, 160, 192, 256]  # every wgmma N a tile of tuning/gemm.json uses
 
@@ -29,6 +31,30 @@ for n in NS:
         " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs}}}, %{r}, %{r+1}, p, 1, 1, %{r+3}, %{r+4};\\n}}\\n"
         : {ops}
         : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+  }}
+}};
+""")
+print("""// FP8: wgmma.mma_async m64nNk32 with e4m3 or e5m2 A and B (both K-major: FP8 has no transpose
+// immediates), f32 accumulation. One wgmma consumes 32 bytes of each operand row, as the 16-bit
+// form does (gemm/gemm_operand.h: kMmaK 32 x 1 byte).
+enum class F8 { kE4m3, kE5m2 };
+template <int N, F8 A, F8 B> struct WgmmaF8;
+""")
+for n in NS:
+    r = n // 2
+    regs = ", ".join(f"%{i}" for i in range(r))
+    ops = ", ".join(f'"+f"(d[{i}])' for i in range(r))
+    for ta, tb in (("e4m3", "e4m3"), ("e5m2", "e5m2")):
+        ea = "F8::kE4m3" if ta == "e4m3" else "F8::kE5m2"
+        eb = "F8::kE4m3" if tb == "e4m3" else "F8::kE5m2"
+        print(f"""template <> struct WgmmaF8<{n}, {ea}, {eb}> {{
+  static constexpr int kRegs = {r};
+  __device__ __forceinline__ static void mma(float* d, uint64_t da, uint64_t db, int scale_d) {{
+    asm volatile(
+        "{{\\n .reg .pred p;\\n setp.ne.b32 p, %{r+2}, 0;\\n"
+        " wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{ta}.{tb} {{{regs}}}, %{r}, %{r+1}, p, 1, 1;\\n}}\\n"
+        : {ops}
+        : "l"(da), "l"(db), "r"(scale_d));
   }}
 }};
 """)
