@@ -2,6 +2,7 @@
 // warpgroup 0 is the producer (one thread issues TMA loads of Q once and of K/V tiles through an
 // ST-deep mbarrier ring), warpgroups 1..NWG each own 64 query rows: S = Q K^T by SS wgmma, mask,
 // online softmax in registers, O += P V by RS wgmma with P straight from S's accumulators.
+// FLY_OV = 1 overlaps each tile's softmax with the previous tile's P V product (consumer_overlap).
 // A second kernel merges the per-split partials of a split-key launch (flash-decoding).
 #include <type_traits>
 
@@ -16,6 +17,7 @@
 #define FLY_N 128
 #define FLY_ST 2
 #define FLY_DTYPE_IS_BF16 1
+#define FLY_OV 1
 #endif
 #ifndef FLY_DTYPE_IS_BF16
 #define FLY_DTYPE_IS_BF16 0
@@ -169,6 +171,65 @@ __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord
   store_output(p, t, rm, o, inv, lse);
 }
 
+// The same with the softmax of key tile j + 1 under the P V product of tile j (FA3's intra-warpgroup
+// overlap): S_{j+1} = Q K_{j+1}^T and O += P_j V_j are in flight together; S_{j+1} is exponentiated
+// while P_j V_j still runs, and O is rescaled once that product has landed.
+__device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem,
+                                                 const Ring& r, int cw) {
+  const uint32_t sq = sm90::smem_u32(smem) + cw * 64 * 128;
+  const uint32_t sk = sm90::smem_u32(smem) + Cfg::kQBytes;
+  const uint32_t sv = sk + Cfg::kST * Cfg::kKVBytes;
+  const RowMap rm = map_rows(p, t, cw);
+  const int min_pos = p.pack_gqa ? 0 : t.m0 + cw * 64;
+  auto needs_mask = [&](int n0) { return n0 + Cfg::kBN > p.Sk || (p.causal && n0 + Cfg::kBN - 1 > min_pos); };
+
+  float o[Cfg::kHD / 2];
+#pragma unroll
+  for (int i = 0; i < Cfg::kHD / 2; ++i) o[i] = 0.f;
+  OnlineSoftmax sm;
+  float inv[2], lse[2];
+  const int iters = t.n_end - t.n_begin;
+  sm90::mbar_wait(r.q_full, 0);
+  if (iters > 0) {
+    uint32_t pf[Cfg::kBN / 16][4];
+    float s[Cfg::kBN / 2];
+    float alpha[2];
+    sm90::mbar_wait(&r.k_full[0], 0);
+    mma_qk<Cfg>(s, sq, Cfg::BM, sk);
+    sm90::wgmma_wait<0>();
+    fence_regs(s);
+    if (needs_mask(t.n_begin * Cfg::kBN)) mask_tile<Cfg::kBN>(s, t.n_begin * Cfg::kBN, p.Sk, p.causal, rm.pos);
+    sm.step<Cfg::kBN>(s, p.scale_log2, alpha);  // O is still zero: no rescale
+    pack_p<Cfg>(s, pf);
+    for (int it = 1; it < iters; ++it) {
+      const int stage = it % Cfg::kST, prev = (it - 1) % Cfg::kST;
+      const uint32_t phase = (it / Cfg::kST) & 1, prev_phase = ((it - 1) / Cfg::kST) & 1;
+      const int n0 = (t.n_begin + it) * Cfg::kBN;
+      sm90::mbar_wait(&r.k_full[stage], phase);
+      mma_qk<Cfg>(s, sq, Cfg::BM, sk + stage * Cfg::kKVBytes);
+      sm90::mbar_wait(&r.v_full[prev], prev_phase);
+      mma_pv<Cfg>(o, pf, sv + prev * Cfg::kKVBytes);
+      sm90::wgmma_wait<1>();  // S of this tile is in; P V of the previous one may still run
+      fence_regs(s);
+      if (needs_mask(n0)) mask_tile<Cfg::kBN>(s, n0, p.Sk, p.causal, rm.pos);
+      sm.step<Cfg::kBN>(s, p.scale_log2, alpha);
+      sm90::wgmma_wait<0>();
+      fence_regs(o);
+      if (threadIdx.x % 32 == 0) sm90::mbar_arrive(&r.empty[prev]);
+      scale_rows(o, alpha);
+      pack_p<Cfg>(s, pf);  // pf was the in-flight product's operand until the wait above
+    }
+    const int last = (iters - 1) % Cfg::kST;
+    sm90::mbar_wait(&r.v_full[last], ((iters - 1) / Cfg::kST) & 1);
+    mma_pv<Cfg>(o, pf, sv + last * Cfg::kKVBytes);
+    sm90::wgmma_wait<0>();
+    fence_regs(o);
+    if (threadIdx.x % 32 == 0) sm90::mbar_arrive(&r.empty[last]);
+  }
+  sm.finish(p.scale_log2, inv, lse);
+  store_output(p, t, rm, o, inv, lse);
+}
+
 }  // namespace
 }  // namespace fly::attn
 
@@ -196,7 +257,8 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
     if (threadIdx.x < 32 && fly::sm90::elect_one()) producer(p, t, smem, r);
   } else {
     fly::sm90::setmaxnreg_inc<Cfg::kNWG == 2 ? 240 : 256>();
-    consumer(p, t, smem, r, wg - 1);
+    if constexpr (FLY_OV != 0) consumer_overlap(p, t, smem, r, wg - 1);
+    else consumer(p, t, smem, r, wg - 1);
   }
 }
 

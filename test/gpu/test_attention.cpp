@@ -144,7 +144,11 @@ Result run_case(const Case& c) {
   p.softmax_scale = c.scale;
   p.causal = c.causal;
   size_t ws = 0;
-  REQUIRE(fly_attention_fwd_workspace_size(&p, &ws) == FLY_SUCCESS);
+  const fly_status ws_status = fly_attention_fwd_workspace_size(&p, &ws);
+  if (ws_status != FLY_SUCCESS) {
+    CHECK(ws_status == fly_attention_fwd(&p, nullptr));  // the query refuses what the call refuses
+    ws = 0;
+  }
   if (c.workspace && ws > 0) {
     CUDA_OK(cudaMalloc(&dws, ws));
     CUDA_OK(cudaMemset(dws, 0xff, ws));
@@ -335,7 +339,7 @@ TEST_CASE("attention_fwd: every bundled variant", "[attention][gpu]") {
   int n = 0;
   for (int i = 0; i < fly_variant_count(); ++i) {
     const std::string name = fly_variant_name(i);
-    if (name.rfind("attn_fwd_", 0) != 0) continue;
+    if (name.rfind("attention_fwd_", 0) != 0) continue;
     const auto hd_at = name.find("_hd");
     const int hd = std::atoi(name.c_str() + hd_at + 3);
     for (bool causal : {false, true}) {

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Attention forward: FlyKernels (through `flybench attention`) beside SDPA's cuDNN, flash (FA2)
+and memory-efficient backends, same run, same timing (bench/timing.py: events, L2 read-flush,
+median).
+
+  python3 bench/attention_torch.py [--flybench build/flybench] [--suite suites/attention.json]
+                                   [--dtype bf16] [--png bench/attention.png] [--json bench/attention_latest.json]
+
+Prints per case TFLOP/s (4 B Hq Sq Sk D, halved when causal) of ours and each backend that runs
+it, the ratios, and geometric means per target group (D 64/128/256 vs cuDNN, vs flash, D 32 vs
+flash, D 512 vs memory-efficient, decode vs reading K and V once); saves a bar chart.
+"""
+import argparse, json, math, os, subprocess, sys, tempfile
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import time_us  # noqa: E402
+
+BACKENDS = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+            ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+
+
+def sdpa_us(c, backend, reps):
+    dt = torch.bfloat16 if c["dtype"] == "bf16" else torch.float16
+    B, Hq, Hkv, Sq, Sk, D = (c[k] for k in ("B", "Hq", "Hkv", "Sq", "Sk", "D"))
+    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dt)
+    k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt)
+    v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt)
+    gqa = Hq != Hkv
+    try:
+        with sdpa_kernel([backend]):
+            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa)
+            fn()
+            torch.cuda.synchronize()
+            return time_us(fn, reps=reps, warm_ms=20)
+    except RuntimeError:
+        return None  # this backend does not run the case
+
+
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flybench", default="build/flybench")
+    ap.add_argument("--suite", default="suites/attention.json")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--png", default="bench/attention.png")
+    ap.add_argument("--json", default="bench/attention_latest.json")
+    a = ap.parse_args()
+
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        tmp = f.name
+    cmd = [a.flybench, "attention", "--suite", a.suite, "--json", tmp, "--reps", str(a.reps)]
+    if a.dtype:
+        cmd += ["--dtype", a.dtype]
+    subprocess.run(cmd, check=False)
+    ours = json.load(open(tmp))
+    os.unlink(tmp)
+
+    rows = []
+    hdr = f"{'case':<52} {'ours':>7} {'cudnn':>7} {'flash':>7} {'effic':>7}  {'x cudnn':>7} {'x flash':>7} {'x effic':>7}"
+    print("\nTFLOP/s (decode rows: us, and the K/V read time at copy bandwidth)\n" + hdr)
+    for c in ours["cases"]:
+        r = dict(c)
+        for name, be in BACKENDS:
+            r[name + "_us"] = sdpa_us(c, be, a.reps)
+        fl = c["tflops"] / c["us"] if c["us"] else 0  # TFLOP per us
+        tf = {n: (fl * c["us"] / r[n + "_us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
+        ratio = {n: (r[n + "_us"] / c["us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
+        r["ratio"] = ratio
+        rows.append(r)
+        name = (f"{c['dtype']} B{c['B']} H{c['Hq']}/{c['Hkv']} S{c['Sq']}x{c['Sk']} D{c['D']}"
+                + (" causal" if c["causal"] else ""))
+        fmt = lambda x: f"{x:7.1f}" if x else "      -"
+        fr = lambda x: f"{x:7.3f}" if x else "      -"
+        if c["Sq"] <= 16:
+            print(f"{name:<52} {c['us']:6.1f}u " + " ".join(f"{r[n + '_us']:6.1f}u" if r[n + "_us"] else "      -" for n, _ in BACKENDS)
+                  + f"  {fr(ratio['cudnn'])} {fr(ratio['flash'])} {fr(ratio['efficient'])}  K/V read {c['kv_read_us']:.1f} us"
+                  + f" (ours {c['us'] / c['kv_read_us']:.2f}x of it)")
+        else:
+            print(f"{name:<52} {c['tflops']:7.1f} {fmt(tf['cudnn'])} {fmt(tf['flash'])} {fmt(tf['efficient'])}"
+                  f"  {fr(ratio['cudnn'])} {fr(ratio['flash'])} {fr(ratio['efficient'])}")
+
+    long = [r for r in rows if r["Sq"] > 16]
+    groups = [("D 64/128/256 vs cuDNN (target >= 1.0)", [r["ratio"]["cudnn"] for r in long if r["D"] in (64, 128, 256)]),
+              ("all prefill vs cuDNN", [r["ratio"]["cudnn"] for r in long]),
+              ("D 64/128/256 vs flash (target >= 1.8)", [r["ratio"]["flash"] for r in long if r["D"] in (64, 128, 256)]),
+              ("D 32 vs flash (target >= 1.2)", [r["ratio"]["flash"] for r in long if r["D"] == 32]),
+              ("D 512 vs efficient (target >= 3)", [r["ratio"]["efficient"] for r in long if r["D"] == 512])]
+    print("\ngeometric means of (backend time / our time):")
+    for label, xs in groups:
+        print(f"  {label:<42} {geomean(xs):.3f} over {len([x for x in xs if x])} cases")
+    with open(a.json, "w") as f:
+        json.dump({"gpu": ours.get("gpu"), "torch": torch.__version__, "cases": rows}, f, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        labels = [f"{r['dtype']} D{r['D']} S{r['Sq']}x{r['Sk']}{' c' if r['causal'] else ''}" for r in rows]
+        fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.35), 4))
+        w = 0.27
+        for i, (n, _) in enumerate(BACKENDS):
+            ax.bar([x + (i - 1) * w for x in range(len(rows))], [r["ratio"][n] or 0 for r in rows], w, label=f"vs {n}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(labels, rotation=90, fontsize=6)
+        ax.set_ylabel("speedup (backend time / ours)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(a.png, dpi=120)
+        print("chart:", a.png)
+    except ImportError:
+        print("matplotlib missing: no chart")
+
+
+if __name__ == "__main__":
+    main()
