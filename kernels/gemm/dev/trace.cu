@@ -3,11 +3,12 @@
 // tile, clock64 at the mainloop's start and end, after the epilogue, and the cycles spent in
 // full-barrier waits: gemm_mainloop.cuh) on one NT bf16 shape, planned exactly as the library plans
 // it (gemm_plan.h), and prints per-tile averages beside the tensor-core ideal of the mainloop.
+// Any variant of the 128-row or narrow spaces: compile its generated unit (build/gen/, or
+// flygen --all --match NAME) with the trace on, and name it on the command line.
 //   nvcc -cubin -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr \
-//     -I kernels -I include -DFLY_BN=256 -DFLY_STAGES=4 -DFLY_MC=2 -DFLY_EPI=2 -DFLY_DTYPE_IS_BF16=1 \
-//     -DFLY_GEMM_TRACE -o /tmp/t.cubin kernels/gemm/gemm_sm90.cu
+//     -I kernels -I include -DFLY_GEMM_TRACE -o /tmp/t.cubin build/gen/gemm_bf16_bn256_st4_sw0_mc2_e2.cu
 //   nvcc -O2 -std=c++17 -I kernels -I include kernels/gemm/dev/trace.cu -lcuda -o /tmp/trace
-//   /tmp/trace /tmp/t.cubin M N K bn stages mc epi [gm]
+//   /tmp/trace /tmp/t.cubin M N K gemm_bf16_bn256_st4_sw0_mc2_e2 [gm]
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -15,6 +16,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "gemm/dev/dev_timing.cuh"
@@ -34,11 +37,42 @@ __global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed) {
   }
 }
 
+// The tile of a canonical variant name (tuning/gemm.json): gemm_<dtype>[_bm<r>]_bn<n>_st<s>_sw<0|1>
+// [_mc<c>][_mp<p>][_kb<k>][_kw<w>][_e<epi>][_pp<1>]; launch-axis suffixes (_sk, _g) are ignored.
+bool parse_variant(const char* name, VariantShape* v) {
+  if (std::strncmp(name, "gemm_bf16_", 10) != 0) return false;  // the trace fills bf16 operands
+  *v = VariantShape{128, 4, false};
+  std::string s(name + 10);
+  size_t at = 0;
+  bool bn_seen = false;
+  while (at < s.size()) {
+    size_t end = s.find('_', at);
+    if (end == std::string::npos) end = s.size();
+    const std::string tok = s.substr(at, end - at);
+    auto num = [&](size_t skip) { return std::atoi(tok.c_str() + skip); };
+    if (tok.rfind("bm", 0) == 0) v->bm = num(2);
+    else if (tok.rfind("bn", 0) == 0) v->bn = num(2), bn_seen = true;
+    else if (tok.rfind("st", 0) == 0) v->stages = num(2);
+    else if (tok.rfind("sw", 0) == 0) v->swap = num(2) == 1;
+    else if (tok.rfind("mc", 0) == 0) v->mc = num(2);
+    else if (tok.rfind("mp", 0) == 0) v->mp = num(2);
+    else if (tok.rfind("kb", 0) == 0) v->kb = num(2);
+    else if (tok.rfind("kw", 0) == 0) v->kw = num(2);
+    else if (tok.rfind("pp", 0) == 0) v->pp = num(2);
+    else if (tok[0] == 'e') v->epi = num(1);
+    else if (tok[0] == 'g') v->gm = num(1);
+    else if (tok.rfind("sk", 0) != 0 && tok[0] != 'l' && tok[0] != 's') return false;
+    at = end + 1;
+  }
+  return bn_seen && tile_legal(tile_shape(*v));
+}
+
 int main(int argc, char** argv) {
-  if (argc < 9) { printf("usage: trace CUBIN M N K bn stages mc epi [gm]\n"); return 2; }
+  if (argc < 6) { printf("usage: trace CUBIN M N K VARIANT_NAME [gm]  (a gemm_bf16_ variant)\n"); return 2; }
   const int64_t M = atoll(argv[2]), N = atoll(argv[3]), K = atoll(argv[4]);
-  VariantShape v{atoi(argv[5]), atoi(argv[6]), false, atoi(argv[7]), atoi(argv[8])};
-  if (argc > 9) v.gm = atoi(argv[9]);
+  VariantShape v;
+  if (!parse_variant(argv[5], &v)) { printf("trace: %s is not a gemm_bf16_ tile variant\n", argv[5]); return 2; }
+  if (argc > 6) v.gm = atoi(argv[6]);
   CU(cuInit(0));
   CK(cudaFree(0));
   int sms = 0;
@@ -102,11 +136,12 @@ int main(int argc, char** argv) {
     }
   if (n == 0) { printf("no trace records (was the cubin built with -DFLY_GEMM_TRACE?)\n"); return 1; }
   const int64_t kb = (K + 63) / 64;
-  const double ideal = double(kb) * 128 * v.bn * 64 * 2 / 4096.0;  // cycles at 4096 flop/clk/SM
-  printf("%lldx%lldx%lld bn%d st%d mc%d e%d gm%d: grid %u, cluster %u, strip_m %d; %.1f us median of 40 "
+  // Cycles of one tile's (one consumer warpgroup's share of it) wgmma at 4096 flop/clk/SM.
+  const double ideal = double(kb) * v.bm * v.bn * 64 * 2 / 4096.0;
+  printf("%lldx%lldx%lld %s (gm %d): grid %u, cluster %u, strip_m %d; %.1f us median of 40 "
          "back-to-back (traced %.1f us)\n",
-         (long long)M, (long long)N, (long long)K, v.bn, v.stages, v.mc, v.epi, v.gm, L.grid, L.cluster,
-         L.params.strip_m, ts[ts.size() / 2], traced_ms * 1000.0);
+         (long long)M, (long long)N, (long long)K, argv[5], v.gm, L.grid, L.cluster, L.params.strip_m,
+         ts[ts.size() / 2], traced_ms * 1000.0);
   printf("  per tile (%ld tiles traced, cycles): mainloop %.0f (ideal %.0f: %.1f%%; first tile %.0f), "
          "full-barrier waits %.0f, epilogue %.0f, gap to next mainloop %.0f\n",
          n, ml / n, ideal, 100.0 * ideal / (ml / n), ml_first / std::max(1L, n_first), wt / n, ep / n,

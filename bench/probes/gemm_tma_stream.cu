@@ -7,7 +7,7 @@
 // a plain vectorised read of W and a cudaMemcpy, all timed after an L2 flush by a read. Tells whether the decode gap to cuBLAS (bench/RESULTS.md) is in how the
 // weights are requested (box shape, L2 promotion, ring depth, CTA count) or in the GEMM kernel.
 //   nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels -I include \
-//     kernels/gemm/dev/tma_stream.cu -lcuda -o /tmp/ts
+//     bench/probes/gemm_tma_stream.cu -lcuda -o /tmp/ts
 //   /tmp/ts [N K]            (default 4096 4096; prints one line per configuration)
 #include <cuda.h>
 #include <cuda_runtime.h>

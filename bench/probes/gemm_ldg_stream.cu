@@ -5,9 +5,9 @@
 // per instruction: SEG = 4 below); a kernel that shuffled or staged W could use 8, 16 or 32 lanes
 // per row (4 rows x 128 B, 2 x 256 B, 1 x 512 B). Every configuration keeps BATCH loads in flight
 // per thread (double-buffered) and visits a warp's row groups at the same k before moving along K.
-// Beside them: the linear grid-stride read (kernels/gemm/dev/tma_stream.cu's baseline). Timed with
+// Beside them: the linear grid-stride read (bench/probes/gemm_tma_stream.cu's baseline). Timed with
 // CUDA events after an L2 flush by a read, median of 25.
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels kernels/gemm/dev/ldg_stream.cu -o /tmp/ls
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels bench/probes/gemm_ldg_stream.cu -o /tmp/ls
 //   /tmp/ls [N K]   (default 4096 4096)
 #include <cuda_runtime.h>
 
