@@ -76,7 +76,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_gemm_sm90(const __grid_constant__ DecodeParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_gemm_decode_sm90(const __grid_constant__ DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(base + REGION);

@@ -228,11 +228,13 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   req.cache_tag = "sms=" + std::to_string(sms);  // forced_split_fits depends on the SM count
   const int64_t M = pr.M;
   req.fallback = [dt, M] { return default_variant(dt, M); };
-  ResolvedKernel rk;
-  FLY_TRY(resolve_kernel(*dc, req, "fly_gemm_sm90", &rk));
-  const Variant* v = rk.v;
-  const CUfunction f = rk.f;
-  const Driver* d = rk.d;
+  // The two kernels of the family have their own entry symbols and parameter structs.
+  const Variant* v = nullptr;
+  FLY_TRY(choose_variant(*dc, req, &v));
+  CUfunction f = nullptr;
+  FLY_TRY(get_function(*dc, *v, is_decode(*v) ? "fly_gemm_decode_sm90" : "fly_gemm_sm90", &f));
+  const Driver* d = nullptr;
+  FLY_TRY(driver(&d));
 
   if (is_decode(*v)) {
     gemm::DecodeLaunch L;
