@@ -34,7 +34,7 @@ if has memcheck; then
   echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed|failed|Invalid" "$out/memcheck.log" | head -8
 fi
 if has racecheck; then
-  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 bd/test/fly_gpu_tests "attention_fwd: grouped-query*" "attention_fwd: one query*" > "$out/racecheck.log" 2>&1
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 bd/test/fly_gpu_tests "attention_fwd: grouped-query*,attention_fwd: one query*" > "$out/racecheck.log" 2>&1
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed|hazard" "$out/racecheck.log" | head -8
 fi
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -174,10 +174,10 @@ std::string key_layout(const AttnCall& c) {
 std::string default_variant(const AttnCall& c) {
   const std::string d = dtype_name(c.dt);
   switch (c.hd) {
-    case 64: return "attention_fwd_" + d + "_hd64_m128_n128_st2_ov1";
-    case 128: return "attention_fwd_" + d + "_hd128_m128_n128_st2_ov1";
-    case 192: return "attention_fwd_" + d + "_hd192_m128_n96_st2_ov1";
-    default: return "attention_fwd_" + d + "_hd256_m128_n64_st2_ov1";
+    case 64: return "attention_fwd_" + d + "_hd64_m128_n192_st2_ov0";
+    case 128: return "attention_fwd_" + d + "_hd128_m128_n128_st2_ov0";
+    case 192: return "attention_fwd_" + d + "_hd192_m128_n112_st2_ov0";
+    default: return "attention_fwd_" + d + "_hd256_m128_n64_st2_ov0";
   }
 }
 
