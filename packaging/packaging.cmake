@@ -1,16 +1,65 @@
-# CMake package config, pkg-config file and CPack settings.
+# CMake package config, pkg-config file and CPack (TGZ, DEB) settings.
 include(CMakePackageConfigHelpers)
-install(EXPORT flykernelsTargets NAMESPACE flykernels:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flykernels)
+set(FLY_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flykernels)
+install(EXPORT flykernelsTargets NAMESPACE flykernels:: DESTINATION ${FLY_CMAKE_DIR} COMPONENT dev)
 configure_package_config_file(${CMAKE_SOURCE_DIR}/packaging/flykernelsConfig.cmake.in
-  ${CMAKE_BINARY_DIR}/flykernelsConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flykernels)
+  ${CMAKE_BINARY_DIR}/flykernelsConfig.cmake INSTALL_DESTINATION ${FLY_CMAKE_DIR})
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/flykernelsConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/flykernelsConfig.cmake ${CMAKE_BINARY_DIR}/flykernelsConfigVersion.cmake
-  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flykernels)
+  DESTINATION ${FLY_CMAKE_DIR} COMPONENT dev)
+
+# pkg-config: prefix relative to the .pc file's directory (lib/<triplet>/pkgconfig -> ../../..).
+set(FLY_PC_DIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+file(RELATIVE_PATH FLY_PC_PCDIR_TO_PREFIX ${CMAKE_INSTALL_PREFIX}/${FLY_PC_DIR} ${CMAKE_INSTALL_PREFIX})
+string(REGEX REPLACE "/$" "" FLY_PC_PCDIR_TO_PREFIX "${FLY_PC_PCDIR_TO_PREFIX}")
+foreach(kind LIBDIR INCLUDEDIR)
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_${kind}}")  # an absolute directory stays where it was configured
+    set(FLY_PC_${kind} "${CMAKE_INSTALL_${kind}}")
+  else()
+    set(FLY_PC_${kind} "\${prefix}/${CMAKE_INSTALL_${kind}}")
+  endif()
+endforeach()
 configure_file(${CMAKE_SOURCE_DIR}/packaging/flykernels.pc.in ${CMAKE_BINARY_DIR}/flykernels.pc @ONLY)
-install(FILES ${CMAKE_BINARY_DIR}/flykernels.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+install(FILES ${CMAKE_BINARY_DIR}/flykernels.pc DESTINATION ${FLY_PC_DIR} COMPONENT dev)
+
+# ---- CPack: `cpack --config <build>/CPackConfig.cmake` makes the TGZ (everything) and three DEBs.
 set(CPACK_PACKAGE_NAME flykernels)
 set(CPACK_PACKAGE_VENDOR FlyKernels)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(FLY_PACKAGE_CONTACT "FlyKernels maintainers <flykernels@localhost>" CACHE STRING
+    "Maintainer field of the DEBs (set it when you publish packages)")
+set(CPACK_PACKAGE_CONTACT "${FLY_PACKAGE_CONTACT}")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "AOT-compiled Hopper kernels with a tuning database")
-set(CPACK_GENERATOR TGZ)
+set(CPACK_PACKAGE_DESCRIPTION
+    "GEMM, RMSNorm, TopK and attention kernels for NVIDIA Hopper (sm_90a), compiled ahead of time and \
+embedded in one shared library with a C ABI; a SQLite tuning database picks the kernel per shape. \
+The CUDA driver is loaded at run time: without a GPU the library loads and reports FLY_ERROR_NO_DEVICE.")
+set(CPACK_GENERATOR "TGZ;DEB")
+set(CPACK_COMPONENTS_ALL runtime dev)
+if(FLY_BUILD_TOOLS)
+  list(APPEND CPACK_COMPONENTS_ALL tools)
+endif()
+# TGZ: one relocatable tree of every component.
+set(CPACK_ARCHIVE_COMPONENT_INSTALL OFF)
+# DEB: one package per component, Debian names, declared dependencies (.ci/install_check.sh
+# checks that they cover every library the packaged files link against).
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION libs)
+set(fly_deb_runtime libflykernels${PROJECT_VERSION_MAJOR})
+set(fly_deb_version "${PROJECT_VERSION}")
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ${fly_deb_runtime})
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "libc6, libgcc-s1, libstdc++6, libsqlite3-0, libzstd1")
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME libflykernels-dev)
+set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${fly_deb_runtime} (= ${fly_deb_version})")
+set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME flykernels-tools)
+set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION devel)
+set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "${fly_deb_runtime} (= ${fly_deb_version}), libc6, libgcc-s1, libstdc++6, libsqlite3-0")
+set(CPACK_COMPONENT_RUNTIME_DESCRIPTION "FlyKernels shared library (kernels and tuning database embedded)")
+set(CPACK_COMPONENT_DEV_DESCRIPTION "FlyKernels headers (C ABI, C++ layer), CMake package and pkg-config file")
+set(CPACK_COMPONENT_TOOLS_DESCRIPTION "flyinfo, flytune, flybench and the suites and tuning spaces they read")
+set(CPACK_SOURCE_GENERATOR TGZ)
+set(CPACK_SOURCE_IGNORE_FILES "/\\\\.git/" "/build[^/]*/" "/__pycache__/")
 include(CPack)

@@ -16,25 +16,35 @@ int bench_attention(const Args&) __attribute__((weak));
 
 int main(int argc, char** argv) try {
   using namespace fly::tools;
-  struct Entry { const char* name; int (*fn)(const Args&); const char* what; };
+  // options: the family's --flags, so a mistyped one stops the run at once (nullptr: not checked).
+  struct Entry { const char* name; int (*fn)(const Args&); const char* what; const char* options = nullptr; };
   const Entry entries[] = {
-      {"rmsnorm", bench_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes"},
-      {"topk", bench_topk, "TopK: suite shapes, deterministic off and on"},
-      {"gemm", bench_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts"},
+      {"rmsnorm", bench_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes",
+       "suite json no-flush"},
+      {"topk", bench_topk, "TopK: suite shapes, deterministic off and on",
+       "suite json deterministic"},
+      {"gemm", bench_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts",
+       "suite json dtype layouts warm-ms"},
       {"attention", bench_attention, "attention forward: suite shapes and decode cases, 2 dtypes"},
   };
   Args args = parse_args(argc, argv);
+  if (args.has("data-dir")) set_data_dir(args.get("data-dir"));
+  if (args.family.empty() && !args.has("help")) check_options(args, "help data-dir", "flybench");
   if (args.family.empty() || args.has("help")) {
-    std::printf("usage: flybench <family> [--suite FILE] [--json FILE]\n"
+    // --help: usage on stdout, exit 0; no family: the same on stderr, exit 2.
+    FILE* out = args.has("help") ? stdout : stderr;
+    std::fprintf(out, "usage: flybench <family> [--suite FILE] [--json FILE]\n"
                 "Runs suites/<family>.json through the library's dispatch (CUDA events, warm-up,\n"
                 "median, L2 flushed) and prints time and throughput per case; --json writes them\n"
                 "for bench/<family>_torch.py, which adds the PyTorch baseline side by side.\nfamilies:\n");
-    for (auto& e : entries) std::printf("  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");
-    return args.family.empty() ? 2 : 0;
+    for (auto& e : entries) std::fprintf(out, "  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");
+    std::fprintf(out, "%s\n", data_dir_line().c_str());
+    return args.has("help") ? 0 : 2;
   }
   for (auto& e : entries)
     if (args.family == e.name) {
       if (!e.fn) { std::fprintf(stderr, "flybench: family %s is not in this build\n", e.name); return 2; }
+      if (e.options) check_options(args, std::string("help data-dir ") + e.options, "flybench");
       int count = 0;
       if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         std::printf("flybench: no CUDA device here: nothing to time. Bundled variants: %d (see flyinfo)\n",
@@ -44,6 +54,9 @@ int main(int argc, char** argv) try {
       return e.fn(args);
     }
   std::fprintf(stderr, "flybench: unknown family '%s' (try --help)\n", args.family.c_str());
+  return 2;
+} catch (const fly::tools::UsageError& e) {
+  std::fprintf(stderr, "flybench: %s\n", e.what());
   return 2;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "\nflybench: error: %s\n", e.what());

@@ -15,7 +15,7 @@
 
 namespace fly::tools {
 int bench_gemm(const Args& args) {
-  nlohmann::json suite = load_suite(args.get("suite", "suites/gemm_bf16.json"));
+  nlohmann::json suite = load_suite(args.get("suite", data_file("suites/gemm_bf16.json")));
   const fly_dtype dt = parse_dtype(args.get("dtype", suite.value("dtype", std::string("bf16"))));
   const std::vector<std::string> layouts = split_list(args.get("layouts", "nt,nn,tn,tt"));
   cudaStream_t s = 0;

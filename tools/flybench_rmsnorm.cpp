@@ -6,7 +6,7 @@
 namespace fly::tools {
 
 int bench_rmsnorm(const Args& args) {
-  nlohmann::json suite = load_suite(args.get("suite", "suites/rmsnorm.json"));
+  nlohmann::json suite = load_suite(args.get("suite", data_file("suites/rmsnorm.json")));
   cudaStream_t s = 0;
   const double copy_bw = copy_bandwidth_bytes_per_s();
   std::printf("flybench rmsnorm on %s: measured copy bandwidth %.2f TB/s\n", gpu_name().c_str(), copy_bw / 1e12);

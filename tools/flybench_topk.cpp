@@ -9,7 +9,7 @@
 namespace fly::tools {
 
 int bench_topk(const Args& args) {
-  nlohmann::json suite = load_suite(args.get("suite", "suites/topk.json"));
+  nlohmann::json suite = load_suite(args.get("suite", data_file("suites/topk.json")));
   std::vector<int> modes = {0, 1};
   if (args.has("deterministic")) modes = {args.get_int("deterministic", 1) != 0 ? 1 : 0};
   cudaStream_t s = 0;

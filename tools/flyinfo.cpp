@@ -8,7 +8,22 @@
 #include "flykernels/flykernels.h"
 
 int main(int argc, char** argv) {
-  bool verbose = argc > 1 && std::string(argv[1]) == "--verbose";
+  bool verbose = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--verbose" || a == "-v") {
+      verbose = true;
+    } else if (a == "--help" || a == "-h") {
+      std::printf("usage: flyinfo [--verbose]\n"
+                  "Prints the library version, the kernel variants bundled in it (per family; --verbose\n"
+                  "lists each with its parameters), the device it would run on, and the environment\n"
+                  "variables it reads (FLYKERNELS_LOG, FLYKERNELS_TUNING_DB, ...).\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "flyinfo: unknown option '%s' (try flyinfo --help)\n", a.c_str());
+      return 2;
+    }
+  }
   std::printf("libflykernels %s\n", fly_version_string());
   std::map<std::string, std::vector<std::string>> by_family;
   for (int i = 0; i < fly_variant_count(); ++i) {

@@ -16,16 +16,24 @@ int tune_attention(const Args&) __attribute__((weak));
 
 int main(int argc, char** argv) try {
   using namespace fly::tools;
-  struct Entry { const char* name; int (*fn)(const Args&); const char* what; };
+  // options: the family's --flags, so a mistyped one stops the run at once (nullptr: not checked).
+  struct Entry { const char* name; int (*fn)(const Args&); const char* what; const char* options = nullptr; };
   const Entry entries[] = {
-      {"rmsnorm", tune_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes"},
-      {"topk", tune_topk, "TopK: suite shapes, deterministic off and on"},
-      {"gemm", tune_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts"},
+      {"rmsnorm", tune_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes",
+       "db dump suite quick tolerance exhaustive times"},
+      {"topk", tune_topk, "TopK: suite shapes, deterministic off and on",
+       "db dump suite quick times"},
+      {"gemm", tune_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts",
+       "db dump suite quick times dtype layouts variants min-m max-m max-minutes missing rounds warm-ms"},
       {"attention", tune_attention, "attention forward: suite shapes and decode cases, 2 dtypes"},
   };
   Args args = parse_args(argc, argv);
+  if (args.has("data-dir")) set_data_dir(args.get("data-dir"));
+  if (args.family.empty() && !args.has("help")) check_options(args, "help data-dir", "flytune");
   if (args.family.empty() || args.has("help")) {
-    std::printf("usage: flytune <family> [--db FILE] [--dump db/<arch>.sql] [--suite FILE] [--quick]\n"
+    // --help: usage on stdout, exit 0; no family: the same on stderr, exit 2.
+    FILE* out = args.has("help") ? stdout : stderr;
+    std::fprintf(out, "usage: flytune <family> [--db FILE] [--dump db/<arch>.sql] [--suite FILE] [--quick]\n"
                 "Times every bundled variant of the family on its workloads (after checking each\n"
                 "against a reference), writes the winners into --db (default flykernels_tuning.sqlite,\n"
                 "usable as FLYKERNELS_TUNING_DB) and, with --dump, into the reviewable SQL dump.\n"
@@ -39,12 +47,14 @@ int main(int argc, char** argv) try {
                 "(gemm, default 30) runs about X ms of back-to-back calls before each timing.\n"
                 "--times FILE appends every variant's time per key (tab-separated, fastest first).\n"
                 "families:\n");
-    for (auto& e : entries) std::printf("  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");
-    return args.family.empty() ? 2 : 0;
+    for (auto& e : entries) std::fprintf(out, "  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");
+    std::fprintf(out, "%s\n", data_dir_line().c_str());
+    return args.has("help") ? 0 : 2;
   }
   for (auto& e : entries)
     if (args.family == e.name) {
       if (!e.fn) { std::fprintf(stderr, "flytune: family %s is not in this build\n", e.name); return 2; }
+      if (e.options) check_options(args, std::string("help data-dir ") + e.options, "flytune");
       int count = 0;
       if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         std::fprintf(stderr, "flytune: no CUDA device: tuning needs the GPU it tunes for\n");
@@ -53,6 +63,9 @@ int main(int argc, char** argv) try {
       return e.fn(args);
     }
   std::fprintf(stderr, "flytune: unknown family '%s' (try --help)\n", args.family.c_str());
+  return 2;
+} catch (const fly::tools::UsageError& e) {
+  std::fprintf(stderr, "flytune: %s\n", e.what());
   return 2;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "\nflytune: error: %s\n", e.what());

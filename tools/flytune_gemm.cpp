@@ -20,8 +20,8 @@
 
 namespace fly::tools {
 int tune_gemm(const Args& args) {
-  nlohmann::json space = nlohmann::json::parse(std::ifstream("tuning/gemm.json"));
-  nlohmann::json suite = load_suite(args.get("suite", "suites/gemm_bf16.json"));
+  nlohmann::json space = nlohmann::json::parse(std::ifstream(data_file("tuning/gemm.json")));
+  nlohmann::json suite = load_suite(args.get("suite", data_file("suites/gemm_bf16.json")));
   const bool quick = args.has("quick");
   const fly_dtype dt = parse_dtype(args.get("dtype", suite.value("dtype", std::string("bf16"))));
   const char* dname = dt == FLY_F16 ? "fp16" : "bf16";

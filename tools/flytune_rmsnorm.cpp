@@ -6,8 +6,8 @@
 namespace fly::tools {
 
 int tune_rmsnorm(const Args& args) {
-  nlohmann::json space = nlohmann::json::parse(std::ifstream("tuning/rmsnorm.json"));
-  nlohmann::json suite = load_suite(args.get("suite", "suites/rmsnorm.json"));
+  nlohmann::json space = nlohmann::json::parse(std::ifstream(data_file("tuning/rmsnorm.json")));
+  nlohmann::json suite = load_suite(args.get("suite", data_file("suites/rmsnorm.json")));
   const bool quick = args.has("quick");
   struct Case { fly_dtype dt; int64_t M, N; };
   std::vector<Case> cases;

@@ -54,13 +54,13 @@ struct TopkProblem {
 }  // namespace
 
 int tune_topk(const Args& args) {
-  nlohmann::json suite = load_suite(args.get("suite", "suites/topk.json"));
+  nlohmann::json suite = load_suite(args.get("suite", data_file("suites/topk.json")));
   const bool quick = args.has("quick");
   std::vector<TopkCase> cases;
   for (auto& c : suite["cases"])
     cases.push_back({c["R"].get<int64_t>(), c["C"].get<int64_t>(), c["k"].get<int64_t>()});
   if (!quick) {
-    std::ifstream f("tuning/topk.json");
+    std::ifstream f(data_file("tuning/topk.json"));
     if (f) {
       nlohmann::json space = nlohmann::json::parse(f);
       if (space.contains("workloads") && space["workloads"].contains("extra_cases"))

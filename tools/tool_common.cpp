@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,10 +36,78 @@ Args parse_args(int argc, char** argv) {
     } else if (a.family.empty()) {
       a.family = s;
     } else {
-      throw std::runtime_error("unexpected argument " + s);
+      throw UsageError("unexpected argument '" + s + "'");
     }
   }
   return a;
+}
+
+void check_options(const Args& a, const std::string& known, const std::string& tool) {
+  std::set<std::string> names;
+  std::stringstream ss(known);
+  for (std::string n; ss >> n;) names.insert(n);
+  for (auto& [k, v] : a.opt)
+    if (!names.count(k))
+      throw UsageError("unknown option --" + k + (a.family.empty() ? "" : " for " + tool + " " + a.family) +
+                       " (try " + tool + " --help)");
+}
+
+namespace {
+#ifndef FLY_DATA_FROM_BINDIR
+#define FLY_DATA_FROM_BINDIR "../share/flykernels"
+#endif
+#ifndef FLY_SOURCE_DIR
+#define FLY_SOURCE_DIR ""
+#endif
+bool has_suites(const std::string& dir) {
+  struct stat st{};
+  return !dir.empty() && ::stat((dir + "/suites").c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+std::string exe_dir() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  std::string p(buf, size_t(n));
+  return p.substr(0, p.rfind('/'));
+}
+// The directory the automatic choice picks: installed layout, then cwd, then the source tree.
+std::string find_data_dir() {
+  const std::string installed = std::string(FLY_DATA_FROM_BINDIR).rfind('/', 0) == 0
+                                    ? std::string(FLY_DATA_FROM_BINDIR)
+                                    : exe_dir() + "/" + FLY_DATA_FROM_BINDIR;
+  for (const std::string& d : {installed, std::string("."), std::string(FLY_SOURCE_DIR)})
+    if (has_suites(d)) {
+      char* real = ::realpath(d.c_str(), nullptr);  // absolute, so --help and messages say where
+      std::string out = real ? real : d;
+      std::free(real);
+      return out;
+    }
+  return "";
+}
+std::string& chosen_data_dir() {
+  static std::string dir = find_data_dir();
+  return dir;
+}
+}  // namespace
+
+void set_data_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  if (!has_suites(dir)) throw UsageError("--data-dir " + dir + ": no suites/ directory there");
+  chosen_data_dir() = dir;
+}
+
+std::string data_dir() { return chosen_data_dir(); }
+
+std::string data_file(const std::string& relative) {
+  const std::string& d = chosen_data_dir();
+  return d.empty() ? relative : d + "/" + relative;
+}
+
+std::string data_dir_line() {
+  const std::string& d = chosen_data_dir();
+  return "data: " + (d.empty() ? std::string("not found (no suites/ beside the tool, here, or in the source tree)")
+                               : d) +
+         " (suites/, tuning/, db/schema.sql; --data-dir DIR overrides)";
 }
 
 size_t dtype_bytes(fly_dtype dt) {
@@ -292,7 +361,7 @@ void Progress::done() {
 
 nlohmann::json load_suite(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read suite " + path + " (run from the project root or pass --suite)");
+  if (!in) throw std::runtime_error("cannot read suite " + path + " (pass --suite FILE or --data-dir DIR)");
   return nlohmann::json::parse(in);
 }
 
@@ -385,11 +454,11 @@ void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
   const std::string arch = gpu_arch(), gpu = gpu_name(), date = today();
   sqlite3* db = nullptr;
   if (sqlite3_open(db_path.c_str(), &db) != SQLITE_OK) throw std::runtime_error("cannot open " + db_path);
-  std::string schema_path = "db/schema.sql";
+  std::string schema_path = data_file("db/schema.sql");
   std::string schema = read_text(schema_path);
-  if (schema.empty()) {  // the schema ships with the sources; the tables it makes are these
+  if (schema.empty()) {  // the schema ships with the sources and installs under share/flykernels
     sqlite3_close(db);
-    throw std::runtime_error("cannot read " + schema_path + " (run from the project root)");
+    throw std::runtime_error("cannot read " + schema_path + " (pass --data-dir DIR)");
   }
   exec(db, schema);
   exec(db, "BEGIN");

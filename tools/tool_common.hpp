@@ -34,6 +34,22 @@ struct Args {
 };
 Args parse_args(int argc, char** argv);
 
+// A command-line mistake (unknown option, stray argument): the tools print it and exit 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Throws UsageError naming the first option of `a` that is not in `known` (space-separated names).
+void check_options(const Args& a, const std::string& known, const std::string& tool);
+
+// Data files (suites/, tuning/, db/schema.sql) are read from one directory: --data-dir DIR when
+// given (set_data_dir), else <the tool's bin dir>/../share/flykernels (the installed layout), else
+// the current directory or the source tree the tool was built from, whichever holds suites/.
+void set_data_dir(const std::string& dir);  // "" keeps the automatic choice
+std::string data_dir();                      // "" when none of the places holds suites/
+std::string data_file(const std::string& relative);  // data_dir()/relative, or `relative` itself
+// One help line saying where data files come from (for --help).
+std::string data_dir_line();
+
 // Throws std::runtime_error with file:line and the CUDA error string.
 #define TOOL_CUDA(expr)                                                                    \
   do {                                                                                     \
@@ -111,7 +127,7 @@ class Progress {
   bool tty_;
 };
 
-// Suites live in suites/<name>.json (copied from the shared suites).
+// Suites live in suites/<name>.json (copied from the shared suites); see data_file().
 nlohmann::json load_suite(const std::string& path);
 
 // GPU name ("NVIDIA H200") and arch ("sm_90a") of device 0, and today's date (YYYY-MM-DD).

@@ -152,6 +152,24 @@ inline void attention_fwd(const fly_tensor& q, const fly_tensor& k, const fly_te
   check(fly_attention_fwd(&p, stream));
 }
 
+// Bytes of the optional split-key workspace of attention_fwd for these tensors (0: none needed).
+inline size_t attention_fwd_workspace_size(const fly_tensor& q, const fly_tensor& k, const fly_tensor& v,
+                                           const fly_tensor& o, const fly_tensor* lse = nullptr,
+                                           bool causal = false, double softmax_scale = 0.0) {
+  fly_attention_fwd_params p{};
+  p.struct_size = sizeof(p);
+  p.q = &q;
+  p.k = &k;
+  p.v = &v;
+  p.o = &o;
+  p.lse = lse;
+  p.softmax_scale = softmax_scale;
+  p.causal = causal ? 1 : 0;
+  size_t bytes = 0;
+  check(fly_attention_fwd_workspace_size(&p, &bytes));
+  return bytes;
+}
+
 // Forces a variant for the lifetime of the object (this thread only), as the tuner does.
 class ScopedVariant {
  public:
