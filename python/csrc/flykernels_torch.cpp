@@ -5,7 +5,9 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -125,6 +127,14 @@ fly_tensor desc_1d(const at::Tensor& t, int64_t n) {
   return d;
 }
 
+// An uninitialised tensor from torch's CUDA caching allocator (current device). Unlike at::empty it
+// skips deterministic mode's NaN fill, a kernel per tensor: our kernels write every element.
+at::Tensor empty_unfilled(c10::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::Tensor(at::detail::empty_generic(sizes, c10::GetAllocator(c10::DeviceType::CUDA),
+                                              c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype,
+                                              c10::MemoryFormat::Contiguous));
+}
+
 // Library statuses that mean "valid for torch, not for us": the stock kernel takes the call.
 bool status_means_fallback(fly_status st) {
   return st == FLY_ERROR_UNSUPPORTED || st == FLY_ERROR_INVALID_ARGUMENT || st == FLY_ERROR_MISALIGNED ||
@@ -191,10 +201,10 @@ bool rms_norm_run(const at::Tensor& x, c10::ArrayRef<int64_t> normalized_shape, 
   for (int64_t v : normalized_shape) N *= v;
   const int64_t M = x.numel() / N;
   c10::DeviceGuard guard(x.device());
-  y = at::empty(x.sizes(), x.options());
+  y = empty_unfilled(x.sizes(), x.scalar_type());
   std::vector<int64_t> stat_shape(x.sizes().begin(), x.sizes().end());
   for (int64_t i = x.dim() - nd; i < x.dim(); ++i) stat_shape[i] = 1;
-  rstd = at::empty(stat_shape, x.options().dtype(at::kFloat));
+  rstd = empty_unfilled(stat_shape, at::kFloat);
   fly_tensor xd = desc_2d(x, M, N, N), yd = desc_2d(y, M, N, N), rd = desc_1d(rstd, M);
   fly_tensor wd{};
   const bool has_w = weight != nullptr && weight->defined();
@@ -254,19 +264,18 @@ bool topk_run(const at::Tensor& x, int64_t k, bool largest, at::Tensor& values, 
   c10::DeviceGuard guard(x.device());
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = k;
-  if (!values.defined()) values = at::empty(out_shape, x.options());
+  if (!values.defined()) values = empty_unfilled(out_shape, x.scalar_type());
   else if (values.sizes() != c10::IntArrayRef(out_shape)) values.resize_(out_shape);
-  if (!indices.defined()) indices = at::empty(out_shape, x.options().dtype(at::kLong));
+  if (!indices.defined()) indices = empty_unfilled(out_shape, at::kLong);
   else if (indices.sizes() != c10::IntArrayRef(out_shape)) indices.resize_(out_shape);
   const int deterministic = at::globalContext().deterministicAlgorithms() ? 1 : 0;
   fly_tensor xd = desc_2d(x, R, C, ld), vd = desc_2d(values, R, k, k), id = desc_2d(indices, R, k, k);
   size_t ws_bytes = 0;
   fly_status st = fly_topk_workspace_size(&xd, k, largest ? 1 : 0, deterministic, &ws_bytes);
-  at::Tensor ws;
-  if (st == FLY_SUCCESS && ws_bytes > 0)
-    ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+  c10::DataPtr ws;  // back to the caching allocator, stream-ordered, when this returns
+  if (st == FLY_SUCCESS && ws_bytes > 0) ws = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(ws_bytes);
   if (st == FLY_SUCCESS)
-    st = fly_topk(&xd, k, largest ? 1 : 0, deterministic, &vd, &id, ws_bytes ? ws.data_ptr() : nullptr, ws_bytes,
+    st = fly_topk(&xd, k, largest ? 1 : 0, deterministic, &vd, &id, ws_bytes ? ws.get() : nullptr, ws_bytes,
                   current_stream(x.device()));
   if (st == FLY_SUCCESS) return true;
   if (status_means_fallback(st)) {
@@ -395,15 +404,6 @@ bool gemm_operand(const at::Tensor& t, fly_tensor& d) {
   return true;
 }
 
-struct StreamWorkspace {
-  at::Tensor buffer;
-  size_t bytes = 0;
-};
-std::mutex g_ws_mutex;
-// Never freed: the caching allocator may be gone at exit; one per stream (two GEMMs running at
-// once must not share the stream-K flags).
-auto* g_gemm_ws = new std::unordered_map<void*, StreamWorkspace>();
-
 const char* gemm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, const at::Tensor* bias) {
   if (!a.is_cuda() || !b.is_cuda() || !out.is_cuda()) return "not CUDA tensors";
   const auto dt = a.scalar_type();
@@ -421,8 +421,10 @@ const char* gemm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::
   return device_unsupported(out.device());
 }
 
-// Our GEMM into `out` (bias optional); false when ineligible or declined (out untouched).
-bool gemm_try(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, const at::Tensor* bias, OpId op) {
+// Our GEMM into `out` (bias optional); false when ineligible or declined (out untouched). The
+// stream-K workspace comes from Python (zero-filled, per stream, outside CUDA-graph pools).
+bool gemm_try(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, const at::Tensor* bias,
+              const std::optional<at::Tensor>& workspace, OpId op) {
   const char* why = gemm_ineligible(a, b, out, bias);
   if (why != nullptr) {
     note_fallback(op, why);
@@ -434,25 +436,14 @@ bool gemm_try(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, const a
   gemm_operand(b, bd);
   cd = desc_2d(out, out.size(0), out.size(1), out.stride(0));
   if (bias != nullptr) biasd = desc_1d(*bias, bias->size(0));
-  void* stream = current_stream(out.device());
   void* ws_ptr = nullptr;
   size_t ws_bytes = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_ws_mutex);
-    auto& ws = (*g_gemm_ws)[stream];
-    if (!ws.buffer.defined()) {
-      size_t need = 0;
-      if (fly_gemm_workspace_size(&ad, &bd, &cd, &need) == FLY_SUCCESS && need > 0) {
-        ws.buffer = at::zeros({static_cast<int64_t>(need)}, out.options().dtype(at::kByte));
-        ws.bytes = need;
-      }
-    }
-    if (ws.bytes > 0) {
-      ws_ptr = ws.buffer.data_ptr();
-      ws_bytes = ws.bytes;
-    }
+  if (workspace.has_value() && workspace->defined() && workspace->is_cuda() && workspace->device() == out.device()) {
+    ws_ptr = workspace->data_ptr();
+    ws_bytes = static_cast<size_t>(workspace->nbytes());
   }
-  fly_status st = fly_gemm(&ad, &bd, &cd, bias != nullptr ? &biasd : nullptr, ws_ptr, ws_bytes, stream);
+  fly_status st = fly_gemm(&ad, &bd, &cd, bias != nullptr ? &biasd : nullptr, ws_ptr, ws_bytes,
+                           current_stream(out.device()));
   if (st == FLY_SUCCESS) {
     note_ours(op);
     return true;
@@ -464,14 +455,23 @@ bool gemm_try(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, const a
   TORCH_CHECK(false, "flykernels gemm: ", fly_status_string(st), ": ", fly_get_last_error());
 }
 
+// Bytes of stream-K workspace fly_gemm can use (0: none bundled); device and shape independent.
+int64_t gemm_workspace_size(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  fly_tensor ad, bd;
+  if (!gemm_operand(a, ad) || !gemm_operand(b, bd) || out.dim() != 2) return 0;
+  fly_tensor cd = desc_2d(out, out.size(0), out.size(1), out.stride(0));
+  size_t need = 0;
+  return fly_gemm_workspace_size(&ad, &bd, &cd, &need) == FLY_SUCCESS ? static_cast<int64_t>(need) : 0;
+}
+
 // out = a @ b; what we do not cover runs at::mm_out.
-void mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor out) {
-  if (!gemm_try(a, b, out, nullptr, kMm)) at::mm_out(out, a, b);
+void mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor out, const std::optional<at::Tensor>& workspace) {
+  if (!gemm_try(a, b, out, nullptr, workspace, kMm)) at::mm_out(out, a, b);
 }
 
 // out = bias + a @ b with bias a [N] vector (or its [M, N] broadcast view); else at::addmm_out.
 void addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, at::Tensor out, double beta,
-               double alpha) {
+               double alpha, const std::optional<at::Tensor>& workspace) {
   at::Tensor vec;
   if (beta == 1.0 && alpha == 1.0) {
     if (bias.dim() == 1) vec = bias;
@@ -479,7 +479,7 @@ void addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
   }
   if (!vec.defined()) {
     note_fallback(kAddmm, "bias is not an [N] vector or alpha/beta are not 1");
-  } else if (gemm_try(a, b, out, &vec, kAddmm)) {
+  } else if (gemm_try(a, b, out, &vec, workspace, kAddmm)) {
     return;
   }
   at::addmm_out(out, bias, a, b, beta, alpha);
@@ -562,9 +562,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("eps"), py::arg("check_device") = true, "'' when our RMSNorm takes the call, else why not");
   m.def("explain_topk", &explain_topk, py::arg("x"), py::arg("k"), py::arg("dim") = -1,
         py::arg("check_device") = true, "'' when our TopK takes the call, else why not");
-  m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("out"));
+  m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("workspace") = py::none());
   m.def("addmm_out", &addmm_out, py::arg("bias"), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("beta") = 1.0,
-        py::arg("alpha") = 1.0);
+        py::arg("alpha") = 1.0, py::arg("workspace") = py::none());
+  m.def("gemm_workspace_size", &gemm_workspace_size, py::arg("a"), py::arg("b"), py::arg("out"));
   m.def("counts", &counts, "{op: (ours, stock)} dispatch counts since the last reset");
   m.def("reset_counts", &reset_counts);
   m.def("set_log", &set_log, "print each fallback reason once (FLYKERNELS_LOG=info)");
