@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""GEMM off the tuned keys: random shapes through the C ABI beside torch.mm / torch.addmm.
+
+  python3 bench/gemm_random.py --lib build/libflykernels.so --seed 1 --count 60 [--json out.json]
+
+The distribution (documented so that runs with different seeds are comparable):
+  M  log-uniform in 1..16384 (rounded down to an integer)
+  N, K  multiples of 8, log-uniform in 256..32768
+  dtype  FP16 or BF16, layout NN / NT / TN / TT, bias on half the shapes: each uniform
+Shapes whose operands would exceed --max-gib of device memory are redrawn.
+
+Each shape is first checked against an FP32 reference (our output poisoned with NaN beforehand),
+then ours and torch's (mm, or addmm with the bias) are timed interleaved in one process
+(bench/timing.py: L2 flushed by a read before every call, rounds in a rotating order, medians).
+Calls we refuse (FLY_ERROR_UNSUPPORTED: leading dimensions TMA cannot take) are listed as such.
+Prints a table sorted by ratio (torch time / ours: > 1 means we are faster) and the geomean.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import interleaved_us  # noqa: E402
+from fly_abi import gemm_caller, load, max_rel_err  # noqa: E402
+
+ROUNDS = 3
+WARM_MS = 20.0
+
+
+def log_uniform_int(rng, lo, hi):
+    return int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))
+
+
+def draw_shapes(seed, count, max_gib):
+    rng = random.Random(seed)
+    shapes = []
+    while len(shapes) < count:
+        M = min(16384, max(1, log_uniform_int(rng, 1, 16384)))
+        N = min(32768, max(256, log_uniform_int(rng, 256, 32768) // 8 * 8))
+        K = min(32768, max(256, log_uniform_int(rng, 256, 32768) // 8 * 8))
+        dtype = rng.choice(["bf16", "fp16"])
+        layout = rng.choice(["nn", "nt", "tn", "tt"])
+        bias = rng.random() < 0.5
+        if (M * K + K * N + 2 * M * N) * 2 > max_gib * (1 << 30):
+            continue
+        shapes.append({"M": M, "N": N, "K": K, "dtype": dtype, "layout": layout, "bias": bias})
+    return shapes
+
+
+def operands(s):
+    dt = torch.bfloat16 if s["dtype"] == "bf16" else torch.float16
+    M, N, K, lay = s["M"], s["N"], s["K"], s["layout"]
+    a = torch.randn(M, K, device="cuda", dtype=dt) if lay[0] == "n" else torch.randn(K, M, device="cuda", dtype=dt).t()
+    b = torch.randn(K, N, device="cuda", dtype=dt) if lay[1] == "n" else torch.randn(N, K, device="cuda", dtype=dt).t()
+    bias = torch.randn(N, device="cuda", dtype=dt) if s["bias"] else None
+    return a, b, bias
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", required=True, help="path to libflykernels.so")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--count", type=int, default=60)
+    ap.add_argument("--max-gib", type=float, default=8.0, help="redraw shapes larger than this")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    lib = load(args.lib)
+    rows = []
+    for i, s in enumerate(draw_shapes(args.seed, args.count, args.max_gib)):
+        torch.manual_seed(args.seed * 1000 + i)
+        a, b, bias = operands(s)
+        c = torch.empty(s["M"], s["N"], device="cuda", dtype=a.dtype)
+        ref = a.float() @ b.float() + (bias.float() if bias is not None else 0.0)
+        tag = f"{s['layout']} {s['dtype']} {s['M']}x{s['N']}x{s['K']}{' +bias' if bias is not None else ''}"
+        try:
+            ours = gemm_caller(lib, a, b, c, bias)
+            c.fill_(float("nan"))
+            ours()
+        except RuntimeError as e:
+            rows.append(dict(s, status="refused", why=str(e)))
+            print(f"{i:3d} {tag:36} refused: {e}", flush=True)
+            continue
+        variant = lib.fly_last_variant().decode()
+        err = max_rel_err(c, ref)
+        del ref
+        ok = not math.isnan(err) and err < 2e-2
+        torch_fn = (lambda: torch.addmm(bias, a, b)) if bias is not None else (lambda: torch.mm(a, b))
+        reps = 10 if s["M"] * s["N"] * s["K"] > 2e11 else 30
+        med = interleaved_us([("fly", ours), ("torch", torch_fn)], ROUNDS, reps=reps, warm_ms=WARM_MS)
+        ratio = med["torch"] / med["fly"]
+        rows.append(dict(s, status="ok" if ok else "WRONG", err=err, fly_us=med["fly"], torch_us=med["torch"],
+                         ratio=ratio, variant=variant))
+        print(f"{i:3d} {tag:36} err {err:.1e} ours {med['fly']:9.1f} us torch {med['torch']:9.1f} us "
+              f"{ratio:6.3f}x {variant}", flush=True)
+        del a, b, c, bias
+    ran = [r for r in rows if r["status"] != "refused"]
+    print(f"\nseed {args.seed}: {len(rows)} shapes, {len(ran)} ran, {len(rows) - len(ran)} refused, "
+          f"{sum(r['status'] == 'WRONG' for r in ran)} wrong")
+    print(f"{'ratio':>7} {'layout':6} {'dtype':5} {'M':>6} {'N':>6} {'K':>6} bias {'ours us':>9} {'torch us':>9}  variant")
+    for r in sorted(ran, key=lambda r: r["ratio"]):
+        print(f"{r['ratio']:6.3f}x {r['layout']:6} {r['dtype']:5} {r['M']:6d} {r['N']:6d} {r['K']:6d} "
+              f"{'yes ' if r['bias'] else 'no  '} {r['fly_us']:9.1f} {r['torch_us']:9.1f}  {r['variant']}")
+    ratios = [r["ratio"] for r in ran]
+    if ratios:
+        print(f"geomean over torch: {geomean(ratios):.3f}x, min {min(ratios):.3f}x, "
+              f"{sum(x < 0.85 for x in ratios)} of {len(ratios)} below 0.85x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seed": args.seed, "rows": rows}, f, indent=1)
+    return 1 if any(r["status"] == "WRONG" for r in ran) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
