@@ -71,8 +71,7 @@ def main():
         r = dict(c)
         for name, be in BACKENDS:
             r[name + "_us"] = sdpa_us(c, be, a.reps)
-        fl = c["tflops"] / c["us"] if c["us"] else 0  # TFLOP per us
-        tf = {n: (fl * c["us"] / r[n + "_us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
+        tf = {n: (c["tflops"] * c["us"] / r[n + "_us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
         ratio = {n: (r[n + "_us"] / c["us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
         r["ratio"] = ratio
         rows.append(r)
