@@ -13,7 +13,7 @@ int bench_attention(const Args& args) {
   else for (auto& d : suite["dtype"]) dtypes.push_back(d);
   std::vector<AttnCase> cases = attention_cases(suite["cases"], dtypes);
   if (!args.has("no-decode")) {
-    std::ifstream sf("tuning/attention.json");
+    std::ifstream sf(data_file("tuning/attention.json"));
     if (sf) {
       nlohmann::json space = nlohmann::json::parse(sf);
       for (auto& c : attention_cases(space["workloads"]["extra_cases"], dtypes)) cases.push_back(c);

@@ -25,7 +25,8 @@ int main(int argc, char** argv) try {
        "db dump suite quick times"},
       {"gemm", tune_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts",
        "db dump suite quick times dtype layouts variants min-m max-m max-minutes missing rounds warm-ms"},
-      {"attention", tune_attention, "attention forward: suite shapes and decode cases, 2 dtypes"},
+      {"attention", tune_attention, "attention forward: suite shapes and decode cases, 2 dtypes",
+       "db dump suite quick times dtype"},
   };
   Args args = parse_args(argc, argv);
   if (args.has("data-dir")) set_data_dir(args.get("data-dir"));

@@ -9,7 +9,7 @@
 namespace fly::tools {
 
 int tune_attention(const Args& args) {
-  nlohmann::json space = nlohmann::json::parse(std::ifstream("tuning/attention.json"));
+  nlohmann::json space = nlohmann::json::parse(std::ifstream(data_file("tuning/attention.json")));
   nlohmann::json suite = load_suite(args.get("suite", "suites/attention.json"));
   std::vector<std::string> dtypes;
   if (args.has("dtype")) dtypes.push_back(args.get("dtype"));
