@@ -30,19 +30,26 @@ FLY_API const char* fly_variant_name(int index) {
 }
 
 FLY_API fly_status fly_variant_info(const char* name, const char** family, const char** params) {
+  fly::clear_error();
   if (!name) return fly::fail(FLY_ERROR_INVALID_ARGUMENT, "fly_variant_info: name is NULL");
   const fly::Variant* v = fly::find_variant(name);
-  if (!v) return fly::fail(FLY_ERROR_INVALID_ARGUMENT, "fly_variant_info: no variant named '%s'", name);
+  if (!v)
+    return fly::fail(FLY_ERROR_INVALID_ARGUMENT, "fly_variant_info: no variant named '%s'",
+                     fly::printable(name).c_str());
   if (family) *family = v->family.c_str();
   if (params) *params = v->params.c_str();
   return FLY_SUCCESS;
 }
 
-FLY_API fly_status fly_force_variant(const char* name) { return fly::set_forced(name); }
+FLY_API fly_status fly_force_variant(const char* name) {
+  fly::clear_error();
+  return fly::set_forced(name);
+}
 FLY_API const char* fly_last_variant(void) { return fly::last_variant(); }
 FLY_API const char* fly_last_decision(void) { return fly::last_decision(); }
 
 FLY_API fly_status fly_device_arch(void* stream, const char** arch) {
+  fly::clear_error();
   if (!arch) return fly::fail(FLY_ERROR_INVALID_ARGUMENT, "fly_device_arch: arch is NULL");
   fly::ScopedContext ctx;
   const fly::DeviceCtx* dc = nullptr;

@@ -21,6 +21,9 @@ namespace fly {
 // Sets the thread-local message (printf-style) and returns `s`, so `return fail(...)` reads well.
 fly_status fail(fly_status s, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 void clear_error();
+// `s` as it may appear in a message: control and non-ASCII bytes escaped (\xNN), at most `max`
+// bytes of it, then "...(N bytes)". Caller strings are never echoed whole.
+std::string printable(const char* s, size_t max = 96);
 #define FLY_TRY(expr)                          \
   do {                                         \
     fly_status fly_try_s_ = (expr);            \
@@ -34,6 +37,9 @@ void log(LogLevel lvl, const char* fmt, ...) __attribute__((format(printf, 2, 3)
 
 // ---- dtypes and tensor validation --------------------------------------------------------
 size_t dtype_size(fly_dtype dt);      // 0 for invalid
+// The descriptor's dtype field as the integer a C caller stored (any int): read without loading
+// it as fly_dtype, which is undefined in C++ for values outside the enum.
+int32_t dtype_value(const fly_tensor& t);
 const char* dtype_name(fly_dtype dt);  // "fp16", "bf16", "fp32", ... ("invalid")
 
 // Checks a descriptor is well formed: non-null descriptor and data (unless numel == 0), valid

@@ -1,6 +1,8 @@
 // Per-call variant choice: forced -> overlay/embedded exact -> nearest bucket -> family default.
+#include <atomic>
 #include <cinttypes>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -23,6 +25,56 @@ struct Decision {
   std::string how;
 };
 
+// Per-shape decisions of one op, at most kDispatchCacheEntries of them, replaced by the clock
+// (second-chance) rule: a hit marks its entry under the shared lock, an insert into a full cache
+// evicts the first unmarked entry after the hand, clearing marks on the way.
+class DecisionCache {
+ public:
+  // Under the shared lock (the mark is atomic).
+  const Decision* find(const std::string& key) const {
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    const Slot& slot = slots_[it->second];
+    slot.used.store(true, std::memory_order_relaxed);
+    return &slot.decision;
+  }
+  // Under the unique lock.
+  void insert(const std::string& key, const Decision& d) {
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      slots_[it->second].decision = d;
+      return;
+    }
+    size_t at;
+    if (slots_.size() < kDispatchCacheEntries) {
+      at = slots_.size();
+      slots_.emplace_back();
+    } else {
+      while (slots_[hand_].used.exchange(false, std::memory_order_relaxed)) hand_ = (hand_ + 1) % slots_.size();
+      at = hand_;
+      hand_ = (hand_ + 1) % slots_.size();
+      index_.erase(slots_[at].key);
+    }
+    slots_[at].key = key;
+    slots_[at].decision = d;
+    slots_[at].used.store(false, std::memory_order_relaxed);
+    index_.emplace(key, at);
+  }
+  size_t size() const { return index_.size(); }
+
+ private:
+  struct Slot {
+    std::string key;
+    Decision decision{nullptr, std::string()};
+    mutable std::atomic<bool> used{false};
+    Slot() = default;
+    Slot(Slot&& o) noexcept : key(std::move(o.key)), decision(std::move(o.decision)), used(o.used.load()) {}
+  };
+  std::deque<Slot> slots_;  // deque: slots never move once made
+  std::unordered_map<std::string, size_t> index_;
+  size_t hand_ = 0;
+};
+
 struct DispatchState {
   std::shared_mutex mu;
   bool embedded_loaded = false;
@@ -33,7 +85,7 @@ struct DispatchState {
   std::shared_ptr<TuningDb> overlay;
   fly_status overlay_status = FLY_SUCCESS;  // a broken FLYKERNELS_TUNING_DB fails every dispatch
   std::string overlay_error;
-  std::unordered_map<std::string, Decision> cache;
+  std::unordered_map<std::string, DecisionCache> cache;  // by op
 };
 
 DispatchState& state() {
@@ -102,6 +154,13 @@ DispatchRequest make_request(const char* family, const char* op, const std::stri
   return req;
 }
 
+size_t dispatch_cache_size(const std::string& op) {
+  DispatchState& s = state();
+  std::shared_lock<std::shared_mutex> lock(s.mu);
+  auto it = s.cache.find(op);
+  return it == s.cache.end() ? 0 : it->second.size();
+}
+
 void clear_dispatch_cache() {
   DispatchState& s = state();
   std::unique_lock<std::shared_mutex> lock(s.mu);
@@ -129,10 +188,11 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
     if (s.embedded_loaded && s.overlay_initialized) {
       if (s.embedded_status != FLY_SUCCESS) return fail(s.embedded_status, "%s", s.embedded_error.c_str());
       if (s.overlay_status != FLY_SUCCESS) return fail(s.overlay_status, "%s", s.overlay_error.c_str());
-      auto it = s.cache.find(ckey);
-      if (it != s.cache.end()) {
-        *out = it->second.variant;
-        record(*out, it->second.how, req, true);
+      auto op = s.cache.find(req.key.op);
+      const Decision* hit = op != s.cache.end() ? op->second.find(ckey) : nullptr;
+      if (hit) {
+        *out = hit->variant;
+        record(*out, hit->how, req, true);
         return FLY_SUCCESS;
       }
     }
@@ -184,7 +244,7 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
     chosen = v;
     how = "default";
   }
-  s.cache[ckey] = Decision{chosen, how};
+  s.cache[req.key.op].insert(ckey, Decision{chosen, how});
   *out = chosen;
   record(chosen, how, req, false);
   return FLY_SUCCESS;
@@ -219,7 +279,8 @@ fly_status set_overlay(const char* path) {
 fly_status set_forced(const char* name) {
   if (!name || !*name) { t_forced.clear(); return FLY_SUCCESS; }
   if (!find_variant(name))
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "fly_force_variant: no variant named '%s' in this build", name);
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "fly_force_variant: no variant named '%s' in this build",
+                printable(name).c_str());
   t_forced = name;
   return FLY_SUCCESS;
 }

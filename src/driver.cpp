@@ -32,12 +32,19 @@ bool sym(void* lib, F*& out, const char* name) {
 const DriverState& state() {
   static const DriverState* s = [] {
     auto* st = new DriverState();
-    const char* libname = std::getenv("FLYKERNELS_LIBCUDA");
-    void* lib = dlopen(libname ? libname : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    // An empty FLYKERNELS_LIBCUDA is unset: dlopen("") would return the main program.
+    const char* env = std::getenv("FLYKERNELS_LIBCUDA");
+    const bool custom = env && *env;
+    const std::string libname = custom ? env : "libcuda.so.1";
+    const std::string shown = printable(libname.c_str(), 256);
+    void* lib = dlopen(libname.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-      st->message = "no CUDA driver: dlopen(libcuda.so.1) failed (this machine has no NVIDIA driver)";
+      const char* why = dlerror();
+      st->message = "no CUDA driver: dlopen(" + shown + ") failed: " + printable(why ? why : "?", 512) +
+                    (custom ? " (from FLYKERNELS_LIBCUDA)" : " (this machine has no NVIDIA driver?)");
       return st;
     }
+    dlerror();  // clear, so a failed dlsym below reports its own error
     Driver& d = st->d;
     bool ok = sym(lib, d.cuInit, "cuInit") && sym(lib, d.cuGetErrorName, "cuGetErrorName") &&
               sym(lib, d.cuGetErrorString, "cuGetErrorString") &&
@@ -59,7 +66,8 @@ const DriverState& state() {
               sym(lib, d.cuMemsetD8Async, "cuMemsetD8Async") &&
               sym(lib, d.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
     if (!ok) {
-      st->message = std::string("CUDA driver too old: missing ") + dlerror();
+      const char* why = dlerror();
+      st->message = "CUDA driver " + shown + " is too old or not a CUDA driver: " + printable(why ? why : "?", 512);
       return st;
     }
     CUresult r = d.cuInit(0);
@@ -68,7 +76,7 @@ const DriverState& state() {
     if (r != CUDA_SUCCESS || count == 0) {
       const char* name = "?";
       d.cuGetErrorName(r, &name);
-      st->message = std::string("no CUDA device (cuInit: ") + name + ")";
+      st->message = std::string("no CUDA device (cuInit: ") + (name ? name : "?") + ", driver " + shown + ")";
       return st;
     }
     st->status = FLY_SUCCESS;

@@ -30,16 +30,41 @@ std::string vformat(const char* fmt, va_list ap) {
 }
 }  // namespace
 
+// Messages are for people: longer ones (a format given a long string) are cut here.
+constexpr size_t kMaxMessage = 2048;
+
 fly_status fail(fly_status s, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   t_message = vformat(fmt, ap);
   va_end(ap);
+  if (t_message.size() > kMaxMessage) {
+    t_message.resize(kMaxMessage);
+    t_message += "...";
+  }
   log(LogLevel::kDebug, "error %s: %s", fly_status_string(s), t_message.c_str());
   return s;
 }
 
 void clear_error() { t_message.clear(); }
+
+std::string printable(const char* s, size_t max) {
+  if (!s) return "(null)";
+  std::string out;
+  size_t n = 0;
+  for (; s[n] && n < max; ++n) {
+    const unsigned char c = static_cast<unsigned char>(s[n]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += char(c);
+    } else {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\x%02x", c);
+      out += esc;
+    }
+  }
+  if (s[n]) out += "...(" + std::to_string(n + std::strlen(s + n)) + " bytes)";
+  return out;
+}
 
 LogLevel log_level() {
   static const LogLevel level = [] {

@@ -1,5 +1,6 @@
 // Descriptor validation shared by every op.
 #include <cinttypes>
+#include <cstring>
 
 #include "core.hpp"
 
@@ -28,6 +29,13 @@ const char* dtype_name(fly_dtype dt) {
   }
 }
 
+int32_t dtype_value(const fly_tensor& t) {
+  static_assert(sizeof(t.dtype) == sizeof(int32_t), "fly_dtype is stored as a C int");
+  int32_t v = 0;
+  std::memcpy(&v, &t.dtype, sizeof v);
+  return v;
+}
+
 int64_t numel(const fly_tensor& t) {
   int64_t n = 1;
   for (int i = 0; i < t.rank; ++i) n *= t.sizes[i];
@@ -43,9 +51,10 @@ int64_t extent_bytes(const fly_tensor& t) {
 
 fly_status check_tensor(const fly_tensor* t, const char* what, int rank) {
   if (!t) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: descriptor is NULL", what);
-  size_t es = dtype_size(t->dtype);
+  const int32_t dv = dtype_value(*t);
+  const size_t es = dv > FLY_DTYPE_INVALID && dv <= FLY_U8 ? dtype_size(static_cast<fly_dtype>(dv)) : 0;
   if (es == 0)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: invalid dtype value %d", what, int(t->dtype));
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: invalid dtype value %d", what, int(dv));
   if (t->rank < 0 || t->rank > FLY_MAX_RANK)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: rank %d outside 0..%d", what, t->rank, FLY_MAX_RANK);
   if (rank >= 0 && t->rank != rank)

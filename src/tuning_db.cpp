@@ -2,8 +2,13 @@
 
 #include <sqlite3.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 namespace fly {
@@ -19,14 +24,59 @@ double key_distance(const int64_t a[3], const int64_t b[3]) {
   return d;
 }
 
+namespace {
+
+// A URI for sqlite3_open_v2 naming `path` with every byte a URI could misread percent-encoded.
+std::string file_uri(const std::string& path) {
+  std::string u = "file:";
+  for (unsigned char c : path) {
+    if (std::isalnum(c) || c == '/' || c == '.' || c == '-' || c == '_' || c == '~') {
+      u += char(c);
+    } else {
+      char esc[4];
+      std::snprintf(esc, sizeof esc, "%%%02X", c);
+      u += esc;
+    }
+  }
+  // immutable: no locks, no -wal/-shm side files, nothing written beside the user's file.
+  return u + "?immutable=1";
+}
+
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+// Bounds the work of reading one database (a crafted file cannot make the query loop).
+constexpr int kProgressPeriod = 1000;         // virtual machine steps between checks
+constexpr int64_t kMaxProgressChecks = 50000;  // 5e7 steps: far beyond any real database
+constexpr size_t kMaxRows = 1000000;
+
+int progress_budget(void* ctx) {
+  int64_t* left = static_cast<int64_t*>(ctx);
+  return --*left < 0 ? 1 : 0;  // nonzero interrupts the statement
+}
+
+}  // namespace
+
 fly_status TuningDb::load_file(const std::string& path) {
+  const std::string shown = printable(path.c_str(), 256);
+  struct stat sb;
+  if (::stat(path.c_str(), &sb) != 0)
+    return fail(FLY_ERROR_DATABASE, "tuning database %s: cannot open (%s)", shown.c_str(), std::strerror(errno));
+  if (!S_ISREG(sb.st_mode))
+    return fail(FLY_ERROR_DATABASE, "tuning database %s: %s, not a regular file", shown.c_str(), file_kind(sb.st_mode));
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+  if (sqlite3_open_v2(file_uri(path).c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) != SQLITE_OK) {
     std::string m = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
-    return fail(FLY_ERROR_DATABASE, "tuning database %s: cannot open (%s)", path.c_str(), m.c_str());
+    return fail(FLY_ERROR_DATABASE, "tuning database %s: cannot open (%s)", shown.c_str(), m.c_str());
   }
-  fly_status s = load(db, path);
+  fly_status s = load(db, shown);
   sqlite3_close(db);
   return s;
 }
@@ -55,7 +105,29 @@ fly_status TuningDb::load_image(const uint8_t* data, size_t size, const std::str
 fly_status TuningDb::load(sqlite3* db, const std::string& what) {
   rows_.clear();
   source_ = what;
+  int64_t budget = kMaxProgressChecks;
+  sqlite3_progress_handler(db, kProgressPeriod, progress_budget, &budget);
   sqlite3_stmt* st = nullptr;
+  // Both tables must be tables: a view can compute anything (a recursive one never ends).
+  if (sqlite3_prepare_v2(db, "SELECT name, type FROM sqlite_master WHERE name IN ('meta', 'tuning')", -1, &st,
+                         nullptr) != SQLITE_OK) {
+    std::string m = sqlite3_errmsg(db);
+    sqlite3_finalize(st);
+    return fail(FLY_ERROR_DATABASE, "tuning database %s: unreadable (%s)", what.c_str(), m.c_str());
+  }
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    const unsigned char* name = sqlite3_column_text(st, 0);
+    const unsigned char* type = sqlite3_column_text(st, 1);
+    if (!type || std::strcmp(reinterpret_cast<const char*>(type), "table") != 0) {
+      std::string n = name ? reinterpret_cast<const char*>(name) : "?";
+      std::string t = type ? printable(reinterpret_cast<const char*>(type), 32) : "?";
+      sqlite3_finalize(st);
+      return fail(FLY_ERROR_DATABASE, "tuning database %s: '%s' is a %s, not a table", what.c_str(), n.c_str(),
+                  t.c_str());
+    }
+  }
+  sqlite3_finalize(st);
+  st = nullptr;
   if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &st, nullptr) != SQLITE_OK) {
     std::string m = sqlite3_errmsg(db);
     sqlite3_finalize(st);
@@ -68,7 +140,7 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
   sqlite3_finalize(st);
   if (version != "1")
     return fail(FLY_ERROR_DATABASE, "tuning database %s: schema version '%s', this library reads 1",
-                what.c_str(), version.c_str());
+                what.c_str(), printable(version.c_str(), 32).c_str());
   const char* q = "SELECT arch, op, dtype, layout, k0, k1, k2, variant, coalesce(time_us, 0) FROM tuning";
   if (sqlite3_prepare_v2(db, q, -1, &st, nullptr) != SQLITE_OK) {
     std::string m = sqlite3_errmsg(db);
@@ -90,10 +162,22 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
     r.variant = text(7);
     r.time_us = sqlite3_column_double(st, 8);
     rows_.push_back(std::move(r));
+    if (rows_.size() > kMaxRows) break;
   }
   sqlite3_finalize(st);
-  if (rc != SQLITE_DONE)
+  if (rows_.size() > kMaxRows) {
+    rows_.clear();
+    return fail(FLY_ERROR_DATABASE, "tuning database %s: more than %zu rows", what.c_str(), kMaxRows);
+  }
+  if (rc == SQLITE_INTERRUPT || budget < 0) {
+    rows_.clear();
+    return fail(FLY_ERROR_DATABASE, "tuning database %s: reading it took too long (more than %lld steps)",
+                what.c_str(), (long long)kMaxProgressChecks * kProgressPeriod);
+  }
+  if (rc != SQLITE_DONE) {
+    rows_.clear();
     return fail(FLY_ERROR_DATABASE, "tuning database %s: read failed (%s)", what.c_str(), sqlite3_errmsg(db));
+  }
   return FLY_SUCCESS;
 }
 

@@ -42,6 +42,10 @@ double key_distance(const int64_t a[3], const int64_t b[3]);
 
 // Clears the per-shape dispatch cache (tests; fly_set_tuning_db does it too).
 void clear_dispatch_cache();
+// The per-shape dispatch cache keeps at most this many decisions per op (clock replacement).
+constexpr size_t kDispatchCacheEntries = 4096;
+// Decisions cached for `op` now (tests).
+size_t dispatch_cache_size(const std::string& op);
 // Forgets the overlay so the next dispatch reads FLYKERNELS_TUNING_DB again (tests).
 void reload_environment_overlay();
 

@@ -42,14 +42,29 @@ struct TopkParams {
 };
 
 // ---- host-side planning (also used by the standalone check) ---------------------------------
+// ws_bytes of -1 means the shape's workspace does not fit in 64 bits (callers reject it).
 namespace topk_plan {
 
+// Size arithmetic on non-negative values: -1 when the result would not fit in int64 (and -1 in,
+// -1 out), so a size query can never wrap around to a small number.
+constexpr int64_t kSizeMax = INT64_MAX;
+inline int64_t checked_mul(int64_t a, int64_t b) {
+  if (a < 0 || b < 0) return -1;
+  return b != 0 && a > kSizeMax / b ? -1 : a * b;
+}
+inline int64_t checked_add(int64_t a, int64_t b) {
+  if (a < 0 || b < 0) return -1;
+  return a > kSizeMax - b ? -1 : a + b;
+}
 inline int64_t next_pow2(int64_t v) {
   int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
+  while (p < v && p <= kSizeMax / 2) p <<= 1;
+  return p < v ? -1 : p;
 }
-inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+inline int64_t align_up(int64_t v, int64_t a) {
+  const int64_t t = checked_add(v, a - 1);
+  return t < 0 ? -1 : t / a * a;
+}
 
 // Shared memory of the radix kernel: 256-bin histogram + state words (2 KiB, see topk_radix.cuh),
 // then the sort buffer (kpad u64) and the row cache (C u32).
@@ -72,17 +87,17 @@ inline RadixPlan plan_radix(int64_t R, int64_t C, int64_t k, int64_t smem_limit)
   p.sort_in_smem = kpad <= kMaxSmemSortElems;
   int64_t sort_bytes = p.sort_in_smem ? align_up(kpad * 8, 16) : 0;  // cache stays 16 B aligned
   int64_t base = kRadixFixedSmem + sort_bytes;
-  int64_t cache_bytes = align_up(C, 4) * 4;
-  p.cache_row = base + cache_bytes <= smem_limit;
+  int64_t cache_bytes = checked_mul(align_up(C, 4), 4);
+  p.cache_row = cache_bytes >= 0 && cache_bytes <= smem_limit - base;
   p.smem = base + (p.cache_row ? cache_bytes : 0);
-  p.ws_bytes = p.sort_in_smem ? 0 : R * kpad * 8;
+  p.ws_bytes = p.sort_in_smem ? 0 : checked_mul(checked_mul(R, kpad), 8);
   return p;
 }
 // Workspace the radix path needs for this shape (device independent: the cache decision does not
 // change it).
 inline int64_t radix_workspace(int64_t R, int64_t k) {
   int64_t kpad = next_pow2(k);
-  return kpad <= kMaxSmemSortElems ? 0 : R * kpad * 8;
+  return kpad >= 0 && kpad <= kMaxSmemSortElems ? 0 : checked_mul(checked_mul(R, kpad), 8);
 }
 
 struct SplitPlan {
@@ -101,8 +116,8 @@ inline SplitPlan plan_split(int64_t R, int64_t C, int64_t k, int64_t chunk) {
   p.sort_in_smem = kpad <= 2 * kMaxSmemSortElems;  // the sort kernel has nothing else in smem
   p.sort_smem = p.sort_in_smem ? kpad * 8 : 0;
   p.state_offset = 0;
-  p.cand_offset = align_up(R * (int64_t)sizeof(TopkRowState), 256);
-  p.ws_bytes = p.cand_offset + R * kpad * 8;
+  p.cand_offset = align_up(checked_mul(R, (int64_t)sizeof(TopkRowState)), 256);
+  p.ws_bytes = checked_add(p.cand_offset, checked_mul(checked_mul(R, kpad), 8));  // -1: too large
   return p;
 }
 

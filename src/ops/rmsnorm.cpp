@@ -1,4 +1,5 @@
 // fly_rms_norm_fwd: validation, dispatch and launch of the rmsnorm family.
+#include <cfloat>
 #include <cinttypes>
 #include <cmath>
 #include <map>
@@ -106,8 +107,9 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   FLY_TRY(check_rows(*y, "y"));
   if (weight) FLY_TRY(check_vector(weight, "weight", N, dt));
   if (rstd) FLY_TRY(check_vector(rstd, "rstd", M, FLY_F32));
-  if (!(eps >= 0.0) || !std::isfinite(eps))
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "eps: must be finite and >= 0, got %g", eps);
+  // The kernels compute in fp32: an eps beyond float's range would become inf there.
+  if (!(eps >= 0.0) || !(eps <= double(FLT_MAX)))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "eps: must be finite, >= 0 and within fp32 range, got %g", eps);
   if (M == 0) return FLY_SUCCESS;
   if (N == 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "x: N = 0 (normalizing empty rows is undefined)");
   if (N >= (int64_t(1) << 31))

@@ -52,16 +52,26 @@ int64_t variant_workspace(const Variant& v, int64_t R, int64_t C, int64_t k) {
 
 // Workspace the call needs: the most any bundled variant able to run the shape needs, so that a
 // buffer of the queried size works whichever variant the database picks. Device independent.
+// -1: some variant's workspace would not fit in 64 bits (topk_plan's checked arithmetic).
 int64_t workspace_need(int64_t R, int64_t C, int64_t k) {
   if (R == 0) return 0;
   int64_t need = 0;
-  for (const Variant* v : variants_of(kFamily))
-    if (variant_supports(*v, R, C, k)) need = std::max(need, variant_workspace(*v, R, C, k));
+  for (const Variant* v : variants_of(kFamily)) {
+    if (!variant_supports(*v, R, C, k)) continue;
+    const int64_t w = variant_workspace(*v, R, C, k);
+    if (w < 0) return -1;
+    need = std::max(need, w);
+  }
   return need;
 }
 
+fly_status workspace_too_large(int64_t R, int64_t C, int64_t k) {
+  return fail(FLY_ERROR_UNSUPPORTED, "x: [%" PRId64 ", %" PRId64 "] with k = %" PRId64
+              " needs a workspace beyond 64-bit sizes", R, C, k);
+}
+
 // The family default (only variants listed in tuning/topk.json "defaults"). Measured on H200
-// (kernels/topk/NOTES.md): small wins for k <= 8 at any row length it can fill the GPU with and
+// (docs/topk.md): small wins for k <= 8 at any row length it can fill the GPU with and
 // for k <= 16 on short rows; radix beyond; split when few long rows would leave SMs idle.
 std::string default_variant(int64_t R, int64_t C, int64_t k) {
   if (R < 132 && C >= 65536) return "topk_split_fp32_t512_c32768";
@@ -113,7 +123,9 @@ extern "C" FLY_API fly_status fly_topk_workspace_size(const fly_tensor* x, int64
   if (!bytes) return fail(FLY_ERROR_INVALID_ARGUMENT, "bytes: output pointer is NULL");
   *bytes = 0;
   FLY_TRY(check_x_k(x, k));
-  *bytes = size_t(workspace_need(x->sizes[0], x->sizes[1], k));
+  const int64_t need = workspace_need(x->sizes[0], x->sizes[1], k);
+  if (need < 0) return workspace_too_large(x->sizes[0], x->sizes[1], k);
+  *bytes = size_t(need);
   return FLY_SUCCESS;
 }
 
@@ -132,7 +144,8 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
   if (indices->dtype != FLY_I64)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "indices: dtype %s, expected int64", dtype_name(indices->dtype));
   const int64_t need = workspace_need(R, C, k);
-  if (need > 0 && (!workspace || int64_t(workspace_bytes) < need))
+  if (need < 0) return workspace_too_large(R, C, k);
+  if (need > 0 && (!workspace || workspace_bytes < size_t(need)))
     return fail(FLY_ERROR_WORKSPACE, "workspace: %zu bytes at %p, this shape needs %" PRId64
                 " (fly_topk_workspace_size)", workspace_bytes, workspace, need);
   if (need > 0 && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)

@@ -1,0 +1,270 @@
+// One fuzz step over the C ABI: the input bytes choose an entry point and every argument
+// (descriptors with hostile ranks, sizes, strides, dtypes and pointers; odd strings; NaN and
+// huge scalars), then the promises of docs/robustness.md are checked; a broken one aborts.
+// Shared by the seeded random driver (fuzz_driver.cpp, runs everywhere) and libFuzzer.
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "flykernels/flykernels.h"
+
+namespace {
+
+// Reads the input as a stream of choices; an exhausted input reads as zeros.
+struct Input {
+  const uint8_t* p;
+  size_t n;
+  uint8_t byte() { return n ? (--n, *p++) : 0; }
+  uint64_t u64() {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v = v << 8 | byte();
+    return v;
+  }
+  int64_t i64() {
+    static const int64_t kEdges[] = {0, 1, 2, 3, 7, 8, 16, 64, 127, 128, 255, 256, 1000, 4096, 65536,
+                                     (int64_t(1) << 31) - 1, int64_t(1) << 31, (int64_t(1) << 30) + 1,
+                                     int64_t(1) << 47, (int64_t(1) << 47) - 1, int64_t(1) << 62,
+                                     std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
+                                     -1, -2};
+    const uint8_t sel = byte();
+    if (sel < 96) return int64_t(byte() % 64);  // small: shapes that fit the buffers
+    if (sel < 192) return kEdges[byte() % (sizeof kEdges / sizeof kEdges[0])];
+    if (sel < 224) return int64_t(u64() % 100000);
+    return int64_t(u64());
+  }
+  double real() {
+    static const double kEdges[] = {0.0, 1e-5, 1e-6, 1.0, -1e-5, 1e300, -1e300, 3.5e38, 3.4e38, 1e-320,
+                                    std::numeric_limits<double>::infinity(),
+                                    std::numeric_limits<double>::quiet_NaN()};
+    return kEdges[byte() % (sizeof kEdges / sizeof kEdges[0])];
+  }
+};
+
+// Device buffers: fake allocations when the stand-in driver is loaded (so calls can get past the
+// pointer check to dispatch and launch), else plain fake addresses (never dereferenced).
+struct Buffers {
+  void* (*stream_create)(int) = nullptr;
+  int (*launch_count)() = nullptr;
+  void (*clear_records)() = nullptr;
+  uintptr_t base[8] = {};
+  void* streams[2] = {};
+  Buffers() {
+    const char* lib = std::getenv("FLYKERNELS_LIBCUDA");
+    void* h = lib && *lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : nullptr;
+    auto* fake_malloc = h ? reinterpret_cast<void* (*)(size_t)>(dlsym(h, "fake_cuda_malloc")) : nullptr;
+    if (fake_malloc) {
+      stream_create = reinterpret_cast<void* (*)(int)>(dlsym(h, "fake_cuda_stream_create"));
+      launch_count = reinterpret_cast<int (*)()>(dlsym(h, "fake_cuda_launch_count"));
+      clear_records = reinterpret_cast<void (*)()>(dlsym(h, "fake_cuda_clear_records"));
+      auto* configure = reinterpret_cast<void (*)(int, int, int)>(dlsym(h, "fake_cuda_configure"));
+      if (configure) configure(2, 8, 0);  // device 1 is an sm_80 part
+    }
+    for (int i = 0; i < 8; ++i) {
+      const size_t bytes = size_t(1) << (10 + 3 * i);  // 1 KiB .. 2 GiB
+      base[i] = fake_malloc ? reinterpret_cast<uintptr_t>(fake_malloc(bytes)) : (uintptr_t(i + 1) << 36);
+    }
+    if (stream_create) {
+      streams[0] = stream_create(0);
+      streams[1] = stream_create(1);
+    }
+  }
+};
+
+Buffers& buffers() {
+  static Buffers b;
+  return b;
+}
+
+void* pointer(Input& in) {
+  const uint8_t sel = in.byte();
+  static const uintptr_t kOffsets[] = {0, 0, 0, 2, 4, 8, 16, 100, 1024};
+  if (sel < 200) return reinterpret_cast<void*>(buffers().base[sel % 8] + kOffsets[in.byte() % 9]);
+  if (sel < 215) return nullptr;
+  if (sel < 230) return reinterpret_cast<void*>(uintptr_t(1));
+  return reinterpret_cast<void*>(uintptr_t(in.u64()));
+}
+
+void* stream(Input& in) {
+  const uint8_t sel = in.byte() % 6;
+  if (sel == 0 || sel == 1) return nullptr;
+  if (sel == 2) return reinterpret_cast<void*>(uintptr_t(2));  // per-thread default stream
+  if (sel <= 4 && buffers().streams[sel - 3]) return buffers().streams[sel - 3];
+  return reinterpret_cast<void*>(uintptr_t(0x5000));  // not a stream
+}
+
+// A descriptor: usually well formed (contiguous, a valid dtype), each field sometimes hostile.
+fly_tensor tensor(Input& in, int rank_hint, int32_t dtype_hint) {
+  fly_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.data = pointer(in);
+  const uint8_t r = in.byte();
+  const int32_t rank = r < 200 ? rank_hint : int32_t(r % 11) - 1;  // -1..9
+  const uint8_t d = in.byte();
+  const int32_t dtype = d < 170 ? dtype_hint : d < 230 ? int32_t(d % 9) : (d & 1 ? 99 : -1);
+  std::memcpy(&t.dtype, &dtype, sizeof dtype);  // any int a C caller may store
+  t.rank = rank;
+  const int n = rank < 0 ? 0 : rank > FLY_MAX_RANK ? FLY_MAX_RANK : rank;
+  for (int i = 0; i < n; ++i) t.sizes[i] = in.i64();
+  int64_t stride = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    const uint8_t s = in.byte();
+    t.strides[i] = s < 180 ? stride : in.i64();
+    if (t.sizes[i] > 0 && stride < (int64_t(1) << 40) / (t.sizes[i] + 1)) stride *= t.sizes[i];
+  }
+  return t;
+}
+
+const fly_tensor* maybe(Input& in, const fly_tensor* t) { return in.byte() < 20 ? nullptr : t; }
+
+[[noreturn]] void broken(const char* entry, fly_status s, const char* why) {
+  std::fprintf(stderr, "fuzz: %s returned %s (%d): %s; message: '%s'\n", entry, fly_status_string(s), int(s), why,
+               fly_get_last_error());
+  std::abort();
+}
+
+// The promises every entry keeps: a known status; a failure explains itself in one bounded
+// line with no control bytes; a success leaves no stale message.
+void check(const char* entry, fly_status s) {
+  if (int(s) < FLY_SUCCESS || int(s) > FLY_ERROR_INTERNAL) broken(entry, s, "unknown status");
+  const char* m = fly_get_last_error();
+  if (!m) broken(entry, s, "NULL message");
+  const size_t len = std::strlen(m);
+  if (s == FLY_SUCCESS && len != 0) broken(entry, s, "success left a message");
+  if (s != FLY_SUCCESS && len == 0) broken(entry, s, "failure without a message");
+  if (len > 2100) broken(entry, s, "message longer than 2 KiB");
+  for (size_t i = 0; i < len; ++i)
+    if (static_cast<unsigned char>(m[i]) < 0x20) broken(entry, s, "control byte in the message");
+}
+
+std::string name(Input& in) {
+  const uint8_t sel = in.byte();
+  if (sel < 40) {
+    const int i = int(in.byte()) % (fly_variant_count() + 1);
+    const char* v = fly_variant_name(i);
+    return v ? v : "";
+  }
+  std::string s;
+  size_t len = sel < 250 ? in.byte() : size_t(70000);
+  for (size_t i = 0; i < len; ++i) s += char(in.byte() | (sel & 1 ? 0 : 0x40));
+  return s;
+}
+
+}  // namespace
+
+int fly_fuzz_one(const uint8_t* data, size_t size) {
+  Input in{data, size};
+  Buffers& b = buffers();
+  const int launches_before = b.launch_count ? b.launch_count() : 0;
+  if (b.clear_records && launches_before > 100000) b.clear_records();
+  const uint8_t entry = in.byte() % 11;
+  switch (entry) {
+    case 0: {  // rms_norm
+      const int32_t dt = int32_t(FLY_F16 + in.byte() % 3);
+      fly_tensor x = tensor(in, 2, dt), y = tensor(in, 2, dt), w = tensor(in, 1, dt), r = tensor(in, 1, FLY_F32);
+      const double eps = in.real();
+      const fly_tensor* wp = maybe(in, &w);
+      const fly_tensor* rp = maybe(in, &r);
+      const fly_status s = fly_rms_norm_fwd(maybe(in, &x), wp, eps, maybe(in, &y), rp, stream(in));
+      check("fly_rms_norm_fwd", s);
+      if (s == FLY_SUCCESS && b.launch_count && x.sizes[0] > 0 && b.launch_count() == launches_before)
+        broken("fly_rms_norm_fwd", s, "succeeded on rows without a launch");
+      if (s == FLY_SUCCESS && !(eps >= 0 && eps <= 3.4028234663852886e38)) broken("fly_rms_norm_fwd", s, "accepted eps");
+      break;
+    }
+    case 1:
+    case 2: {  // topk and its size query
+      fly_tensor x = tensor(in, 2, FLY_F32);
+      const int64_t k = in.i64();
+      const int largest = in.byte() & 1, det = in.byte() & 1;
+      if (entry == 1) {
+        size_t bytes = 12345;
+        const fly_status s = fly_topk_workspace_size(maybe(in, &x), k, largest, det, in.byte() < 10 ? nullptr : &bytes);
+        check("fly_topk_workspace_size", s);
+        if (s != FLY_SUCCESS && bytes != 12345 && bytes != 0) broken("fly_topk_workspace_size", s, "wrote a size on failure");
+        if (s == FLY_SUCCESS && bytes >= (size_t(1) << 62)) broken("fly_topk_workspace_size", s, "absurd size");
+      } else {
+        fly_tensor v = tensor(in, 2, FLY_F32), i = tensor(in, 2, FLY_I64);
+        void* ws = pointer(in);
+        const size_t ws_bytes = size_t(in.i64());
+        const fly_status s = fly_topk(maybe(in, &x), k, largest, det, maybe(in, &v), maybe(in, &i), ws, ws_bytes, stream(in));
+        check("fly_topk", s);
+        if (s == FLY_SUCCESS && b.launch_count && x.sizes[0] > 0 && b.launch_count() == launches_before)
+          broken("fly_topk", s, "succeeded on rows without a launch");
+      }
+      break;
+    }
+    case 3:
+    case 4: {  // gemm and its size query
+      const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
+      fly_tensor a = tensor(in, 2, dt), bm = tensor(in, 2, dt), c = tensor(in, 2, dt), bias = tensor(in, 1, dt);
+      if (in.byte() < 128) {  // make the shapes agree more often than chance would
+        bm.sizes[0] = a.sizes[1];
+        c.sizes[0] = a.sizes[0];
+        c.sizes[1] = bm.sizes[1];
+        bias.sizes[0] = bm.sizes[1];
+      }
+      if (entry == 3) {
+        size_t bytes = 12345;
+        const fly_status s = fly_gemm_workspace_size(maybe(in, &a), maybe(in, &bm), maybe(in, &c), in.byte() < 10 ? nullptr : &bytes);
+        check("fly_gemm_workspace_size", s);
+        if (s == FLY_SUCCESS && bytes >= (size_t(1) << 40)) broken("fly_gemm_workspace_size", s, "absurd size");
+      } else {
+        void* ws = in.byte() < 128 ? nullptr : pointer(in);
+        const size_t ws_bytes = ws ? size_t(in.i64()) : 0;
+        const fly_status s = fly_gemm(maybe(in, &a), maybe(in, &bm), maybe(in, &c), maybe(in, &bias), ws, ws_bytes, stream(in));
+        check("fly_gemm", s);
+        if (s == FLY_SUCCESS && b.launch_count && a.sizes[0] > 0 && bm.sizes[1] > 0 && b.launch_count() == launches_before)
+          broken("fly_gemm", s, "succeeded without a launch");
+      }
+      break;
+    }
+    case 5: {
+      const std::string n = name(in);
+      const char *fam = nullptr, *params = nullptr;
+      const fly_status s = fly_variant_info(in.byte() < 10 ? nullptr : n.c_str(), &fam, &params);
+      check("fly_variant_info", s);
+      if (s == FLY_SUCCESS && (!fam || !params)) broken("fly_variant_info", s, "no family/params");
+      break;
+    }
+    case 6: {  // forcing a variant, then one op under it, then back to the database
+      const std::string n = name(in);
+      const fly_status s = fly_force_variant(n.c_str());
+      check("fly_force_variant", s);
+      break;
+    }
+    case 7: {
+      const fly_status s = fly_force_variant(nullptr);
+      check("fly_force_variant(NULL)", s);
+      if (s != FLY_SUCCESS) broken("fly_force_variant(NULL)", s, "clearing failed");
+      break;
+    }
+    case 8: {
+      const char* arch = nullptr;
+      const fly_status s = fly_device_arch(stream(in), in.byte() < 20 ? nullptr : &arch);
+      check("fly_device_arch", s);
+      if (s == FLY_SUCCESS && (!arch || std::strcmp(arch, "sm_90a") != 0)) broken("fly_device_arch", s, "arch");
+      break;
+    }
+    case 9: {  // overlay databases that are not databases; always back to none
+      static const char* kPaths[] = {"/nonexistent/x.sqlite", "/dev/null", "/tmp", "/dev/zero", "", "/proc/self/status"};
+      const fly_status s = fly_set_tuning_db(kPaths[in.byte() % 6]);
+      check("fly_set_tuning_db", s);
+      const fly_status s2 = fly_set_tuning_db(nullptr);
+      check("fly_set_tuning_db(NULL)", s2);
+      break;
+    }
+    default: {
+      const int i = int(int32_t(in.u64()));
+      const char* v = fly_variant_name(i);
+      if ((i < 0 || i >= fly_variant_count()) != (v == nullptr)) broken("fly_variant_name", FLY_SUCCESS, "range");
+      break;
+    }
+  }
+  return 0;
+}
