@@ -95,7 +95,7 @@ ls "$work"/pkg/*.tar.gz >/dev/null 2>&1 || fail "no TGZ"
 tar -tzf "$work"/pkg/*.tar.gz | has '/bin/flyinfo$' || fail "the TGZ has no bin/flyinfo"
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")
-deb_of() { ls "$work"/pkg/"$1"_*.deb 2>/dev/null | head -1; }
+deb_of() { find "$work/pkg" -maxdepth 1 -name "$1_*.deb" | sed -n 1p; }
 lib_deb=$(deb_of libflykernels0); dev_deb=$(deb_of libflykernels-dev); tools_deb=$(deb_of flykernels-tools)
 [ -n "$lib_deb" ] && [ -n "$dev_deb" ] && [ -n "$tools_deb" ] || fail "expected three DEBs, got: $(ls "$work/pkg")"
 for d in "$lib_deb" "$dev_deb" "$tools_deb"; do
@@ -123,9 +123,9 @@ for d in "$lib_deb" "$tools_deb"; do
   while read -r f; do
     for needed in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
       case "$needed" in libflykernels.so.*) pkg=libflykernels0 ;;
-        *) path=$(ldconfig -p | awk -v n="$needed" '$1 == n && /x86-64|AArch64|64bit/ {print $NF; exit}')
+        *) path=$(ldconfig -p | awk -v n="$needed" '$1 == n && !p && /x86-64|AArch64|64bit/ {p = $NF} END {print p}')
            [ -n "$path" ] || fail "$(basename "$f") needs $needed, which this machine does not have"
-           pkg=$( { dpkg -S "$path" || dpkg -S "$(readlink -f "$path")" || dpkg -S "/usr$path"; } 2>/dev/null | head -1 || true)
+           pkg=$( { dpkg -S "$path" || dpkg -S "$(readlink -f "$path")" || dpkg -S "/usr$path"; } 2>/dev/null | sed -n 1p || true)
            pkg=${pkg%%:*}
            [ -n "$pkg" ] || fail "$(basename "$f") needs $needed ($path), which no Debian package provides" ;;
       esac
