@@ -10,45 +10,21 @@ _GEMM_DTYPES = (torch.float16, torch.bfloat16)
 _choices = {}  # "mm"/"addmm" -> ExternKernelChoice (created once per process)
 
 
-_workspaces = {}  # (device index, stream id) -> zero-filled uint8 tensor (never freed)
-
-
-def gemm_workspace(out, a, b):
-    """The stream-K workspace for torch's current stream on out's device, or None (those variants
-    then run without stream-K). Allocated and zeroed on a side stream, so CUDA-graph trees' pool
-    routing (which follows the current stream during warm-up) never takes it; never made during a
-    capture. Each call leaves its flags zero, so one per stream is safe (two GEMMs at once are not)."""
-    dev = out.device
-    stream = torch.cuda.current_stream(dev)
-    key = (dev.index, stream.cuda_stream)
-    ws = _workspaces.get(key)
-    if ws is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        from .._loader import ext
-        nbytes = ext.gemm_workspace_size(a, b, out)
-        if nbytes <= 0:
-            ws = torch.empty(0, dtype=torch.uint8, device=dev)
-        else:
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                ws = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
-            side.synchronize()
-        _workspaces[key] = ws
-    return ws if ws.numel() else None
+# No stream-K workspace under Inductor: CUDA-graph trees route every allocation of the warm-up
+# thread into their pool and reject one that outlives the run ("tensor in the cudagraph pool not
+# tracked", seen on the H200), so stream-K variants run without stream-K here (fly_gemm's NULL/0).
 
 
 def flykernels_mm(a, b, *, out):
     """out = a @ b through fly_gemm (the extension falls back to at::mm_out where we decline)."""
     from .._loader import ext
-    ext.mm_out(a, b, out, gemm_workspace(out, a, b))
+    ext.mm_out(a, b, out, None)
 
 
 def flykernels_addmm(inp, a, b, *, out, alpha=1, beta=1):
     """out = beta * inp + alpha * (a @ b): fly_gemm with a bias vector, else at::addmm_out."""
     from .._loader import ext
-    ext.addmm_out(inp, a, b, out, float(beta), float(alpha), gemm_workspace(out, a, b))
+    ext.addmm_out(inp, a, b, out, float(beta), float(alpha), None)
 
 
 def _extern_choice(kind):
