@@ -156,7 +156,9 @@ bool describe_kernel(const std::vector<unsigned char>& img, const std::string& n
   if (!found) return false;
   for (const Section& s : secs) {
     const std::string sname = str_at(shstr, s.name);
-    if (sname == ".nv.shared." + name) f->static_smem = int(s.size);
+    // sm_90 cubins carry the 1 KiB the hardware reserves per block in this section; the opt-in
+    // limit already excludes it (the e2 GEMM tiles launch on the H200 with 231488 dynamic bytes).
+    if (sname == ".nv.shared." + name) f->static_smem = int(s.size > 1024 ? s.size - 1024 : 0);
     if (sname != ".nv.info." + name) continue;
     // EIATTR records: format byte, attribute byte, then a 16-bit value or a sized payload.
     for (uint64_t o = s.off; o + 4 <= s.off + s.size;) {
@@ -240,11 +242,13 @@ CUresult do_launch(State& s, CUfunction fn, const unsigned g[3], const unsigned 
   L.smem = smem;
   L.stream = stream;
   L.ex = ex;
+  // Offsets relative to the first parameter (the constant bank aligns it, e.g. 64 B for a CUtensorMap).
+  const size_t origin = f->params.empty() ? 0 : f->params[0].first;
   for (size_t i = 0; i < f->params.size(); ++i) {
     const auto& p = f->params[i];
-    if (p.first + p.second > FAKE_CUDA_MAX_PARAM_BYTES || !args[i]) continue;
-    std::memcpy(L.params + p.first, args[i], p.second);
-    L.param_bytes = std::max(L.param_bytes, p.first + p.second);
+    if (p.first < origin || p.first - origin + p.second > FAKE_CUDA_MAX_PARAM_BYTES || !args[i]) continue;
+    std::memcpy(L.params + (p.first - origin), args[i], p.second);
+    L.param_bytes = std::max(L.param_bytes, p.first - origin + p.second);
   }
   s.launches.push_back(L);
   return CUDA_SUCCESS;
