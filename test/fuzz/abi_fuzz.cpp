@@ -4,6 +4,7 @@
 // Shared by the seeded random driver (fuzz_driver.cpp, runs everywhere) and libFuzzer.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +21,7 @@ namespace {
 struct Input {
   const uint8_t* p;
   size_t n;
+  bool tame = false;  // well-formed descriptors of small shapes: calls that get to dispatch and launch
   uint8_t byte() { return n ? (--n, *p++) : 0; }
   uint64_t u64() {
     uint64_t v = 0;
@@ -33,9 +35,9 @@ struct Input {
                                      std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
                                      -1, -2};
     const uint8_t sel = byte();
-    if (sel < 96) return int64_t(byte() % 64);  // small: shapes that fit the buffers
-    if (sel < 192) return kEdges[byte() % (sizeof kEdges / sizeof kEdges[0])];
-    if (sel < 224) return int64_t(u64() % 100000);
+    if (sel < 150) return int64_t(byte() % 64);  // small: shapes that fit the buffers
+    if (sel < 215) return kEdges[byte() % (sizeof kEdges / sizeof kEdges[0])];
+    if (sel < 235) return int64_t(u64() % 100000);
     return int64_t(u64());
   }
   double real() {
@@ -102,6 +104,18 @@ void* stream(Input& in) {
 fly_tensor tensor(Input& in, int rank_hint, int32_t dtype_hint) {
   fly_tensor t;
   std::memset(&t, 0, sizeof t);
+  if (in.tame) {
+    t.data = reinterpret_cast<void*>(buffers().base[4 + in.byte() % 4]);
+    t.dtype = static_cast<fly_dtype>(dtype_hint);
+    t.rank = rank_hint;
+    int64_t stride = 1;
+    for (int i = rank_hint - 1; i >= 0; --i) {
+      t.sizes[i] = 1 + in.byte() % (i == rank_hint - 1 ? 255 : 32);
+      t.strides[i] = stride;
+      stride *= t.sizes[i];
+    }
+    return t;
+  }
   t.data = pointer(in);
   const uint8_t r = in.byte();
   const int32_t rank = r < 200 ? rank_hint : int32_t(r % 11) - 1;  // -1..9
@@ -120,7 +134,7 @@ fly_tensor tensor(Input& in, int rank_hint, int32_t dtype_hint) {
   return t;
 }
 
-const fly_tensor* maybe(Input& in, const fly_tensor* t) { return in.byte() < 20 ? nullptr : t; }
+const fly_tensor* maybe(Input& in, const fly_tensor* t) { return in.byte() >= 236 && !in.tame ? nullptr : t; }
 
 [[noreturn]] void broken(const char* entry, fly_status s, const char* why) {
   std::fprintf(stderr, "fuzz: %s returned %s (%d): %s; message: '%s'\n", entry, fly_status_string(s), int(s), why,
@@ -130,8 +144,14 @@ const fly_tensor* maybe(Input& in, const fly_tensor* t) { return in.byte() < 20 
 
 // The promises every entry keeps: a known status; a failure explains itself in one bounded
 // line with no control bytes; a success leaves no stale message.
+uint64_t g_status_count[FLY_ERROR_INTERNAL + 1];
+uint64_t g_launching_calls = 0;
+
 void check(const char* entry, fly_status s) {
   if (int(s) < FLY_SUCCESS || int(s) > FLY_ERROR_INTERNAL) broken(entry, s, "unknown status");
+  ++g_status_count[int(s)];
+  static const bool verbose = std::getenv("FLY_FUZZ_LOG") != nullptr;  // one line per call, to see what gets through
+  if (verbose) std::printf("%s %s %s\n", entry, fly_status_string(s), fly_get_last_error());
   const char* m = fly_get_last_error();
   if (!m) broken(entry, s, "NULL message");
   const size_t len = std::strlen(m);
@@ -140,6 +160,10 @@ void check(const char* entry, fly_status s) {
   if (len > 2100) broken(entry, s, "message longer than 2 KiB");
   for (size_t i = 0; i < len; ++i)
     if (static_cast<unsigned char>(m[i]) < 0x20) broken(entry, s, "control byte in the message");
+  // On the stand-in driver only a bad stream handle may make a driver call fail: any other
+  // refusal is the library asking the driver for something illegal (a launch, a tensor map).
+  if (buffers().launch_count && s == FLY_ERROR_CUDA && !std::strstr(m, "cuStreamGetCtx"))
+    broken(entry, s, "the stand-in driver refused a call the library made");
 }
 
 std::string name(Input& in) {
@@ -157,17 +181,32 @@ std::string name(Input& in) {
 
 }  // namespace
 
+// What the calls returned so far (the driver prints it: a run that never got past validation
+// would show no FLY_SUCCESS and no launching calls).
+void fly_fuzz_summary(FILE* out) {
+  for (int i = 0; i <= FLY_ERROR_INTERNAL; ++i)
+    if (g_status_count[i]) std::fprintf(out, "  %-28s %llu\n", fly_status_string(fly_status(i)), (unsigned long long)g_status_count[i]);
+  std::fprintf(out, "  calls that launched (stand-in driver) %llu\n", (unsigned long long)g_launching_calls);
+}
+
 int fly_fuzz_one(const uint8_t* data, size_t size) {
   Input in{data, size};
   Buffers& b = buffers();
   const int launches_before = b.launch_count ? b.launch_count() : 0;
   if (b.clear_records && launches_before > 100000) b.clear_records();
   const uint8_t entry = in.byte() % 11;
+  in.tame = in.byte() >= 160;
   switch (entry) {
     case 0: {  // rms_norm
       const int32_t dt = int32_t(FLY_F16 + in.byte() % 3);
       fly_tensor x = tensor(in, 2, dt), y = tensor(in, 2, dt), w = tensor(in, 1, dt), r = tensor(in, 1, FLY_F32);
-      const double eps = in.real();
+      if (in.byte() < 180) {  // agreeing shapes, so calls reach dispatch and launch
+        std::memcpy(y.sizes, x.sizes, sizeof x.sizes);
+        std::memcpy(y.strides, x.strides, sizeof x.strides);
+        w.sizes[0] = x.sizes[1];
+        r.sizes[0] = x.sizes[0];
+      }
+      const double eps = in.tame ? 1e-5 : in.real();
       const fly_tensor* wp = maybe(in, &w);
       const fly_tensor* rp = maybe(in, &r);
       const fly_status s = fly_rms_norm_fwd(maybe(in, &x), wp, eps, maybe(in, &y), rp, stream(in));
@@ -180,7 +219,7 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
     case 1:
     case 2: {  // topk and its size query
       fly_tensor x = tensor(in, 2, FLY_F32);
-      const int64_t k = in.i64();
+      const int64_t k = in.tame ? 1 + in.byte() % std::max<int64_t>(1, x.sizes[1]) : in.i64();
       const int largest = in.byte() & 1, det = in.byte() & 1;
       if (entry == 1) {
         size_t bytes = 12345;
@@ -190,6 +229,12 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
         if (s == FLY_SUCCESS && bytes >= (size_t(1) << 62)) broken("fly_topk_workspace_size", s, "absurd size");
       } else {
         fly_tensor v = tensor(in, 2, FLY_F32), i = tensor(in, 2, FLY_I64);
+        if (in.byte() < 180) {
+          v.sizes[0] = i.sizes[0] = x.sizes[0];
+          v.sizes[1] = i.sizes[1] = k;
+          v.strides[0] = i.strides[0] = k;
+          v.strides[1] = i.strides[1] = 1;
+        }
         void* ws = pointer(in);
         const size_t ws_bytes = size_t(in.i64());
         const fly_status s = fly_topk(maybe(in, &x), k, largest, det, maybe(in, &v), maybe(in, &i), ws, ws_bytes, stream(in));
@@ -203,11 +248,22 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
     case 4: {  // gemm and its size query
       const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
       fly_tensor a = tensor(in, 2, dt), bm = tensor(in, 2, dt), c = tensor(in, 2, dt), bias = tensor(in, 1, dt);
-      if (in.byte() < 128) {  // make the shapes agree more often than chance would
+      if (in.byte() < 180) {  // make the shapes agree more often than chance would
         bm.sizes[0] = a.sizes[1];
         c.sizes[0] = a.sizes[0];
         c.sizes[1] = bm.sizes[1];
+        c.strides[0] = c.sizes[1];
+        c.strides[1] = 1;
         bias.sizes[0] = bm.sizes[1];
+        if (in.byte() < 128) {  // TMA-friendly multiples of 8
+          a.sizes[0] = c.sizes[0] = 8 * (a.sizes[0] % 64 + 1);
+          a.sizes[1] = bm.sizes[0] = 8 * (a.sizes[1] % 64 + 1);
+          bm.sizes[1] = c.sizes[1] = bias.sizes[0] = 8 * (bm.sizes[1] % 64 + 1);
+          a.strides[0] = a.sizes[1];
+          bm.strides[0] = bm.sizes[1];
+          c.strides[0] = c.sizes[1];
+          a.strides[1] = bm.strides[1] = 1;
+        }
       }
       if (entry == 3) {
         size_t bytes = 12345;
@@ -266,5 +322,6 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
       break;
     }
   }
+  if (b.launch_count && b.launch_count() != launches_before) ++g_launching_calls;
   return 0;
 }

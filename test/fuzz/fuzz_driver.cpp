@@ -11,6 +11,7 @@
 #include <vector>
 
 int fly_fuzz_one(const uint8_t* data, size_t size);
+void fly_fuzz_summary(FILE* out);
 
 namespace {
 uint64_t g_seed = 1;
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
   for (g_iteration = 0; g_iteration < iterations; ++g_iteration) {
     // Each input from its own seed, so one failing iteration reproduces alone (--seed, --iterations).
     std::mt19937_64 one(rng());
-    buf.resize(one() % 600);
+    buf.resize(one() % 1000);
     for (auto& byte : buf) byte = uint8_t(one());
     fly_fuzz_one(buf.data(), buf.size());
     if (seconds > 0 && (g_iteration & 255) == 0 &&
@@ -45,5 +46,6 @@ int main(int argc, char** argv) {
   }
   std::printf("fly_fuzz_driver: %llu calls, seed %llu, no broken promise\n", (unsigned long long)g_iteration,
               (unsigned long long)g_seed);
+  fly_fuzz_summary(stdout);
   return 0;
 }
