@@ -11,8 +11,16 @@
 #include <string>
 
 int main(int argc, char** argv) try {
-  if (argc < 4 || std::string(argv[1]) != "--out")
-    throw std::runtime_error("usage: flydb --out FILE schema.sql [dump.sql...]");
+  const char* usage = "usage: flydb --out FILE schema.sql [dump.sql...]\n"
+                      "Builds the SQLite tuning database from the schema and the SQL dumps (build step).\n";
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf("%s", usage);
+    return 0;
+  }
+  if (argc < 4 || std::string(argv[1]) != "--out") {
+    std::fprintf(stderr, "flydb: expected --out FILE and a schema\n%s", usage);
+    return 2;
+  }
   std::string out = argv[2];
   std::filesystem::remove(out);
   sqlite3* db = nullptr;

@@ -218,24 +218,24 @@ std::string read_file(const fs::path& p) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  const char* usage =
+      "usage: flygen --tuning DIR --db DIR --out DIR [--all [--match REGEX]] [--families a,b]\n"
+      "Expands the variant spaces into one compile unit per variant and a manifest (configure step).\n";
   std::string tuning_dir, db_dir, out_dir, families_arg, match_arg;
   bool all = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--tuning") tuning_dir = next();
-    else if (a == "--db") db_dir = next();
-    else if (a == "--out") out_dir = next();
-    else if (a == "--families") families_arg = next();
-    else if (a == "--all") all = true;
-    else if (a == "--match") match_arg = next();
-    else throw std::runtime_error("unknown argument " + a);
+    if (a == "--help" || a == "-h") { std::printf("%s", usage); return 0; }
+    if (a == "--all") { all = true; continue; }
+    std::string* slot = a == "--tuning" ? &tuning_dir : a == "--db" ? &db_dir : a == "--out" ? &out_dir
+                      : a == "--families" ? &families_arg : a == "--match" ? &match_arg : nullptr;
+    if (!slot || i + 1 >= argc) {
+      std::fprintf(stderr, "flygen: %s %s\n%s", slot ? "no value after" : "unknown argument", a.c_str(), usage);
+      return 2;
+    }
+    *slot = argv[++i];
   }
-  if (tuning_dir.empty() || out_dir.empty())
-    throw std::runtime_error("usage: flygen --tuning DIR --db DIR --out DIR [--all [--match REGEX]] [--families a,b]");
+  if (tuning_dir.empty() || out_dir.empty()) { std::fprintf(stderr, "%s", usage); return 2; }
 
   // --match: with --all, only the variants whose name matches (defaults and DB rows stay).
   const std::regex match_re(match_arg.empty() ? std::string(".") : match_arg);

@@ -10,16 +10,20 @@
 #include "archive.hpp"
 
 int main(int argc, char** argv) try {
+  const char* usage = "usage: flypack --manifest FILE --cubins DIR --out FILE\n"
+                      "Packs the cubins the manifest names into one zstd-compressed archive (build step).\n";
   std::string manifest, cubins, out;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--manifest") manifest = argv[i + 1];
-    else if (a == "--cubins") cubins = argv[i + 1];
-    else if (a == "--out") out = argv[i + 1];
-    else throw std::runtime_error("unknown argument " + a);
+    if (a == "--help" || a == "-h") { std::printf("%s", usage); return 0; }
+    std::string* slot = a == "--manifest" ? &manifest : a == "--cubins" ? &cubins : a == "--out" ? &out : nullptr;
+    if (!slot || i + 1 >= argc) {
+      std::fprintf(stderr, "flypack: %s %s\n%s", slot ? "no value after" : "unknown argument", a.c_str(), usage);
+      return 2;
+    }
+    *slot = argv[++i];
   }
-  if (manifest.empty() || cubins.empty() || out.empty())
-    throw std::runtime_error("usage: flypack --manifest FILE --cubins DIR --out FILE");
+  if (manifest.empty() || cubins.empty() || out.empty()) { std::fprintf(stderr, "%s", usage); return 2; }
   std::ifstream mf(manifest);
   if (!mf) throw std::runtime_error("cannot read " + manifest);
   std::vector<fly::ArchiveInput> inputs;
