@@ -238,3 +238,33 @@ def test_inductor_hook_installs_and_restores(fly):
     assert mm.autotune_select_algorithm.__wrapped__ is original
     fly.disable("gemm")
     assert mm.autotune_select_algorithm is original
+
+
+def test_inductor_hook_reaches_providers_and_survives_a_broken_one(fly):
+    """A CPU mm under max-autotune goes through the wrapped selector: our GEMM provider declines
+    (CPU), a provider that raises is dropped, and the compiled result is right."""
+    if fly.why_not("gemm"):
+        pytest.skip(fly.why_not("gemm"))
+    import torch._inductor.config as ic
+    from torch._inductor.utils import run_and_get_code
+    from flykernels._ops import inductor
+    fly.enable("gemm")
+    seen = []
+
+    def broken(choices, nodes, layout):
+        seen.append((len(nodes), layout.device.type))
+        raise RuntimeError("a broken provider")
+
+    inductor.register_candidates("mm", broken, key="test-broken")
+    try:
+        a, b = torch.randn(64, 32), torch.randn(32, 16)
+        torch._dynamo.reset()
+        with ic.patch(force_disable_caches=True):
+            out, code = run_and_get_code(torch.compile(lambda x, y: x @ y, mode="max-autotune-no-cudagraphs"), a, b)
+    finally:
+        inductor.unregister_candidates("mm", "test-broken")
+        torch._dynamo.reset()
+    assert seen == [(2, "cpu")]
+    assert "flykernels" not in "\n".join(code)
+    torch.testing.assert_close(out, a @ b)
+    assert inductor.registered("mm", "flykernels") and not inductor.registered("mm", "test-broken")
