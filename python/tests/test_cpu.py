@@ -268,3 +268,19 @@ def test_inductor_hook_reaches_providers_and_survives_a_broken_one(fly):
     assert "flykernels" not in "\n".join(code)
     torch.testing.assert_close(out, a @ b)
     assert inductor.registered("mm", "flykernels") and not inductor.registered("mm", "test-broken")
+
+
+def test_gemm_family_does_not_import_inductor_until_torch_does():
+    r = run_py("""
+        import sys
+        import flykernels.torch as t
+        t.enable()
+        print("ACTIVE", t.active(), "torch._inductor" in sys.modules)
+        import torch._inductor.kernel.mm as mm
+        print("WRAPPED", hasattr(mm.autotune_select_algorithm, "__wrapped__"))
+        t.disable("gemm")
+        print("RESTORED", not hasattr(mm.autotune_select_algorithm, "__wrapped__"))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "ACTIVE ['rms_norm', 'topk', 'gemm'] False" in r.stdout
+    assert "WRAPPED True" in r.stdout and "RESTORED True" in r.stdout

@@ -100,20 +100,16 @@ class InductorGemm:
     lowerings = {"mm": _mm_provider, "addmm": _addmm_provider}
 
     def supported(self):
+        import importlib.util
         from torch.torch_version import TorchVersion
         if TorchVersion(torch.__version__) < (2, 11):
             return f"torch {torch.__version__}: the Inductor hook is written against 2.11"
         from .._loader import ext
         if ext is None:
             return "the extension did not load"
-        try:
-            import torch._inductor.kernel.mm as mm
-            import torch._inductor.select_algorithm as sa
-        except Exception as e:  # Inductor unavailable in this build
-            return f"Inductor did not import ({e})"
-        if not hasattr(mm, "autotune_select_algorithm") or not hasattr(sa, "ExternKernelChoice"):
-            return "this Inductor lacks autotune_select_algorithm / ExternKernelChoice"
-        return ""
+        if importlib.util.find_spec("torch._inductor") is None:  # found, not imported (slow)
+            return "this torch has no Inductor"
+        return inductor.wrap_errors.get("torch._inductor.kernel.mm", "")
 
     def install(self):
         for name, provider in self.lowerings.items():

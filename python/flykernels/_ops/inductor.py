@@ -5,15 +5,19 @@ Inductor's GEMM lowerings (kernel/mm.py: "mm", "addmm", ...; kernel/mm_grouped.p
 that name in each lowering module, and for a registered lowering name append the ChoiceCallers
 its providers return; Inductor then benchmarks them beside ATen and Triton and the generated code
 calls the winner. (config.external_matmul would do for mm alone, but it cannot decline a shape
-and does not reach addmm or grouped_mm.)
+and does not reach addmm or grouped_mm.) A module not imported yet is wrapped right after its
+import, so enabling costs nothing until torch.compile loads Inductor (about 3 s of imports).
 
-    register_candidates(name, provider, module="torch._inductor.kernel.mm")
+    register_candidates(name, provider, key, module="torch._inductor.kernel.mm")
     provider(choices, input_nodes, layout) -> list of extra ChoiceCallers (may be empty)
 """
-import importlib
+import importlib.abc
+import sys
 
 _providers = {}  # lowering name -> {provider key: provider}
+_wanted = set()  # lowering modules to wrap (now, or when imported)
 _wrapped = {}  # module name -> the original autotune_select_algorithm
+wrap_errors = {}  # module name -> why it was not wrapped
 
 
 def _select_with_candidates(original):
@@ -30,21 +34,65 @@ def _select_with_candidates(original):
     return autotune_select_algorithm
 
 
+def _wrap(module):
+    name = module.__name__
+    if name in _wrapped or name not in _wanted:
+        return
+    original = getattr(module, "autotune_select_algorithm", None)
+    if original is None:
+        wrap_errors[name] = "no autotune_select_algorithm in this Inductor"
+        return
+    _wrapped[name] = original
+    module.autotune_select_algorithm = _select_with_candidates(original)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds a wanted lowering module through the other finders and wraps it once it has run."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _wanted or fullname in _wrapped:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                loader = spec.loader
+                if loader is not None and hasattr(loader, "exec_module"):
+                    run = loader.exec_module  # this spec's own loader instance: patch it alone
+
+                    def exec_module(module, run=run):
+                        run(module)
+                        _wrap(module)
+
+                    loader.exec_module = exec_module
+                return spec
+        return None
+
+
+_finder = _AfterImport()
+
+
 def register_candidates(name, provider, key, module="torch._inductor.kernel.mm"):
-    """Adds provider under `key` for lowering `name`, wrapping `module`'s selector once."""
-    if module not in _wrapped:
-        mod = importlib.import_module(module)
-        _wrapped[module] = mod.autotune_select_algorithm
-        mod.autotune_select_algorithm = _select_with_candidates(mod.autotune_select_algorithm)
+    """Adds provider under `key` for lowering `name`; wraps `module`'s selector now if it is
+    imported, else right after its import."""
     _providers.setdefault(name, {})[key] = provider
+    _wanted.add(module)
+    if module in sys.modules:
+        _wrap(sys.modules[module])
+    elif _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
 
 
 def unregister_candidates(name, key):
     _providers.get(name, {}).pop(key, None)
     if not any(_providers.values()):  # nothing left: put the originals back
         for module, original in _wrapped.items():
-            importlib.import_module(module).autotune_select_algorithm = original
+            sys.modules[module].autotune_select_algorithm = original
         _wrapped.clear()
+        _wanted.clear()
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
 
 
 def registered(name, key):
