@@ -129,7 +129,7 @@ fly_tensor tensor(Input& in, int rank_hint, int32_t dtype_hint) {
   for (int i = n - 1; i >= 0; --i) {
     const uint8_t s = in.byte();
     t.strides[i] = s < 180 ? stride : in.i64();
-    if (t.sizes[i] > 0 && stride < (int64_t(1) << 40) / (t.sizes[i] + 1)) stride *= t.sizes[i];
+    if (t.sizes[i] > 0 && t.sizes[i] < (int64_t(1) << 40) && stride < (int64_t(1) << 40) / t.sizes[i]) stride *= t.sizes[i];
   }
   return t;
 }
