@@ -38,7 +38,7 @@ if command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; then
   echo "sanitize.sh: libFuzzer (clang), ${secs}s on the stand-in driver"
   cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Sanitize -DFLY_PREBUILT_BLOBS="$blobs" -DFLY_BUILD_TOOLS=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_ASM_COMPILER=clang \
-    -DCMAKE_C_FLAGS="-O1 -g $san,fuzzer-no-link" -DCMAKE_CXX_FLAGS="-O1 -g $san,fuzzer-no-link" \
+    -DCMAKE_C_FLAGS="-O1 -g $san -fsanitize=fuzzer-no-link" -DCMAKE_CXX_FLAGS="-O1 -g $san -fsanitize=fuzzer-no-link" \
     -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" >/dev/null
   cmake --build build-fuzz -j"$jobs" --target fly_fuzz_abi fly_fake_cuda
   FLYKERNELS_LIBCUDA=$PWD/build-fuzz/test/libfly_fake_cuda.so \
