@@ -2,7 +2,7 @@
 // and one GEMM variant of each kernel path (plain, multicast cluster, P multicast, split-K,
 // stream-K with workspace, kw2, e1/e2 epilogues, swap-AB, kb2, decode when bundled), each forced
 // and run on one shape it takes, outputs checked for NaN poison left unwritten.
-//   fly_gpu_subset [rmsnorm] [topk] [gemm]      (default: all three)
+//   fly_gpu_subset [rmsnorm] [topk] [gemm] [--only NAME]... [--list]   (default: all three families)
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -134,8 +134,13 @@ std::vector<std::string> gemm_representatives() {
 
 int main(int argc, char** argv) {
   std::map<std::string, bool> want = {{"rmsnorm", argc == 1}, {"topk", argc == 1}, {"gemm", argc == 1}};
-  for (int i = 1; i < argc; ++i) want[argv[i]] = true;
   std::vector<std::string> names;
+  bool list = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--only" && i + 1 < argc) names.push_back(argv[++i]);  // one variant per process
+    else if (std::string(argv[i]) == "--list") list = true;  // names only: a shell loop runs each alone
+    else want[argv[i]] = true;
+  }
   for (int i = 0; i < fly_variant_count(); ++i) {
     const char *fam = nullptr, *ps = nullptr;
     fly_variant_info(fly_variant_name(i), &fam, &ps);
@@ -144,10 +149,17 @@ int main(int argc, char** argv) {
   }
   if (want["gemm"])
     for (auto& n : gemm_representatives()) names.push_back(n);
+  if (list) {
+    for (const std::string& n : names) std::printf("%s\n", n.c_str());
+    return 0;
+  }
   for (const std::string& n : names) {
     const char *fam = nullptr, *ps = nullptr;
-    fly_variant_info(n.c_str(), &fam, &ps);
-    if (fly_force_variant(n.c_str()) != FLY_SUCCESS) { ++g_failures; continue; }
+    if (fly_variant_info(n.c_str(), &fam, &ps) != FLY_SUCCESS || fly_force_variant(n.c_str()) != FLY_SUCCESS) {
+      std::printf("%-48s not bundled\n", n.c_str());
+      ++g_failures;
+      continue;
+    }
     const std::string f = fam;
     if (f == "rmsnorm") run_rmsnorm(n.c_str(), ps);
     else if (f == "topk") run_topk(n.c_str(), ps);
