@@ -60,17 +60,26 @@ constexpr int k_block_elems() { return kRowBytes / OperandTraits<D>::kBytes; }
 template <Dtype D>
 constexpr int mma_per_k_block() { return k_block_elems<D>() / OperandTraits<D>::kMmaK; }
 
-// Run-time forms for the host planner, which sees the dtype as a value.
+// Run-time forms for the host planner, which sees the dtype as a value: a field of the traits
+// of whichever dtype `d` is.
+template <class F>
+constexpr auto with_traits(Dtype d, F f) {
+  switch (d) {
+    case Dtype::kFp16: return f(OperandTraits<Dtype::kFp16>{});
+    case Dtype::kBf16: return f(OperandTraits<Dtype::kBf16>{});
+    case Dtype::kE4m3: return f(OperandTraits<Dtype::kE4m3>{});
+    default: return f(OperandTraits<Dtype::kE5m2>{});
+  }
+}
 inline constexpr int elem_bytes(Dtype d) {
-  return d == Dtype::kFp16 || d == Dtype::kBf16 ? 2 : 1;
+  return with_traits(d, [](auto t) { return decltype(t)::kBytes; });
 }
 inline constexpr CUtensorMapDataType tma_dtype(Dtype d) {
-  return d == Dtype::kFp16   ? OperandTraits<Dtype::kFp16>::kTma
-         : d == Dtype::kBf16 ? OperandTraits<Dtype::kBf16>::kTma
-                             : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  return with_traits(d, [](auto t) { return decltype(t)::kTma; });
 }
 
 static_assert(k_block_elems<Dtype::kBf16>() == 64 && mma_per_k_block<Dtype::kBf16>() == 4, "16-bit k block");
 static_assert(k_block_elems<Dtype::kE4m3>() == 128 && mma_per_k_block<Dtype::kE4m3>() == 4, "8-bit k block");
+static_assert(elem_bytes(Dtype::kBf16) == 2 && elem_bytes(Dtype::kE5m2) == 1, "run-time traits");
 
 }  // namespace fly::gemm
