@@ -106,7 +106,8 @@ struct DeviceCtx {
   int l2_bytes = 0;
 };
 
-// Makes the stream's context current for the lifetime of the guard (restores on destruction).
+// Makes the stream's context current for the lifetime of the guard (restores on destruction),
+// and names it this thread's call device for the pointer checks below.
 class ScopedContext {
  public:
   ScopedContext() = default;
@@ -114,10 +115,13 @@ class ScopedContext {
   fly_status enter(void* stream, const DeviceCtx** out);  // resolve + push
  private:
   bool pushed_ = false;
+  bool named_ = false;                // enter() named the call device (the destructor restores outer_)
+  const DeviceCtx* outer_ = nullptr;
 };
 
-// Checks that [t.data, t.data + extent) lies inside one device allocation (catches host pointers
-// and buffers that are too small). Call after ScopedContext::enter. Skipped when
+// Checks that [t.data, t.data + extent) lies inside one device allocation of the call's device
+// (catches host pointers, buffers that are too small, and memory of another GPU than the
+// stream's; managed memory may be any device's). Call after ScopedContext::enter. Skipped when
 // FLYKERNELS_CHECK_POINTERS=0.
 fly_status check_device_pointer(const fly_tensor& t, const char* what);
 // The same for a raw byte range (workspace buffers).

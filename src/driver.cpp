@@ -129,7 +129,13 @@ fly_status cuda_fail(CUresult r, const char* call) {
   return fail(FLY_ERROR_CUDA, "%s: %s (%s)", call, name, desc ? desc : "");
 }
 
+namespace {
+// The device of the call this thread is in (ScopedContext::enter), for check_device_bytes.
+thread_local const DeviceCtx* t_call_device = nullptr;
+}  // namespace
+
 ScopedContext::~ScopedContext() {
+  if (named_) t_call_device = outer_;
   if (pushed_) {
     const Driver* d = nullptr;
     if (driver(&d) == FLY_SUCCESS) {
@@ -158,6 +164,9 @@ fly_status ScopedContext::enter(void* stream, const DeviceCtx** out) {
   FLY_CU(d->cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
   pushed_ = true;
   FLY_TRY(describe(*d, ctx, out));
+  outer_ = t_call_device;
+  t_call_device = *out;
+  named_ = true;
   if ((*out)->arch != FLY_BUILT_ARCH)
     return fail(FLY_ERROR_ARCH_NOT_BUILT, "device %d (%s) is %s; this build has kernels for %s only",
                 int((*out)->device), (*out)->name.c_str(), (*out)->arch.c_str(), FLY_BUILT_ARCH);
@@ -191,6 +200,16 @@ fly_status check_device_bytes(const void* data, int64_t bytes, const char* what)
     return fail(FLY_ERROR_INVALID_ARGUMENT,
                 "%s: spans %lld bytes from %p but its allocation ends %lld bytes after it",
                 what, (long long)bytes, data, (long long)(base + size - p));
+  // Another GPU's memory would fault in the kernel (no peer mapping is assumed); managed memory
+  // migrates. A driver that cannot answer leaves the check to the range test above.
+  const DeviceCtx* call = t_call_device;
+  unsigned managed = 0;
+  int ordinal = -1;
+  if (call && d->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p) == CUDA_SUCCESS && !managed &&
+      d->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS &&
+      ordinal != int(call->device))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: %p is memory of device %d, but the stream belongs to device %d",
+                what, data, ordinal, int(call->device));
   return FLY_SUCCESS;
 }
 

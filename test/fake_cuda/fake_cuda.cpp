@@ -38,6 +38,7 @@ struct Function {
 };
 
 struct Module {
+  int device = 0;  // of the context it was loaded in: its functions launch only there
   std::vector<unsigned char> image;
   std::map<std::string, Function*> functions;
 };
@@ -52,7 +53,11 @@ struct State {
   std::deque<Function> functions;
   std::map<CUstream, int> streams;  // fake stream -> device
   std::deque<int> stream_storage;
-  std::map<uintptr_t, size_t> allocations;  // base -> bytes
+  struct Allocation {
+    size_t bytes;
+    int device;  // -1: managed (any device may use it)
+  };
+  std::map<uintptr_t, Allocation> allocations;  // base -> bytes, owner
   uintptr_t next_address = uintptr_t(0x7e0000000000ull);
   std::vector<fake_cuda_launch> launches;
   std::vector<fake_cuda_tensor_map> maps;
@@ -210,6 +215,8 @@ CUresult do_launch(State& s, CUfunction fn, const unsigned g[3], const unsigned 
   for (auto& x : s.functions) known |= &x == f;
   if (!known) return refuse(s, CUDA_ERROR_INVALID_HANDLE, "launch: unknown function");
   if (!current()) return refuse(s, CUDA_ERROR_INVALID_CONTEXT, "launch: no current context");
+  if (s.modules[size_t(f->module)].device != ctx_of(s, current())->device)
+    return refuse(s, CUDA_ERROR_INVALID_HANDLE, "launch: a function of another device's module");
   if (stream && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD) {
     auto it = s.streams.find(stream);
     if (it == s.streams.end()) return refuse(s, CUDA_ERROR_INVALID_HANDLE, "launch: unknown stream");
@@ -242,6 +249,7 @@ CUresult do_launch(State& s, CUfunction fn, const unsigned g[3], const unsigned 
   L.smem = smem;
   L.stream = stream;
   L.ex = ex;
+  L.device = ctx_of(s, current())->device;
   // Offsets relative to the first parameter (the constant bank aligns it, e.g. 64 B for a CUtensorMap).
   const size_t origin = f->params.empty() ? 0 : f->params[0].first;
   for (size_t i = 0; i < f->params.size(); ++i) {
@@ -267,11 +275,14 @@ void fake_cuda_configure(int device_count, int other_cc_major, int other_cc_mino
   s.other_minor = other_cc_minor;
 }
 
-void* fake_cuda_malloc(size_t bytes) {
+void* fake_cuda_malloc(size_t bytes) { return fake_cuda_malloc_on(0, bytes); }
+void* fake_cuda_malloc_managed(size_t bytes) { return fake_cuda_malloc_on(-1, bytes); }
+
+void* fake_cuda_malloc_on(int device, size_t bytes) {
   State& s = st();
   std::lock_guard<std::mutex> l(s.mu);
   const uintptr_t p = s.next_address;
-  s.allocations[p] = bytes;
+  s.allocations[p] = State::Allocation{bytes, device};
   s.next_address += (bytes + 511) / 512 * 512 + 512;  // a gap: one past the end is not another buffer
   return reinterpret_cast<void*>(p);
 }
@@ -309,6 +320,10 @@ int fake_cuda_tensor_map_index(const void* m) {
   return w[0] == kMapMagic && w[1] < st().maps.size() ? int(w[1]) : -1;
 }
 int fake_cuda_module_count(void) { std::lock_guard<std::mutex> l(st().mu); return int(st().modules.size()); }
+int fake_cuda_module_device(int index) {
+  std::lock_guard<std::mutex> l(st().mu);
+  return index >= 0 && size_t(index) < st().modules.size() ? st().modules[size_t(index)].device : -1;
+}
 int fake_cuda_memset_count(void) { std::lock_guard<std::mutex> l(st().mu); return st().memsets; }
 const char* fake_cuda_last_refusal(void) { return st().refusal.c_str(); }
 void fake_cuda_clear_records(void) {
@@ -452,6 +467,7 @@ CUresult cuModuleLoadData(CUmodule* m, const void* image) {
   std::memcpy(&shnum, p + 0x3c, 2);
   size_t size = size_t(shoff) + size_t(shentsize) * shnum;
   s.modules.emplace_back();
+  s.modules.back().device = ctx_of(s, current())->device;
   s.modules.back().image.assign(p, p + size);
   *m = reinterpret_cast<CUmodule>(&s.modules.back());
   return CUDA_SUCCESS;
@@ -549,13 +565,31 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p)
   auto it = s.allocations.upper_bound(uintptr_t(p));
   if (it == s.allocations.begin()) return CUDA_ERROR_NOT_FOUND;
   --it;
-  if (uintptr_t(p) >= it->first + it->second) return CUDA_ERROR_NOT_FOUND;
+  if (uintptr_t(p) >= it->first + it->second.bytes) return CUDA_ERROR_NOT_FOUND;
   if (base) *base = CUdeviceptr(it->first);
-  if (size) *size = it->second;
+  if (size) *size = it->second.bytes;
   return CUDA_SUCCESS;
 }
 
-CUresult cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr) { return CUDA_ERROR_INVALID_VALUE; }
+// IS_MANAGED and DEVICE_ORDINAL of fake allocations, as the library asks them; anything else (and
+// any pointer outside an allocation: host memory) is not answered.
+CUresult cuPointerGetAttribute(void* out, CUpointer_attribute a, CUdeviceptr p) {
+  State& s = st();
+  std::lock_guard<std::mutex> l(s.mu);
+  auto it = s.allocations.upper_bound(uintptr_t(p));
+  if (it == s.allocations.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  if (uintptr_t(p) >= it->first + it->second.bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (a == CU_POINTER_ATTRIBUTE_IS_MANAGED) {
+    *static_cast<unsigned*>(out) = it->second.device < 0;
+    return CUDA_SUCCESS;
+  }
+  if (a == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
+    *static_cast<int*>(out) = it->second.device < 0 ? 0 : it->second.device;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
 
 CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char, size_t n, CUstream) {
   CUdeviceptr base = 0;
