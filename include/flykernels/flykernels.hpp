@@ -134,10 +134,11 @@ inline void gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& c, 
   check(fly_gemm(&a, &b, &c, bias, workspace, workspace_bytes, stream));
 }
 
-// Attention forward; fills struct_size. lse may be null; workspace as fly_attention_fwd_workspace_size says.
-inline void attention_fwd(const fly_tensor& q, const fly_tensor& k, const fly_tensor& v, const fly_tensor& o,
-                          const fly_tensor* lse = nullptr, bool causal = false, double softmax_scale = 0.0,
-                          void* workspace = nullptr, size_t workspace_bytes = 0, void* stream = nullptr) {
+namespace detail {
+// The versioned parameters of one attention forward call (struct_size filled in).
+inline fly_attention_fwd_params attention_params(const fly_tensor& q, const fly_tensor& k, const fly_tensor& v,
+                                                 const fly_tensor& o, const fly_tensor* lse, bool causal,
+                                                 double softmax_scale) {
   fly_attention_fwd_params p{};
   p.struct_size = sizeof(p);
   p.q = &q;
@@ -147,6 +148,15 @@ inline void attention_fwd(const fly_tensor& q, const fly_tensor& k, const fly_te
   p.lse = lse;
   p.softmax_scale = softmax_scale;
   p.causal = causal ? 1 : 0;
+  return p;
+}
+}  // namespace detail
+
+// Attention forward; fills struct_size. lse may be null; workspace as fly_attention_fwd_workspace_size says.
+inline void attention_fwd(const fly_tensor& q, const fly_tensor& k, const fly_tensor& v, const fly_tensor& o,
+                          const fly_tensor* lse = nullptr, bool causal = false, double softmax_scale = 0.0,
+                          void* workspace = nullptr, size_t workspace_bytes = 0, void* stream = nullptr) {
+  fly_attention_fwd_params p = detail::attention_params(q, k, v, o, lse, causal, softmax_scale);
   p.workspace = workspace;
   p.workspace_bytes = workspace_bytes;
   check(fly_attention_fwd(&p, stream));
@@ -156,15 +166,7 @@ inline void attention_fwd(const fly_tensor& q, const fly_tensor& k, const fly_te
 inline size_t attention_fwd_workspace_size(const fly_tensor& q, const fly_tensor& k, const fly_tensor& v,
                                            const fly_tensor& o, const fly_tensor* lse = nullptr,
                                            bool causal = false, double softmax_scale = 0.0) {
-  fly_attention_fwd_params p{};
-  p.struct_size = sizeof(p);
-  p.q = &q;
-  p.k = &k;
-  p.v = &v;
-  p.o = &o;
-  p.lse = lse;
-  p.softmax_scale = softmax_scale;
-  p.causal = causal ? 1 : 0;
+  const fly_attention_fwd_params p = detail::attention_params(q, k, v, o, lse, causal, softmax_scale);
   size_t bytes = 0;
   check(fly_attention_fwd_workspace_size(&p, &bytes));
   return bytes;
