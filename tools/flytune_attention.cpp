@@ -66,10 +66,7 @@ int tune_attention(const Args& args) {
   }
   bar.done();
   const std::string db = args.get("db", "flykernels_tuning.sqlite");
-  write_tuning_rows(db, args.get("dump", ""), rows);
-  std::printf("flytune attention: %zu rows written to %s%s%s; %d variant runs rejected by the check\n", rows.size(),
-              db.c_str(), args.has("dump") ? " and " : "", args.get("dump", "").c_str(), rejected);
-  return rejected ? 1 : 0;
+  return finish_tuning(args, "attention", db, rows, rejected);
 }
 
 }  // namespace fly::tools

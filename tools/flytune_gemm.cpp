@@ -157,10 +157,7 @@ int tune_gemm(const Args& args) {
   bar.done();
   if (out_of_time)
     std::fprintf(stderr, "flytune gemm: --max-minutes reached after %zu keys; writing what was measured\n", rows.size());
-  write_tuning_rows(db, args.get("dump", ""), rows);
-  std::printf("flytune gemm: %zu rows written to %s%s%s; %d variant runs rejected by the check\n", rows.size(),
-              db.c_str(), args.has("dump") ? " and " : "", args.get("dump", "").c_str(), rejected);
-  return rejected ? 1 : 0;
+  return finish_tuning(args, "gemm", db, rows, rejected);
 }
 
 }  // namespace fly::tools

@@ -449,6 +449,14 @@ std::set<std::string> dump_keys(const std::string& dump_path) {
   return keys;
 }
 
+int finish_tuning(const Args& args, const char* family, const std::string& db, const std::vector<TuneRow>& rows,
+                  int rejected) {
+  write_tuning_rows(db, args.get("dump", ""), rows);
+  std::printf("flytune %s: %zu rows written to %s%s%s; %d variant runs rejected by the check\n", family, rows.size(),
+              db.c_str(), args.has("dump") ? " and " : "", args.get("dump", "").c_str(), rejected);
+  return rejected ? 1 : 0;
+}
+
 void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
                        const std::vector<TuneRow>& rows) {
   const std::string arch = gpu_arch(), gpu = gpu_name(), date = today();

@@ -155,6 +155,11 @@ std::set<std::string> dump_keys(const std::string& dump_path);
 void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
                        const std::vector<TuneRow>& rows);
 
+// The end of every `flytune <family>`: the rows into the database `db` and the --dump file, a
+// summary line, and the exit code (1 when the check rejected any variant run).
+int finish_tuning(const Args& args, const char* family, const std::string& db, const std::vector<TuneRow>& rows,
+                  int rejected);
+
 // --times FILE: appends every timed variant of one key to FILE as tab-separated lines
 // (key, variant, microseconds), sorted fastest first, so a tuning run can be studied afterwards.
 void append_times(const Args& args, const std::string& key,
