@@ -559,13 +559,19 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** args, 
   return do_launch(s, f, g, b, c, cfg->sharedMemBytes, cfg->hStream, args, extra, 1);
 }
 
+// The allocation holding p (call with s.mu held), or null.
+const std::pair<const uintptr_t, State::Allocation>* find_allocation(State& s, CUdeviceptr p) {
+  auto it = s.allocations.upper_bound(uintptr_t(p));
+  if (it == s.allocations.begin()) return nullptr;
+  --it;
+  return uintptr_t(p) < it->first + it->second.bytes ? &*it : nullptr;
+}
+
 CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   State& s = st();
   std::lock_guard<std::mutex> l(s.mu);
-  auto it = s.allocations.upper_bound(uintptr_t(p));
-  if (it == s.allocations.begin()) return CUDA_ERROR_NOT_FOUND;
-  --it;
-  if (uintptr_t(p) >= it->first + it->second.bytes) return CUDA_ERROR_NOT_FOUND;
+  const auto* it = find_allocation(s, p);
+  if (!it) return CUDA_ERROR_NOT_FOUND;
   if (base) *base = CUdeviceptr(it->first);
   if (size) *size = it->second.bytes;
   return CUDA_SUCCESS;
@@ -576,10 +582,8 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p)
 CUresult cuPointerGetAttribute(void* out, CUpointer_attribute a, CUdeviceptr p) {
   State& s = st();
   std::lock_guard<std::mutex> l(s.mu);
-  auto it = s.allocations.upper_bound(uintptr_t(p));
-  if (it == s.allocations.begin()) return CUDA_ERROR_INVALID_VALUE;
-  --it;
-  if (uintptr_t(p) >= it->first + it->second.bytes) return CUDA_ERROR_INVALID_VALUE;
+  const auto* it = find_allocation(s, p);
+  if (!it) return CUDA_ERROR_INVALID_VALUE;
   if (a == CU_POINTER_ATTRIBUTE_IS_MANAGED) {
     *static_cast<unsigned*>(out) = it->second.device < 0;
     return CUDA_SUCCESS;
