@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved_us  # noqa: E402
 from fly_abi import gemm_caller, load, max_rel_err  # noqa: E402
+from gemm_torch import geomean, make_operands  # noqa: E402
 
 ROUNDS = 3
 WARM_MS = 20.0
@@ -54,15 +55,9 @@ def draw_shapes(seed, count, max_gib):
 
 def operands(s):
     dt = torch.bfloat16 if s["dtype"] == "bf16" else torch.float16
-    M, N, K, lay = s["M"], s["N"], s["K"], s["layout"]
-    a = torch.randn(M, K, device="cuda", dtype=dt) if lay[0] == "n" else torch.randn(K, M, device="cuda", dtype=dt).t()
-    b = torch.randn(K, N, device="cuda", dtype=dt) if lay[1] == "n" else torch.randn(N, K, device="cuda", dtype=dt).t()
-    bias = torch.randn(N, device="cuda", dtype=dt) if s["bias"] else None
+    a, b = make_operands(s["M"], s["N"], s["K"], s["layout"], dt)
+    bias = torch.randn(s["N"], device="cuda", dtype=dt) if s["bias"] else None
     return a, b, bias
-
-
-def geomean(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
 def main():
