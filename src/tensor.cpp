@@ -12,6 +12,7 @@ size_t dtype_size(fly_dtype dt) {
     case FLY_F32: case FLY_I32: return 4;
     case FLY_F64: case FLY_I64: return 8;
     case FLY_U8: return 1;
+    case FLY_F8_E4M3: case FLY_F4_E2M1X2: case FLY_E8M0: return 1;
     default: return 0;
   }
 }
@@ -25,6 +26,9 @@ const char* dtype_name(fly_dtype dt) {
     case FLY_I32: return "int32";
     case FLY_I64: return "int64";
     case FLY_U8: return "uint8";
+    case FLY_F8_E4M3: return "e4m3";
+    case FLY_F4_E2M1X2: return "e2m1x2";
+    case FLY_E8M0: return "e8m0";
     default: return "invalid";
   }
 }
@@ -52,7 +56,7 @@ int64_t extent_bytes(const fly_tensor& t) {
 fly_status check_tensor(const fly_tensor* t, const char* what, int rank) {
   if (!t) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: descriptor is NULL", what);
   const int32_t dv = dtype_value(*t);
-  const size_t es = dv > FLY_DTYPE_INVALID && dv <= FLY_U8 ? dtype_size(static_cast<fly_dtype>(dv)) : 0;
+  const size_t es = dv > FLY_DTYPE_INVALID && dv <= FLY_E8M0 ? dtype_size(static_cast<fly_dtype>(dv)) : 0;
   if (es == 0)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: invalid dtype value %d", what, int(dv));
   if (t->rank < 0 || t->rank > FLY_MAX_RANK)

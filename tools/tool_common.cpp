@@ -115,7 +115,7 @@ size_t dtype_bytes(fly_dtype dt) {
     case FLY_F16: case FLY_BF16: return 2;
     case FLY_F32: case FLY_I32: return 4;
     case FLY_F64: case FLY_I64: return 8;
-    case FLY_U8: return 1;
+    case FLY_U8: case FLY_F8_E4M3: case FLY_F4_E2M1X2: case FLY_E8M0: return 1;
     default: return 0;
   }
 }

@@ -50,7 +50,13 @@ typedef enum fly_dtype {
   FLY_F64 = 4,
   FLY_I32 = 5,
   FLY_I64 = 6,
-  FLY_U8 = 7
+  FLY_U8 = 7,
+  /* MX element and scale types (OCP Microscaling v1.0; docs/mxfp.md). */
+  FLY_F8_E4M3 = 8,    /* FP8 E4M3 "fn" (no Inf, 0x7F/0xFF NaN), one byte: torch.float8_e4m3fn */
+  FLY_F4_E2M1X2 = 9,  /* two FP4 E2M1 values per byte, element 0 in the low nibble, as
+                       * torch.float4_e2m1fn_x2. Sizes and strides count bytes (packed pairs):
+                       * a logical [M, K] FP4 matrix is a [M, K/2] tensor of this dtype. */
+  FLY_E8M0 = 10       /* E8M0 block scale, one byte: 2^(b - 127), 0xFF NaN (torch.float8_e8m0fnu) */
 } fly_dtype;
 
 #define FLY_MAX_RANK 8
@@ -167,6 +173,40 @@ typedef struct fly_attention_fwd_params {
 
 FLY_API fly_status fly_attention_fwd_workspace_size(const fly_attention_fwd_params* params, size_t* bytes);
 FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, void* stream);
+
+/* ---- MX block-scaled formats: quantizer and GEMM (docs/mxfp.md) --------------------------
+ * MXFP8 = FLY_F8_E4M3 elements, MXFP4 = FLY_F4_E2M1X2 (two per byte, low nibble first; sizes and
+ * strides of such a tensor count bytes, so a logical [M, K] matrix is a [M, K/2] tensor), each
+ * with one FLY_E8M0 scale per 32 consecutive elements of a row: scales [rows, K/32].
+ *
+ * fly_mx_quantize: x [M, K] FP16/BF16/FP32 (unit inner stride, leading stride >= K) to q
+ * ([M, K] FLY_F8_E4M3 or [M, K/2] FLY_F4_E2M1X2, contiguous rows) and scales [M, K/32] FLY_E8M0
+ * (contiguous). K a multiple of 32. `format` is FLY_MX_E4M3 or FLY_MX_E2M1, optionally ORed with
+ * FLY_MX_SCALE_RCEIL (default: the OCP rule, scale = 2^(floor(log2 amax) - emax_elem); RCEIL:
+ * the smallest power of two with amax / scale <= the element max). Elements x / scale rounded to
+ * nearest even with saturation; a zero block gets scale 0x00 (2^-127) and zero codes, a block
+ * holding NaN or Inf scale 0xFF and NaN codes (E2M1 has no NaN: code 0x7). M == 0: no-op. */
+#define FLY_MX_E4M3 1
+#define FLY_MX_E2M1 2
+#define FLY_MX_SCALE_RCEIL 0x100
+FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, const fly_tensor* q,
+                                   const fly_tensor* scales, void* stream);
+
+/* fly_scaled_gemm: C[M,N] = sum_k (A[m,k] * sa[m,k/32]) * (B[n,k] * sb[n,k/32]) (+ bias[N]).
+ * a: [M, K] FLY_F8_E4M3 or [M, K/2] FLY_F4_E2M1X2, row-major (unit inner stride).
+ * b: the [K, N] operand given column-major, i.e. N rows of K (NT): [N, K] E4M3 or [N, K/2]
+ *    E2M1X2 with unit inner stride, the same format as a.
+ * scale_a: [M, K/32], scale_b: [N, K/32], FLY_E8M0, contiguous (unswizzled).
+ * bias: optional [N] in c's dtype. c: [M, N] FP16 or BF16, unit inner stride.
+ * FP32 accumulation; the result equals the GEMM of the exactly dequantized operands up to FP32
+ * summation order (block products scale_a * scale_b beyond FP32's range flush to 0 / overflow).
+ * K must be a multiple of 32 (else FLY_ERROR_INVALID_ARGUMENT). The kernels read rows with
+ * 16-byte loads: row strides in bytes and base pointers must be multiples of 16 (FP8: K % 16,
+ * FP4: K % 32, which K % 32 == 0 gives), else FLY_ERROR_UNSUPPORTED / FLY_ERROR_MISALIGNED.
+ * workspace: unused today (pass NULL, 0). M, N == 0: no-op; K == 0: FLY_ERROR_UNSUPPORTED. */
+FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_tensor* scale_a, const fly_tensor* b,
+                                   const fly_tensor* scale_b, const fly_tensor* bias, const fly_tensor* c,
+                                   void* workspace, size_t workspace_bytes, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,0 +1,107 @@
+// Fast MX encoders (host and device): the same results as gemm/gemm_mx.h's reference quantizer,
+// bit for bit (test/cpu/test_mx_args.cpp checks them against it), written with integer and
+// rint arithmetic so the GPU kernel can use them.
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define FLY_MXE_HD __host__ __device__ __forceinline__
+#else
+#define FLY_MXE_HD inline
+#endif
+
+namespace fly::mxe {
+
+FLY_MXE_HD uint32_t f2u(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u; memcpy(&u, &f, 4); return u;
+#endif
+}
+FLY_MXE_HD float u2f(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f; memcpy(&f, &u, 4); return f;
+#endif
+}
+FLY_MXE_HD int clz32(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return __clz(v);
+#else
+  return v ? __builtin_clz(v) : 32;
+#endif
+}
+// floor(log2(a)) of a finite a > 0 (subnormals included), as std::ilogb.
+FLY_MXE_HD int ilogb_pos(float a) {
+  const uint32_t u = f2u(a);
+  const int ef = int((u >> 23) & 0xFF);
+  if (ef != 0) return ef - 127;
+  return (31 - clz32(u & 0x7FFFFF)) - 149;
+}
+// 2^e as a float for -149 <= e <= 127.
+FLY_MXE_HD float pow2f(int e) {
+  return e >= -126 ? u2f(uint32_t(e + 127) << 23) : u2f(uint32_t(1) << (e + 149));
+}
+// E8M0 byte to float: 0xFF NaN, 0x00 = 2^-127.
+FLY_MXE_HD float e8m0_to_float(uint8_t b) { return b == 0xFF ? u2f(0x7FC00000u) : pow2f(int(b) - 127); }
+
+// Scale byte of a block of largest magnitude amax (finite, >= 0); emax / vmax of the element type.
+FLY_MXE_HD uint8_t scale_byte(float amax, bool rceil, int emax, float vmax) {
+  if (amax == 0.0f) return 0x00;
+  int e;
+  if (!rceil) {
+    e = ilogb_pos(amax) - emax;
+  } else {
+    // smallest e with 2^e >= q, q = amax / vmax rounded in double (as the reference)
+    const double q = double(amax) / double(vmax);
+    int ex;
+    const double fr = std::frexp(q, &ex);  // q = fr * 2^ex, fr in [0.5, 1)
+    e = fr == 0.5 ? ex - 1 : ex;
+  }
+  if (e < -127) e = -127;
+  if (e > 127) return 0xFF;
+  return uint8_t(e + 127);
+}
+
+// Nearest-even E4M3 code of a non-NaN x, saturating to +-448 (0x7E / 0xFE).
+FLY_MXE_HD uint8_t encode_e4m3(float x) {
+  const uint8_t sign = (f2u(x) >> 24) & 0x80;
+  const float a = std::fabs(x);
+  if (!(a < 448.0f)) return uint8_t(sign | 0x7E);
+  if (a < 0.015625f) {  // below 2^-6: subnormal codes m * 2^-9
+    return uint8_t(sign | int(rintf(a * 512.0f)));
+  }
+  const int e = ilogb_pos(a);                        // -6 .. 8
+  const int m = int(rintf(a * pow2f(3 - e)));        // 8 .. 16
+  return uint8_t(sign | (((e + 7) << 3) + (m - 8)));
+}
+// Nearest-even E2M1 code (low 4 bits) of a non-NaN x, saturating to +-6.
+FLY_MXE_HD uint8_t encode_e2m1(float x) {
+  const uint8_t sign = (f2u(x) >> 28) & 0x8;
+  const float a = std::fabs(x);
+  uint8_t c;
+  if (a <= 0.25f) c = 0;
+  else if (a < 0.75f) c = 1;
+  else if (a <= 1.25f) c = 2;
+  else if (a < 1.75f) c = 3;
+  else if (a <= 2.5f) c = 4;
+  else if (a < 3.5f) c = 5;
+  else if (a <= 5.0f) c = 6;
+  else c = 7;
+  return uint8_t(sign | c);
+}
+// E4M3 byte of an E2M1 code (exact: every E2M1 value is an E4M3 value).
+FLY_MXE_HD uint8_t e2m1_to_e4m3(uint8_t n) {
+  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as E4M3 codes
+  const uint32_t lo = 0x3C383000u, hi = 0x4C484440u;
+  const int i = n & 7;
+  const uint8_t mag = uint8_t(((i < 4 ? lo : hi) >> ((i & 3) * 8)) & 0xFF);
+  return uint8_t(mag | ((n & 8) << 4));
+}
+
+}  // namespace fly::mxe

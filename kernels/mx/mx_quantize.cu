@@ -1,0 +1,106 @@
+// MX quantizer: rows of FP16/BF16/FP32 to E4M3 or packed E2M1 codes with one E8M0 scale per 32
+// elements (OCP MX v1.0; the rules and the bit-exact reference are in gemm/gemm_mx.h, the
+// encoders shared with the host test in mx/mx_encode.h). One thread per 32-element block: it
+// loads the block (16-byte vectors when aligned), takes amax, the scale byte, divides by the
+// scale (exact: a power of two) and encodes with nearest-even and saturation.
+// Variant constants (tools/flygen): FLY_THREADS (threads per CTA).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "mx/mx_encode.h"
+#include "mx/mx_params.h"
+
+namespace {
+
+__device__ __forceinline__ void load_block(const MxQuantizeParams& p, int64_t row, int64_t k0, float (&v)[32]) {
+  if (p.src == 2) {
+    const float* x = static_cast<const float*>(p.x) + row * p.ldx + k0;
+    if (p.vec_x) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float4 f = reinterpret_cast<const float4*>(x)[i];
+        v[4 * i] = f.x; v[4 * i + 1] = f.y; v[4 * i + 2] = f.z; v[4 * i + 3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) v[i] = x[i];
+    }
+    return;
+  }
+  const uint16_t* x = static_cast<const uint16_t*>(p.x) + row * p.ldx + k0;
+  uint16_t h[32];
+  if (p.vec_x) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 u = reinterpret_cast<const uint4*>(x)[i];
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) { h[8 * i + 2 * j] = uint16_t(w[j] & 0xFFFF); h[8 * i + 2 * j + 1] = uint16_t(w[j] >> 16); }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) h[i] = x[i];
+  }
+  if (p.src == 1) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = __uint_as_float(uint32_t(h[i]) << 16);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = __half2float(__ushort_as_half(h[i]));
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(FLY_THREADS) mx_quantize(MxQuantizeParams p) {
+  const int64_t kb_per_row = p.K / 32;
+  const int64_t blocks = p.M * kb_per_row;
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = b / kb_per_row, kb = b - row * kb_per_row;
+    float v[32];
+    load_block(p, row, kb * 32, v);
+    float amax = 0.0f;
+    bool bad = false;  // NaN or Inf in the block
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const float a = fabsf(v[i]);
+      bad |= !(a <= 3.402823466e38f);
+      amax = fmaxf(amax, a);
+    }
+    const uint8_t s = bad ? uint8_t(0xFF)
+                          : fly::mxe::scale_byte(amax, p.rceil != 0, p.fp4 ? 2 : 8, p.fp4 ? 6.0f : 448.0f);
+    p.scales[b] = s;
+    const float scale = fly::mxe::e8m0_to_float(s);
+    if (p.fp4) {
+      uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const uint8_t c = s == 0xFF ? uint8_t(0x7) : fly::mxe::encode_e2m1(__fdiv_rn(v[i], scale));
+        w[i / 8] |= uint32_t(c) << ((i % 8) * 4);
+      }
+      uint8_t* q = static_cast<uint8_t*>(p.q) + row * (p.K / 2) + kb * 16;
+      if (p.vec_q) {
+        *reinterpret_cast<uint4*>(q) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) q[i] = uint8_t(w[i / 4] >> ((i % 4) * 8));
+      }
+    } else {
+      uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const uint8_t c = s == 0xFF ? uint8_t(0x7F) : fly::mxe::encode_e4m3(__fdiv_rn(v[i], scale));
+        w[i / 4] |= uint32_t(c) << ((i % 4) * 8);
+      }
+      uint8_t* q = static_cast<uint8_t*>(p.q) + row * p.K + kb * 32;
+      if (p.vec_q) {
+        reinterpret_cast<uint4*>(q)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        reinterpret_cast<uint4*>(q)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) q[i] = uint8_t(w[i / 4] >> ((i % 4) * 8));
+      }
+    }
+  }
+}

@@ -1,0 +1,191 @@
+// fly_mx_quantize and fly_scaled_gemm: validation, dispatch and launch of the MX families
+// (mx_quantize, mxfp). Internals in docs/mxfp.md; kernels in kernels/mx/.
+#include <cinttypes>
+#include <cstdint>
+
+#include "core.hpp"
+#include "mx/mx_params.h"
+
+namespace fly {
+namespace {
+
+// Rows of a rank-2 tensor: unit inner stride (or one column), rows not overlapping.
+fly_status check_rows(const fly_tensor& t, const char* what) {
+  if (t.sizes[1] > 1 && t.strides[1] != 1)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: inner stride must be 1, got %" PRId64, what, t.strides[1]);
+  if (t.sizes[0] > 1 && t.strides[0] < t.sizes[1])
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: row stride %" PRId64 " is smaller than the row length %" PRId64
+                " (rows overlap)", what, t.strides[0], t.sizes[1]);
+  return FLY_SUCCESS;
+}
+// Contiguous rows of exactly `rows` x `cols`.
+fly_status check_dense(const fly_tensor& t, const char* what, int64_t rows, int64_t cols) {
+  if (t.sizes[0] != rows || t.sizes[1] != cols)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
+                what, t.sizes[0], t.sizes[1], rows, cols);
+  if ((cols > 1 && t.strides[1] != 1) || (rows > 1 && t.strides[0] != cols))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: must be contiguous (strides [%" PRId64 ", 1]), got [%" PRId64 ", %" PRId64 "]",
+                what, cols, t.strides[0], t.strides[1]);
+  return FLY_SUCCESS;
+}
+int64_t row_stride(const fly_tensor& t) { return t.sizes[0] > 1 ? t.strides[0] : t.sizes[1]; }
+
+}  // namespace
+}  // namespace fly
+
+extern "C" FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, const fly_tensor* q,
+                                               const fly_tensor* scales, void* stream) {
+  using namespace fly;
+  clear_error();
+  const int fmt = format & 0xFF;
+  if ((format & ~(0xFF | FLY_MX_SCALE_RCEIL)) != 0 || (fmt != FLY_MX_E4M3 && fmt != FLY_MX_E2M1))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "format: %d is not FLY_MX_E4M3 or FLY_MX_E2M1 (optionally | FLY_MX_SCALE_RCEIL)", format);
+  const bool fp4 = fmt == FLY_MX_E2M1;
+  FLY_TRY(check_tensor(x, "x", 2));
+  const fly_dtype dt = x->dtype;
+  if (dt != FLY_F16 && dt != FLY_BF16 && dt != FLY_F32)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "x: dtype %s is not supported (fp16, bf16, fp32)", dtype_name(dt));
+  FLY_TRY(check_rows(*x, "x"));
+  const int64_t M = x->sizes[0], K = x->sizes[1];
+  if (K % 32 != 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "x: K = %" PRId64 " is not a multiple of 32 (the MX block)", K);
+  FLY_TRY(check_tensor(q, "q", 2));
+  const fly_dtype qdt = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
+  if (q->dtype != qdt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "q: dtype %s, expected %s for this format", dtype_name(q->dtype), dtype_name(qdt));
+  FLY_TRY(check_dense(*q, "q", M, fp4 ? K / 2 : K));
+  FLY_TRY(check_tensor(scales, "scales", 2));
+  if (scales->dtype != FLY_E8M0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "scales: dtype %s, expected e8m0", dtype_name(scales->dtype));
+  FLY_TRY(check_dense(*scales, "scales", M, K / 32));
+  if (M == 0 || K == 0) return FLY_SUCCESS;
+  if (M > (int64_t(1) << 40) / K)
+    return fail(FLY_ERROR_UNSUPPORTED, "x: %" PRId64 " x %" PRId64 " elements exceed the kernel's limit", M, K);
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_device_pointer(*x, "x"));
+  FLY_TRY(check_device_pointer(*q, "q"));
+  FLY_TRY(check_device_pointer(*scales, "scales"));
+
+  DispatchRequest req = make_request("mx_quantize", "mx_quantize", dtype_name(dt), fp4 ? "e2m1" : "e4m3",
+                                     {{"K", K}, {"M", M}});
+  req.fallback = [] { return std::string("mx_quantize_t256"); };
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "mx_quantize", &rk));
+  const int64_t es = int64_t(dtype_size(dt)), ldx = row_stride(*x);
+  MxQuantizeParams p{};
+  p.x = x->data;
+  p.q = q->data;
+  p.scales = static_cast<uint8_t*>(scales->data);
+  p.M = M;
+  p.K = K;
+  p.ldx = ldx;
+  p.src = dt == FLY_F16 ? 0 : dt == FLY_BF16 ? 1 : 2;
+  p.fp4 = fp4;
+  p.rceil = (format & FLY_MX_SCALE_RCEIL) != 0;
+  p.vec_x = reinterpret_cast<uintptr_t>(x->data) % 16 == 0 && (ldx * es) % 16 == 0;
+  p.vec_q = reinterpret_cast<uintptr_t>(q->data) % 16 == 0;
+  const int threads = int(rk.v->get_int("threads", 256));
+  const int64_t blocks = M * (K / 32);
+  int64_t grid = (blocks + threads - 1) / threads;
+  const int64_t cap = int64_t(dc->sm_count > 0 ? dc->sm_count : 132) * 16;
+  if (grid > cap) grid = cap;
+  LaunchConfig cfg;
+  cfg.grid[0] = unsigned(grid);
+  cfg.block[0] = unsigned(threads);
+  return launch1(rk.f, cfg, stream, p);
+}
+
+extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_tensor* scale_a, const fly_tensor* b,
+                                               const fly_tensor* scale_b, const fly_tensor* bias, const fly_tensor* c,
+                                               void* workspace, size_t workspace_bytes, void* stream) {
+  using namespace fly;
+  clear_error();
+  FLY_TRY(check_tensor(a, "a", 2));
+  FLY_TRY(check_tensor(b, "b", 2));
+  FLY_TRY(check_tensor(c, "c", 2));
+  FLY_TRY(check_tensor(scale_a, "scale_a", 2));
+  FLY_TRY(check_tensor(scale_b, "scale_b", 2));
+  if (a->dtype != FLY_F8_E4M3 && a->dtype != FLY_F4_E2M1X2)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: dtype %s, expected e4m3 or e2m1x2", dtype_name(a->dtype));
+  if (b->dtype != a->dtype)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(a->dtype));
+  const bool fp4 = a->dtype == FLY_F4_E2M1X2;
+  if (c->dtype != FLY_F16 && c->dtype != FLY_BF16)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: dtype %s, expected fp16 or bf16", dtype_name(c->dtype));
+  FLY_TRY(check_rows(*a, "a"));
+  FLY_TRY(check_rows(*b, "b"));
+  FLY_TRY(check_rows(*c, "c"));
+  const int64_t M = a->sizes[0], N = b->sizes[0], K = fp4 ? a->sizes[1] * 2 : a->sizes[1];
+  if (b->sizes[1] != a->sizes[1])
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: %" PRId64 " columns (K%s) do not match a's %" PRId64, b->sizes[1],
+                fp4 ? "/2, packed" : "", a->sizes[1]);
+  if (c->sizes[0] != M || c->sizes[1] != N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
+                c->sizes[0], c->sizes[1], M, N);
+  if (K % 32 != 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: K = %" PRId64 " is not a multiple of 32 (the MX block)", K);
+  if (scale_a->dtype != FLY_E8M0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "scale_a: dtype %s, expected e8m0", dtype_name(scale_a->dtype));
+  if (scale_b->dtype != FLY_E8M0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "scale_b: dtype %s, expected e8m0", dtype_name(scale_b->dtype));
+  FLY_TRY(check_dense(*scale_a, "scale_a", M, K / 32));
+  FLY_TRY(check_dense(*scale_b, "scale_b", N, K / 32));
+  if (bias) FLY_TRY(check_vector(bias, "bias", N, c->dtype));
+  if (workspace_bytes > 0 && !workspace)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with %zu bytes", workspace_bytes);
+  if (M == 0 || N == 0) return FLY_SUCCESS;
+  if (K == 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported by the MX kernels");
+  const int64_t lda = row_stride(*a), ldb = row_stride(*b);
+  if (lda % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: row stride %" PRId64 " bytes is not a multiple of 16", lda);
+  if (ldb % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: row stride %" PRId64 " bytes is not a multiple of 16", ldb);
+  if (reinterpret_cast<uintptr_t>(a->data) % 16 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "a: data pointer %p is not 16-byte aligned", a->data);
+  if (reinterpret_cast<uintptr_t>(b->data) % 16 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "b: data pointer %p is not 16-byte aligned", b->data);
+  if ((M + 63) / 64 > 65535)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the kernel's grid limit", M);
+  (void)workspace;
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_device_pointer(*a, "a"));
+  FLY_TRY(check_device_pointer(*b, "b"));
+  FLY_TRY(check_device_pointer(*scale_a, "scale_a"));
+  FLY_TRY(check_device_pointer(*scale_b, "scale_b"));
+  FLY_TRY(check_device_pointer(*c, "c"));
+  if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
+
+  DispatchRequest req = make_request("mxfp", "scaled_gemm", fp4 ? "mxfp4" : "mxfp8", "nt",
+                                     {{"N", N}, {"K", K}, {"M", M}});
+  req.fallback = [] { return std::string("mxfp_gemm_m64_n64"); };
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "mxfp_gemm", &rk));
+  MxGemmParams p{};
+  p.a = static_cast<const uint8_t*>(a->data);
+  p.b = static_cast<const uint8_t*>(b->data);
+  p.sa = static_cast<const uint8_t*>(scale_a->data);
+  p.sb = static_cast<const uint8_t*>(scale_b->data);
+  p.bias = bias ? bias->data : nullptr;
+  p.c = c->data;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.lda = lda;
+  p.ldb = ldb;
+  p.ldc = row_stride(*c);
+  p.fp4 = fp4;
+  p.out_bf16 = c->dtype == FLY_BF16;
+  const int bm = int(rk.v->get_int("bm", 64)), bn = int(rk.v->get_int("bn", 64));
+  LaunchConfig cfg;
+  cfg.grid[0] = unsigned((N + bn - 1) / bn);
+  cfg.grid[1] = unsigned((M + bm - 1) / bm);
+  cfg.block[0] = 128;
+  return launch1(rk.f, cfg, stream, p);
+}
