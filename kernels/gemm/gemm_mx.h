@@ -58,6 +58,8 @@ template <class Decode>
 uint8_t encode_nearest_even(float x, uint8_t top, uint8_t sign_bit, uint8_t nan_code, Decode decode) {
   if (std::isnan(x)) return nan_code;
   const float a = std::fabs(x);
+  // saturation first: far above `top`, float distances all round to a and would tie
+  if (a >= decode(top)) return uint8_t(top | (std::signbit(x) ? sign_bit : 0));
   uint8_t best = 0;
   for (uint8_t c = 1; c <= top; ++c) {
     const float dc = std::fabs(decode(c) - a), db = std::fabs(decode(best) - a);

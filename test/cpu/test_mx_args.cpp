@@ -1,0 +1,220 @@
+// MX family on the CPU: the kernels' fast encoders (mx/mx_encode.h) equal the reference quantizer
+// (gemm/gemm_mx.h) bit for bit, the MX dtypes are accepted by descriptor validation, and
+// fly_mx_quantize / fly_scaled_gemm reject bad input with a status and a message naming the
+// argument before any device query (valid input reaches the device step: NO_DEVICE in CI).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "flykernels/flykernels.h"
+#include "gemm/gemm_mx.h"
+#include "mx/mx_encode.h"
+#include "test_tensors.hpp"
+
+namespace {
+
+using fly_test::mat;
+using fly_test::mentions;
+using fly_test::vec;
+
+void* const kA = reinterpret_cast<void*>(0x100000);
+void* const kB = reinterpret_cast<void*>(0x200000);
+void* const kSA = reinterpret_cast<void*>(0x300000);
+void* const kSB = reinterpret_cast<void*>(0x400000);
+void* const kC = reinterpret_cast<void*>(0x500000);
+void* const kBias = reinterpret_cast<void*>(0x600000);
+
+float bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+// Valid input gets past validation: NO_DEVICE without a GPU; with one, the fake pointers fail the
+// device-pointer check, which names no argument problem of shape/dtype.
+bool passed_validation(fly_status s) {
+  return s == FLY_ERROR_NO_DEVICE || (s == FLY_ERROR_INVALID_ARGUMENT && mentions("allocation")) ||
+         s == FLY_ERROR_CUDA;
+}
+
+}  // namespace
+
+TEST_CASE("mx fast encoders equal the reference quantizer bit for bit", "[mx][encode]") {
+  using namespace fly;
+  std::mt19937 rng(26);
+  std::vector<float> xs;
+  // every E4M3 / E2M1 value, their midpoints and neighbours (the tie and saturation cases)
+  for (int c = 0; c < 256; ++c) {
+    const float v = mx::decode_e4m3(uint8_t(c));
+    if (std::isnan(v)) continue;
+    xs.push_back(v);
+    xs.push_back(std::nextafter(v, 1e9f));
+    xs.push_back(std::nextafter(v, -1e9f));
+    const float w = mx::decode_e4m3(uint8_t(c + 1 < 256 ? c + 1 : c));
+    if (!std::isnan(w)) xs.push_back(0.5f * (v + w));
+  }
+  for (float v : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 448.0f, 464.0f, 480.0f, 1e30f, 3.4e38f})
+    for (float s : {1.0f, -1.0f}) {
+      xs.push_back(s * v);
+      xs.push_back(s * std::nextafter(v, 0.0f));
+      xs.push_back(s * std::nextafter(v, 1e38f));
+    }
+  xs.push_back(0.0f);
+  xs.push_back(-0.0f);
+  xs.push_back(bits(1));           // smallest subnormal
+  xs.push_back(bits(0x80000001));
+  for (int i = 0; i < 400000; ++i) {  // random bit patterns, finite
+    float f = bits(uint32_t(rng()));
+    if (std::isfinite(f)) xs.push_back(f);
+  }
+  std::uniform_real_distribution<float> u(-500.f, 500.f);
+  for (int i = 0; i < 400000; ++i) xs.push_back(u(rng));
+  size_t bad8 = 0, bad4 = 0;
+  for (float x : xs) {
+    bad8 += mxe::encode_e4m3(x) != mx::encode_e4m3(x);
+    bad4 += mxe::encode_e2m1(x) != mx::encode_e2m1(x);
+  }
+  CHECK(xs.size() > 790000);
+  CHECK(bad8 == 0);
+  CHECK(bad4 == 0);
+  // the E2M1 -> E4M3 widening is exact for all 16 codes
+  for (int n = 0; n < 16; ++n) CHECK(mx::decode_e4m3(mxe::e2m1_to_e4m3(uint8_t(n))) == mx::decode_e2m1(uint8_t(n)));
+  // e8m0 decode, every byte
+  for (int b = 0; b < 255; ++b) CHECK(mxe::e8m0_to_float(uint8_t(b)) == mx::decode_e8m0(uint8_t(b)));
+  CHECK(std::isnan(mxe::e8m0_to_float(0xFF)));
+}
+
+TEST_CASE("mx fast scale rule equals the reference for FLOOR and RCEIL", "[mx][encode]") {
+  using namespace fly;
+  std::mt19937 rng(7);
+  size_t bad = 0, n = 0;
+  auto check = [&](float amax) {
+    for (int fp4 = 0; fp4 < 2; ++fp4)
+      for (int rc = 0; rc < 2; ++rc) {
+        const int emax = fp4 ? mx::kE2m1Emax : mx::kE4m3Emax;
+        const float vmax = fp4 ? mx::kE2m1Max : mx::kE4m3Max;
+        const auto mode = rc ? mx::ScaleMode::kRceil : mx::ScaleMode::kFloor;
+        bad += mxe::scale_byte(amax, rc != 0, emax, vmax) != mx::scale_e8m0(amax, mode, emax, vmax);
+        ++n;
+      }
+  };
+  for (uint32_t e = 0; e < 255; ++e)
+    for (uint32_t m : {0u, 1u, 0x400000u, 0x7FFFFFu, 0x600000u, 0x5FFFFFu}) check(bits((e << 23) | m));
+  for (int i = 0; i < 200000; ++i) {
+    const float f = std::fabs(bits(uint32_t(rng())));
+    if (std::isfinite(f)) check(f);
+  }
+  for (int c = 0; c < 127; ++c) check(mx::decode_e4m3(uint8_t(c)) * 64.0f);
+  CHECK(n > 100000);
+  CHECK(bad == 0);
+}
+
+TEST_CASE("mx_quantize rejects bad arguments before any device query", "[mx][args]") {
+  fly_tensor x = mat(kA, FLY_BF16, 4, 64, 64);
+  fly_tensor q8 = mat(kB, FLY_F8_E4M3, 4, 64, 64), q4 = mat(kB, FLY_F4_E2M1X2, 4, 32, 32);
+  fly_tensor s = mat(kSA, FLY_E8M0, 4, 2, 2);
+  CHECK(passed_validation(fly_mx_quantize(&x, FLY_MX_E4M3, &q8, &s, nullptr)));
+  CHECK(passed_validation(fly_mx_quantize(&x, FLY_MX_E2M1 | FLY_MX_SCALE_RCEIL, &q4, &s, nullptr)));
+  fly_tensor xf = mat(kA, FLY_F32, 4, 64, 96);
+  CHECK(passed_validation(fly_mx_quantize(&xf, FLY_MX_E4M3, &q8, &s, nullptr)));
+
+  CHECK(fly_mx_quantize(&x, 3, &q8, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("format"));
+  CHECK(fly_mx_quantize(&x, FLY_MX_E4M3 | 0x200, &q8, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("format"));
+  CHECK(fly_mx_quantize(nullptr, FLY_MX_E4M3, &q8, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("x"));
+  CHECK(fly_mx_quantize(&x, FLY_MX_E2M1, &q8, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("q: dtype e4m3"));
+  CHECK(fly_mx_quantize(&x, FLY_MX_E4M3, &q4, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("q: dtype"));
+  fly_tensor x40 = mat(kA, FLY_BF16, 4, 40, 40);
+  CHECK(fly_mx_quantize(&x40, FLY_MX_E4M3, &q8, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("multiple of 32"));
+  fly_tensor xi = mat(kA, FLY_I32, 4, 64, 64);
+  CHECK(fly_mx_quantize(&xi, FLY_MX_E4M3, &q8, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("x: dtype int32"));
+  fly_tensor xs = mat(kA, FLY_BF16, 4, 64, 32);  // overlapping rows
+  CHECK(fly_mx_quantize(&xs, FLY_MX_E4M3, &q8, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("x: row stride"));
+  fly_tensor qp = mat(kB, FLY_F8_E4M3, 4, 64, 128);  // padded q rows
+  CHECK(fly_mx_quantize(&x, FLY_MX_E4M3, &qp, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("q: must be contiguous"));
+  fly_tensor sw = mat(kSA, FLY_E8M0, 4, 4, 4);
+  CHECK(fly_mx_quantize(&x, FLY_MX_E4M3, &q8, &sw, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scales: shape"));
+  fly_tensor su = mat(kSA, FLY_U8, 4, 2, 2);
+  CHECK(fly_mx_quantize(&x, FLY_MX_E4M3, &q8, &su, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scales: dtype uint8"));
+  // M == 0: a no-op before any device query
+  fly_tensor x0 = mat(kA, FLY_BF16, 0, 64, 64), q0 = mat(kB, FLY_F8_E4M3, 0, 64, 64), s0 = mat(kSA, FLY_E8M0, 0, 2, 2);
+  CHECK(fly_mx_quantize(&x0, FLY_MX_E4M3, &q0, &s0, nullptr) == FLY_SUCCESS);
+}
+
+TEST_CASE("scaled_gemm rejects bad arguments before any device query", "[mx][args]") {
+  const int64_t M = 8, N = 64, K = 128;
+  fly_tensor a8 = mat(kA, FLY_F8_E4M3, M, K, K), b8 = mat(kB, FLY_F8_E4M3, N, K, K);
+  fly_tensor a4 = mat(kA, FLY_F4_E2M1X2, M, K / 2, K / 2), b4 = mat(kB, FLY_F4_E2M1X2, N, K / 2, K / 2);
+  fly_tensor sa = mat(kSA, FLY_E8M0, M, K / 32, K / 32), sb = mat(kSB, FLY_E8M0, N, K / 32, K / 32);
+  fly_tensor c = mat(kC, FLY_BF16, M, N, N), bias = vec(kBias, FLY_BF16, N);
+  CHECK(passed_validation(fly_scaled_gemm(&a8, &sa, &b8, &sb, &bias, &c, nullptr, 0, nullptr)));
+  CHECK(passed_validation(fly_scaled_gemm(&a4, &sa, &b4, &sb, nullptr, &c, nullptr, 0, nullptr)));
+
+  CHECK(fly_scaled_gemm(nullptr, &sa, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("a"));
+  CHECK(fly_scaled_gemm(&a8, &sa, &b4, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("b: dtype e2m1x2 does not match a"));
+  fly_tensor abf = mat(kA, FLY_BF16, M, K, K);
+  CHECK(fly_scaled_gemm(&abf, &sa, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("a: dtype bf16"));
+  fly_tensor c32 = mat(kC, FLY_F32, M, N, N);
+  CHECK(fly_scaled_gemm(&a8, &sa, &b8, &sb, nullptr, &c32, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("c: dtype fp32"));
+  fly_tensor bk = mat(kB, FLY_F8_E4M3, N, 96, 96);
+  CHECK(fly_scaled_gemm(&a8, &sa, &bk, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("b: 96 columns"));
+  fly_tensor a48 = mat(kA, FLY_F8_E4M3, M, 48, 48), b48 = mat(kB, FLY_F8_E4M3, N, 48, 48);
+  CHECK(fly_scaled_gemm(&a48, &sa, &b48, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("multiple of 32"));
+  fly_tensor cw = mat(kC, FLY_BF16, M, N + 1, N + 1);
+  CHECK(fly_scaled_gemm(&a8, &sa, &b8, &sb, nullptr, &cw, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("c: shape"));
+  fly_tensor sau = mat(kSA, FLY_U8, M, K / 32, K / 32);
+  CHECK(fly_scaled_gemm(&a8, &sau, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scale_a: dtype uint8"));
+  fly_tensor sbw = mat(kSB, FLY_E8M0, N, K / 16, K / 16);
+  CHECK(fly_scaled_gemm(&a8, &sa, &b8, &sbw, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scale_b: shape"));
+  fly_tensor sap = mat(kSA, FLY_E8M0, M, K / 32, 8);  // padded scale rows
+  CHECK(fly_scaled_gemm(&a8, &sap, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scale_a: must be contiguous"));
+  fly_tensor bias16 = vec(kBias, FLY_F16, N);
+  CHECK(fly_scaled_gemm(&a8, &sa, &b8, &sb, &bias16, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("bias: dtype fp16"));
+  fly_tensor at = mat(kA, FLY_F8_E4M3, M, K, 1, M);  // column-major A
+  CHECK(fly_scaled_gemm(&at, &sa, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("a: inner stride"));
+  CHECK(fly_scaled_gemm(&a8, &sa, &b8, &sb, nullptr, &c, nullptr, 64, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("workspace"));
+  // padded rows whose byte stride breaks the 16-byte rule: unsupported, not wrong
+  fly_tensor apad = mat(kA, FLY_F8_E4M3, M, K, K + 8);
+  CHECK(fly_scaled_gemm(&apad, &sa, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("a: row stride"));
+  fly_tensor bmis = mat(reinterpret_cast<char*>(kB) + 8, FLY_F8_E4M3, N, K, K);
+  CHECK(fly_scaled_gemm(&a8, &sa, &bmis, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_MISALIGNED);
+  CHECK(mentions("b: data pointer"));
+  // empty output: no-op
+  fly_tensor a0 = mat(kA, FLY_F8_E4M3, 0, K, K), sa0 = mat(kSA, FLY_E8M0, 0, K / 32, K / 32),
+             c0 = mat(kC, FLY_BF16, 0, N, N);
+  CHECK(fly_scaled_gemm(&a0, &sa0, &b8, &sb, nullptr, &c0, nullptr, 0, nullptr) == FLY_SUCCESS);
+}
+
+TEST_CASE("MX dtypes are valid descriptor dtypes of one byte", "[mx][dtype]") {
+  CHECK(int(FLY_F8_E4M3) == 8);
+  CHECK(int(FLY_F4_E2M1X2) == 9);
+  CHECK(int(FLY_E8M0) == 10);
+  // an E8M0 tensor whose byte extent overflows is rejected as such (its element size is 1)
+  fly_tensor x = mat(kA, FLY_BF16, 4, 64, 64), q8 = mat(kB, FLY_F8_E4M3, 4, 64, 64);
+  fly_tensor s = mat(kSA, FLY_E8M0, int64_t(1) << 46, 2, int64_t(1) << 46);
+  CHECK(fly_mx_quantize(&x, FLY_MX_E4M3, &q8, &s, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scales"));
+}
