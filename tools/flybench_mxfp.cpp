@@ -1,0 +1,60 @@
+// flybench mxfp: the MX suite (suites/mxfp.json) through the library: fly_mx_quantize of BF16
+// operands (time and bandwidth against a copy of the same bytes), then fly_scaled_gemm from the
+// quantized operands (time, TFLOP/s, effective bandwidth of the bytes it must read), MXFP8 and
+// MXFP4, BF16 output. bench/mxfp_torch.py runs this with --json beside the torch baselines.
+#include <fstream>
+
+#include "tool_common.hpp"
+
+namespace fly::tools {
+
+int bench_mxfp(const Args& args) {
+  nlohmann::json suite = load_suite(args.get("suite", data_file("suites/mxfp.json")));
+  cudaStream_t s = 0;
+  const double copy_bw = copy_bandwidth_bytes_per_s();
+  const bool flush = !args.has("no-flush");
+  std::printf("flybench mxfp on %s: copy bandwidth %.2f TB/s, L2 flush: %s\n", gpu_name().c_str(), copy_bw / 1e12,
+              l2_flush_method());
+  std::printf("%-5s %6s %6s %6s %10s %9s %8s %10s %8s  %s\n", "fmt", "M", "N", "K", "gemm_us", "TFLOP/s", "TB/s",
+              "quant_us", "%copy", "variant");
+  nlohmann::json out = nlohmann::json::array();
+  for (auto& c : suite["cases"]) {
+    const int64_t M = c["M"], N = c["N"], K = c["K"];
+    if (K % 32 != 0) continue;
+    for (int fp4 = 0; fp4 < 2; ++fp4) {
+      const int fmt = fp4 ? FLY_MX_E2M1 : FLY_MX_E4M3;
+      const fly_dtype et = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
+      const int64_t cols = fp4 ? K / 2 : K;
+      DeviceBuffer xa(size_t(M * K) * 2), xb(size_t(N * K) * 2);
+      fill_random(xa.ptr, size_t(M * K), FLY_BF16, 11 + uint64_t(M), -2.f, 2.f);
+      fill_random(xb.ptr, size_t(N * K), FLY_BF16, 13 + uint64_t(N), -2.f, 2.f);
+      DeviceBuffer qa(size_t(M * cols)), qb(size_t(N * cols)), sa(size_t(M * K / 32)), sb(size_t(N * K / 32));
+      DeviceBuffer cbuf(size_t(M * N) * 2);
+      fly_tensor ta = tensor2d(xa.ptr, FLY_BF16, M, K, K), tb = tensor2d(xb.ptr, FLY_BF16, N, K, K);
+      fly_tensor tqa = tensor2d(qa.ptr, et, M, cols, cols), tqb = tensor2d(qb.ptr, et, N, cols, cols);
+      fly_tensor tsa = tensor2d(sa.ptr, FLY_E8M0, M, K / 32, K / 32), tsb = tensor2d(sb.ptr, FLY_E8M0, N, K / 32, K / 32);
+      fly_tensor tc = tensor2d(cbuf.ptr, FLY_BF16, M, N, N);
+      TOOL_FLY(fly_mx_quantize(&ta, fmt, &tqa, &tsa, s));
+      // the quantizer on the weight operand (the larger one): bytes read + written vs a copy
+      const double qus = time_median_us([&] { TOOL_FLY(fly_mx_quantize(&tb, fmt, &tqb, &tsb, s)); }, s, 3, 15, flush);
+      const double qbytes = double(N * K) * 2 + double(N * cols) + double(N * K / 32);
+      const double us = time_median_us(
+          [&] { TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, nullptr, 0, s)); }, s, 3, 15, flush, 20);
+      const std::string variant = fly_last_variant();
+      const double tflops = 2.0 * M * N * K / (us * 1e-6) / 1e12;
+      const double gbytes = double((M + N) * cols) + double((M + N) * K / 32) + double(M * N) * 2;
+      std::printf("%-5s %6lld %6lld %6lld %10.2f %9.1f %8.3f %10.2f %7.1f%%  %s\n", fp4 ? "mxfp4" : "mxfp8",
+                  (long long)M, (long long)N, (long long)K, us, tflops, gbytes / (us * 1e-6) / 1e12, qus,
+                  100 * qbytes / (qus * 1e-6) / copy_bw, variant.c_str());
+      out.push_back({{"format", fp4 ? "mxfp4" : "mxfp8"}, {"M", M}, {"N", N}, {"K", K}, {"us", us}, {"tflops", tflops},
+                     {"quant_us", qus}, {"quant_copy_fraction", qbytes / (qus * 1e-6) / copy_bw}, {"variant", variant}});
+    }
+  }
+  if (args.has("json")) {
+    std::ofstream f(args.get("json"));
+    f << nlohmann::json{{"gpu", gpu_name()}, {"copy_tbps", copy_bw / 1e12}, {"flush", l2_flush_method()}, {"cases", out}}.dump(1);
+  }
+  return 0;
+}
+
+}  // namespace fly::tools
