@@ -134,6 +134,17 @@ inline void gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& c, 
   check(fly_gemm(&a, &b, &c, bias, workspace, workspace_bytes, stream));
 }
 
+// MX quantizer (format: FLY_MX_E4M3 / FLY_MX_E2M1, optionally | FLY_MX_SCALE_RCEIL) and the
+// MX block-scaled GEMM (see flykernels.h).
+inline void mx_quantize(const fly_tensor& x, int format, const fly_tensor& q, const fly_tensor& scales,
+                        void* stream = nullptr) {
+  check(fly_mx_quantize(&x, format, &q, &scales, stream));
+}
+inline void scaled_gemm(const fly_tensor& a, const fly_tensor& scale_a, const fly_tensor& b, const fly_tensor& scale_b,
+                        const fly_tensor& c, const fly_tensor* bias = nullptr, void* stream = nullptr) {
+  check(fly_scaled_gemm(&a, &scale_a, &b, &scale_b, bias, &c, nullptr, 0, stream));
+}
+
 namespace detail {
 // The versioned parameters of one attention forward call (struct_size filled in).
 inline fly_attention_fwd_params attention_params(const fly_tensor& q, const fly_tensor& k, const fly_tensor& v,
