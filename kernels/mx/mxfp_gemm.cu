@@ -116,7 +116,16 @@ __device__ __forceinline__ void store_stage(Smem& sm, const StageRegs& s) {
   }
 }
 
+#if defined(FLY_MX_HOST_EMU)
+// test/cpu/test_mx_kernel_emu.cpp runs this file on the host: the warp's MMA from its lanes' fragments.
+void fly_mx_emu_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+#endif
+
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(FLY_MX_HOST_EMU)
+  fly_mx_emu_mma(d, a, b);
+  return;
+#endif
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
