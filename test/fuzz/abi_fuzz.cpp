@@ -189,6 +189,30 @@ void fly_fuzz_summary(FILE* out) {
   std::fprintf(out, "  calls that launched (stand-in driver) %llu\n", (unsigned long long)g_launching_calls);
 }
 
+// The MX entries (fly_mx_quantize, fly_scaled_gemm): part of entry 10's draws.
+void fuzz_mx(Input& in) {
+  const bool fp4 = in.byte() & 1;
+  const int32_t et = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
+  if (in.byte() & 1) {
+    fly_tensor x = tensor(in, 2, int32_t(FLY_F16 + in.byte() % 3)), q = tensor(in, 2, et), sc = tensor(in, 2, FLY_E8M0);
+    if (in.byte() < 180) {  // agreeing shapes, so calls reach dispatch
+      x.sizes[1] = 32 * (1 + x.sizes[1] % 8);
+      x.strides[0] = x.sizes[1];
+      q.sizes[0] = sc.sizes[0] = x.sizes[0];
+      q.sizes[1] = q.strides[0] = fp4 ? x.sizes[1] / 2 : x.sizes[1];
+      sc.sizes[1] = sc.strides[0] = x.sizes[1] / 32;
+    }
+    const int fmt = in.byte() < 200 ? (fp4 ? FLY_MX_E2M1 : FLY_MX_E4M3) | (in.byte() & 1 ? FLY_MX_SCALE_RCEIL : 0)
+                                    : int(int32_t(in.u64()));
+    check("fly_mx_quantize", fly_mx_quantize(maybe(in, &x), fmt, maybe(in, &q), maybe(in, &sc), stream(in)));
+  } else {
+    fly_tensor a = tensor(in, 2, et), bm = tensor(in, 2, et), sa = tensor(in, 2, FLY_E8M0), sb = tensor(in, 2, FLY_E8M0);
+    fly_tensor c = tensor(in, 2, in.byte() & 1 ? FLY_BF16 : FLY_F16), bias = tensor(in, 1, c.dtype);
+    check("fly_scaled_gemm", fly_scaled_gemm(maybe(in, &a), maybe(in, &sa), maybe(in, &bm), maybe(in, &sb), maybe(in, &bias),
+                                             maybe(in, &c), nullptr, 0, stream(in)));
+  }
+}
+
 int fly_fuzz_one(const uint8_t* data, size_t size) {
   Input in{data, size};
   Buffers& b = buffers();
@@ -315,6 +339,9 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
       check("fly_set_tuning_db(NULL)", s2);
       break;
     }
+    case 10:
+      if (in.byte() < 96) { fuzz_mx(in); break; }
+      [[fallthrough]];
     default: {
       const int i = int(int32_t(in.u64()));
       const char* v = fly_variant_name(i);
