@@ -1,0 +1,124 @@
+// The MX entries behind the device check, on the stand-in driver: dispatch to the bundled
+// variants, launch geometry and the parameters the kernels receive (no kernel runs).
+#include <cstring>
+#include <string>
+
+#include "catch_compat.hpp"
+#include "core.hpp"
+#include "fake_cuda.h"
+#include "flykernels/flykernels.h"
+#include "mx/mx_params.h"
+#include "test_tensors.hpp"
+
+namespace {
+
+using fly_test::mat;
+using fly_test::vec;
+
+template <class P>
+P mx_params_of(const fake_cuda_launch* L) {
+  P p;
+  REQUIRE(L->param_bytes >= sizeof(P));
+  std::memcpy(&p, L->params, sizeof(P));
+  return p;
+}
+
+const fake_cuda_launch* mx_last_launch() {
+  const int n = fake_cuda_launch_count();
+  REQUIRE(n > 0);
+  return fake_cuda_get_launch(n - 1);
+}
+
+}  // namespace
+
+TEST_CASE("mx_quantize: launch configuration and parameters", "[fake][mx]") {
+  if (!fly::find_variant("mx_quantize_t256")) { WARN("mx_quantize not in this build"); return; }
+  void* s = fake_cuda_stream_create(0);
+  for (fly_dtype dt : {FLY_F16, FLY_BF16, FLY_F32})
+    for (int fp4 = 0; fp4 < 2; ++fp4)
+      for (int64_t M : {1, 37, 20000}) {
+        const int64_t K = 256, es = dt == FLY_F32 ? 4 : 2, qc = fp4 ? K / 2 : K;
+        void* xd = fake_cuda_malloc(size_t(M * K * es));
+        void* qd = fake_cuda_malloc(size_t(M * qc));
+        void* sd = fake_cuda_malloc(size_t(M * K / 32));
+        fly_tensor x = mat(xd, dt, M, K, K), q = mat(qd, fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, M, qc, qc),
+                   sc = mat(sd, FLY_E8M0, M, K / 32, K / 32);
+        fake_cuda_clear_records();
+        const fly_status st = fly_mx_quantize(&x, fp4 ? FLY_MX_E2M1 : (FLY_MX_E4M3 | FLY_MX_SCALE_RCEIL), &q, &sc, s);
+        INFO(fly_get_last_error() << " " << fake_cuda_last_refusal());
+        REQUIRE(st == FLY_SUCCESS);
+        REQUIRE(fake_cuda_launch_count() == 1);
+        const fake_cuda_launch* L = mx_last_launch();
+        CHECK(std::string(L->kernel) == "mx_quantize");
+        CHECK(L->block[0] == 256u);
+        CHECK(L->stream == s);
+        const auto p = mx_params_of<MxQuantizeParams>(L);
+        CHECK(p.x == xd);
+        CHECK(p.q == qd);
+        CHECK(p.scales == sd);
+        CHECK(p.M == M);
+        CHECK(p.K == K);
+        CHECK(p.ldx == K);
+        CHECK(p.fp4 == fp4);
+        CHECK(p.rceil == (fp4 ? 0 : 1));
+        CHECK(p.src == (dt == FLY_F16 ? 0 : dt == FLY_BF16 ? 1 : 2));
+        // every 32-element block has a thread (grid-stride loop beyond the cap)
+        CHECK(int64_t(L->grid[0]) * 256 >= std::min<int64_t>(M * K / 32, int64_t(L->grid[0]) * 256));
+        CHECK(L->grid[0] >= 1u);
+        if (M * K / 32 <= 256) CHECK(L->grid[0] == 1u);
+      }
+}
+
+TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
+  if (!fly::find_variant("mxfp_gemm_m64_n64")) { WARN("mxfp not in this build"); return; }
+  void* s = fake_cuda_stream_create(0);
+  struct Shape { int64_t M, N, K; };
+  for (Shape sh : {Shape{1, 4096, 4096}, Shape{37, 100, 96}, Shape{130, 257, 1056}})
+    for (int fp4 = 0; fp4 < 2; ++fp4)
+      for (fly_dtype out : {FLY_F16, FLY_BF16}) {
+        const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
+        const fly_dtype et = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
+        void* ad = fake_cuda_malloc(size_t(M * cols));
+        void* bd = fake_cuda_malloc(size_t(N * cols));
+        void* sad = fake_cuda_malloc(size_t(M * K / 32));
+        void* sbd = fake_cuda_malloc(size_t(N * K / 32));
+        void* cd = fake_cuda_malloc(size_t(M * N * 2));
+        void* biasd = fake_cuda_malloc(size_t(N * 2));
+        fly_tensor a = mat(ad, et, M, cols, cols), b = mat(bd, et, N, cols, cols);
+        fly_tensor sa = mat(sad, FLY_E8M0, M, K / 32, K / 32), sb = mat(sbd, FLY_E8M0, N, K / 32, K / 32);
+        fly_tensor c = mat(cd, out, M, N, N), bias = vec(biasd, out, N);
+        fake_cuda_clear_records();
+        const fly_status st = fly_scaled_gemm(&a, &sa, &b, &sb, &bias, &c, nullptr, 0, s);
+        INFO("M " << M << " N " << N << " K " << K << " " << fly_get_last_error() << " " << fake_cuda_last_refusal());
+        REQUIRE(st == FLY_SUCCESS);
+        REQUIRE(fake_cuda_launch_count() == 1);
+        const fake_cuda_launch* L = mx_last_launch();
+        CHECK(std::string(L->kernel) == "mxfp_gemm");
+        CHECK(L->block[0] == 128u);
+        CHECK(L->grid[0] == unsigned((N + 63) / 64));
+        CHECK(L->grid[1] == unsigned((M + 63) / 64));
+        CHECK(L->stream == s);
+        const auto p = mx_params_of<MxGemmParams>(L);
+        CHECK(p.a == ad);
+        CHECK(p.b == bd);
+        CHECK(p.sa == sad);
+        CHECK(p.sb == sbd);
+        CHECK(p.c == cd);
+        CHECK(p.bias == biasd);
+        CHECK(p.M == M);
+        CHECK(p.N == N);
+        CHECK(p.K == K);
+        CHECK(p.lda == cols);
+        CHECK(p.ldb == cols);
+        CHECK(p.ldc == N);
+        CHECK(p.fp4 == fp4);
+        CHECK(p.out_bf16 == (out == FLY_BF16 ? 1 : 0));
+      }
+  // a buffer too small for the operand is refused by the pointer check, naming it
+  void* small = fake_cuda_malloc(64);
+  void* ok = fake_cuda_malloc(1 << 20);
+  fly_tensor a = mat(small, FLY_F8_E4M3, 8, 128, 128), b = mat(ok, FLY_F8_E4M3, 64, 128, 128);
+  fly_tensor sa = mat(ok, FLY_E8M0, 8, 4, 4), sb = mat(ok, FLY_E8M0, 64, 4, 4), c = mat(ok, FLY_BF16, 8, 64, 64);
+  CHECK(fly_scaled_gemm(&a, &sa, &b, &sb, nullptr, &c, nullptr, 0, s) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(fly_test::mentions("a"));
+}
