@@ -168,6 +168,28 @@ typedef struct fly_attention_fwd_params {
 FLY_API fly_status fly_attention_fwd_workspace_size(const fly_attention_fwd_params* params, size_t* bytes);
 FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, void* stream);
 
+/* ---- Grouped GEMM (mixture-of-experts; F.grouped_mm's 2-D x 3-D form) ----------------
+ * For every group g with rows [offs[g-1], offs[g]) (offs[-1] = 0):
+ *   C[rows, :] = A[rows, :] @ B[g] (+ bias[g]), FP32 accumulation, one persistent launch.
+ * a: [T, K] row-major (inner stride 1); b: [G, K, N], N contiguous (w) or K contiguous
+ *    (w.transpose(-2, -1)), group stride free (groups must not overlap); c: [T, N] row-major;
+ *    all FP16 or all BF16. bias: optional [G, N] of the same dtype, inner stride 1.
+ * offs: int32 [G] on the device, cumulative group end rows (as F.grouped_mm takes them). The
+ *    kernel reads them (no host sync: works under CUDA graph capture). Groups of 0 rows are fine.
+ *    Rows at or past offs[G-1] are not written. Bad offsets on the device are never an
+ *    out-of-bounds access: each end is clamped to T, and an end below the previous one is an
+ *    empty group (docs/grouped_gemm.md); the host cannot check them without a sync.
+ * TMA rules: 16-byte aligned bases of a and b, a's row stride, b's line and group strides
+ *    multiples of 8 elements (else FLY_ERROR_UNSUPPORTED). T = 0 or N = 0: a successful no-op;
+ *    K = 0 with work: FLY_ERROR_UNSUPPORTED. G = 0 needs T = 0.
+ * Workspace: none needed today (fly_grouped_gemm_workspace_size says 0); NULL/0 is fine. */
+FLY_API fly_status fly_grouped_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
+                                                   const fly_tensor* offs, const fly_tensor* c,
+                                                   size_t* bytes);
+FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs,
+                                    const fly_tensor* bias, const fly_tensor* c, void* workspace,
+                                    size_t workspace_bytes, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

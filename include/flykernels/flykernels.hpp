@@ -181,4 +181,17 @@ class ScopedVariant {
   ScopedVariant& operator=(const ScopedVariant&) = delete;
 };
 
+// Grouped GEMM (fly_grouped_gemm): C[rows of g] = A[rows of g] @ B[g] (+ bias[g]), offs int32 on the device.
+inline size_t grouped_gemm_workspace_size(const fly_tensor& a, const fly_tensor& b, const fly_tensor& offs,
+                                          const fly_tensor& c) {
+  size_t bytes = 0;
+  check(fly_grouped_gemm_workspace_size(&a, &b, &offs, &c, &bytes));
+  return bytes;
+}
+inline void grouped_gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& offs, const fly_tensor& c,
+                         const fly_tensor* bias = nullptr, void* workspace = nullptr, size_t workspace_bytes = 0,
+                         void* stream = nullptr) {
+  check(fly_grouped_gemm(&a, &b, &offs, bias, &c, workspace, workspace_bytes, stream));
+}
+
 }  // namespace flykernels

@@ -194,7 +194,7 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
   Buffers& b = buffers();
   if (b.clear_records && b.launch_count() > 1000) b.clear_records();  // records are 4 KiB each
   const int launches_before = b.launch_count ? b.launch_count() : 0;
-  const uint8_t entry = in.byte() % 11;
+  const uint8_t entry = in.byte() % 12;
   in.tame = in.byte() >= 160;
   switch (entry) {
     case 0: {  // rms_norm
@@ -313,6 +313,42 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
       check("fly_set_tuning_db", s);
       const fly_status s2 = fly_set_tuning_db(nullptr);
       check("fly_set_tuning_db(NULL)", s2);
+      break;
+    }
+    case 10: {  // grouped gemm (and its size query): offs int32 [G], b [G, K, N], bias [G, N]
+      const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
+      fly_tensor a = tensor(in, 2, dt), bg = tensor(in, 3, dt), offs = tensor(in, 1, FLY_I32), c = tensor(in, 2, dt),
+                 bias = tensor(in, 2, dt);
+      if (in.byte() < 180) {  // agreeing shapes, TMA-friendly multiples of 8
+        const int64_t T = 8 * (a.sizes[0] % 16), K = 8 * (a.sizes[1] % 16 + 1), N = 8 * (bg.sizes[2] % 16 + 1),
+                      G = 1 + bg.sizes[0] % 4;
+        a.sizes[0] = c.sizes[0] = T;
+        a.sizes[1] = bg.sizes[1] = K;
+        bg.sizes[0] = offs.sizes[0] = bias.sizes[0] = G;
+        bg.sizes[2] = c.sizes[1] = bias.sizes[1] = N;
+        a.strides[0] = K;
+        c.strides[0] = bias.strides[0] = N;
+        a.strides[1] = c.strides[1] = bias.strides[1] = offs.strides[0] = 1;
+        const bool km = in.byte() & 1;
+        bg.strides[0] = K * N;
+        bg.strides[1] = km ? 1 : N;
+        bg.strides[2] = km ? K : 1;
+      }
+      if (in.byte() < 64) {
+        size_t bytes = 12345;
+        const fly_status s = fly_grouped_gemm_workspace_size(maybe(in, &a), maybe(in, &bg), maybe(in, &offs), maybe(in, &c),
+                                                             in.byte() < 10 ? nullptr : &bytes);
+        check("fly_grouped_gemm_workspace_size", s);
+        if (s == FLY_SUCCESS && bytes != 0) broken("fly_grouped_gemm_workspace_size", s, "nonzero size");
+      } else {
+        void* ws = in.byte() < 200 ? nullptr : pointer(in);
+        const size_t ws_bytes = ws ? size_t(in.i64()) : 0;
+        const fly_status s = fly_grouped_gemm(maybe(in, &a), maybe(in, &bg), maybe(in, &offs), maybe(in, &bias),
+                                              maybe(in, &c), ws, ws_bytes, stream(in));
+        check("fly_grouped_gemm", s);
+        if (s == FLY_SUCCESS && b.launch_count && a.sizes[0] > 0 && bg.sizes[2] > 0 && b.launch_count() == launches_before)
+          broken("fly_grouped_gemm", s, "succeeded without a launch");
+      }
       break;
     }
     default: {
