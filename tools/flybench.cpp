@@ -12,6 +12,7 @@ int bench_rmsnorm(const Args&) __attribute__((weak));
 int bench_topk(const Args&) __attribute__((weak));
 int bench_gemm(const Args&) __attribute__((weak));
 int bench_attention(const Args&) __attribute__((weak));
+int bench_grouped_gemm(const Args&) __attribute__((weak));
 }  // namespace fly::tools
 
 int main(int argc, char** argv) try {
@@ -27,6 +28,8 @@ int main(int argc, char** argv) try {
        "suite json dtype layouts warm-ms"},
       {"attention", bench_attention, "attention forward: suite shapes and decode cases, 2 dtypes",
        "suite json dtype variant reps no-flush no-decode"},
+      {"grouped_gemm", bench_grouped_gemm, "grouped GEMM (mixture-of-experts): suite shapes, B K- or N-contiguous",
+       "suite json dtype layouts warm-ms"},
   };
   Args args = parse_args(argc, argv);
   if (args.has("data-dir")) set_data_dir(args.get("data-dir"));
