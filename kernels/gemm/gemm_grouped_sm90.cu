@@ -14,8 +14,10 @@
 //   * the epilogue writes through a view of C whose first row is the unit's row0 and whose row
 //     count ends at the group's end (row_end, never past T): the dense epilogues clip at the
 //     view's rows, so a tile never writes into the next group's rows. Bias: the group's row.
-// Not combined with multicast, split-K, stream-K, KB > 1, ping-pong, KW = 2 or the TMA-store
-// epilogues (a TMA store cannot clip at a group's end): static_asserts below.
+// EPI = 2: TMA stores per warp (16 rows) where the warp's rows lie inside the group, direct stores
+// for the warp holding a group's end (a TMA store clips at the tensor's end, not at a group's).
+// Not combined with multicast, split-K, stream-K, KB > 1, ping-pong, KW = 2 or EPI = 3:
+// static_asserts below.
 #include "gemm/gemm_config.cuh"
 #include "gemm/gemm_epilogue.cuh"
 #include "gemm/gemm_grouped_params.h"
@@ -26,7 +28,7 @@ namespace fly::gemm {
 
 static_assert(Config::MC == 1 && Config::MP == 1, "grouped: no multicast (a cluster's tiles may be in different groups)");
 static_assert(Config::KB == 1 && Config::KW == 1 && !Config::PP, "grouped: one k block per stage, both warpgroups per stage");
-static_assert(Config::EPI <= 1, "grouped: direct or staged stores (they clip at the group's end; TMA stores cannot)");
+static_assert(Config::EPI <= 2, "grouped: direct, staged or per-warp TMA stores (epi 3 not in the space)");
 static_assert(Config::BN <= 256, "grouped: Q tiles of one TMA box");
 
 using GroupedSched = GroupedScheduler<1, 1, 1>;
@@ -71,6 +73,7 @@ __device__ __forceinline__ void grouped_consumer_role(const GroupedGemmParams& g
   GroupedWorkUnit u;
   const OutView whole(gp.core);
   float acc[Config::ACC];
+  uint32_t npass = 0;  // EPI = 2: this warp's TMA-store passes so far (which staging box is next)
   while (sched.fetch(u)) {
     consumer_mma<0, TB>(ring, ps, u, wg, acc);
     // The unit's view of C: its first row is row0, it ends at the group's end.
@@ -80,9 +83,27 @@ __device__ __forceinline__ void grouped_consumer_role(const GroupedGemmParams& g
     if (whole.bias) out.bias = whole.bias + static_cast<int64_t>(u.group) * gp.tail.bias_group_stride;
     WorkUnit w = u;
     w.tm = 0;
-    if constexpr (Config::EPI == 1) store_tile_smem<false>(out, w, wg, acc, epi_stage);
-    else store_tile(out, w, wg, acc);
+    if constexpr (Config::EPI == 2) {
+      // Per warp: its 16 rows go out with TMA stores when they all lie inside the group (or the
+      // group ends at T, where the tensor map clips); the warp holding the group's end stores
+      // straight from its accumulators, clipped at row_end; a warp wholly past it stores nothing.
+      const int warp = (threadIdx.x % 128) / 32;
+      const int wrow = u.row0 + wg * 64 + warp * kEpiWarpRows;
+      if (wrow < u.row_end) {
+        if (gp.core.c_tma && (wrow + kEpiWarpRows <= u.row_end || u.row_end >= gp.tail.rows))
+          store_warp_rows_tma(gp.core, out, wrow, u.tn, acc, epi_stage, npass);
+        else
+          store_block(out, wg * 64, u.tn * Config::BN, acc);  // only this warp's rows: no barrier inside
+      }
+    } else if constexpr (Config::EPI == 1) {
+      store_tile_smem<false>(out, w, wg, acc, epi_stage);
+    } else {
+      store_tile(out, w, wg, acc);
+    }
   }
+  // The TMA stores must have read their boxes before the CTA's shared memory goes away.
+  if constexpr (Config::EPI == 2)
+    if (npass > 0 && threadIdx.x % 32 == 0) sm90::bulk_wait_group_read<0>();
 }
 
 }  // namespace fly::gemm
@@ -108,6 +129,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     fly::sm90::fence_barrier_init();
     fly::sm90::tma_prefetch_desc(&gp.core.tm_p);
     fly::sm90::tma_prefetch_desc(&gp.core.tm_q);
+    if (Config::EPI == 2 && gp.core.c_tma) fly::sm90::tma_prefetch_desc(&gp.core.tm_c);
   }
   __syncthreads();
 
@@ -119,7 +141,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     fly::sm90::setmaxnreg_inc<Config::CONSUMER_REGS>();
     const int cw = wg - 1;
     // The staged epilogue's tiles follow the ring's barriers: one area per consumer warpgroup.
-    uint8_t* epi_stage = reinterpret_cast<uint8_t*>(ring.empty + Config::STAGES) + cw * Config::EPI_WG_BYTES;
+    uintptr_t epi_area = reinterpret_cast<uintptr_t>(ring.empty + Config::STAGES);
+    if constexpr (Config::EPI == 2) epi_area = (epi_area + 1023) & ~uintptr_t(1023);  // 128B-swizzled boxes
+    uint8_t* epi_stage = reinterpret_cast<uint8_t*>(epi_area) + cw * Config::EPI_WG_BYTES;
     if (gp.core.q_kmajor) grouped_consumer_role<0>(gp, ring, cw, epi_stage);
     else grouped_consumer_role<1>(gp, ring, cw, epi_stage);
   }

@@ -264,6 +264,15 @@ extern "C" FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_te
   p.split = 1;
   p.kb_per_split = int32_t((call.K + gemm::kBK - 1) / gemm::kBK);
   p.c_vec = (reinterpret_cast<uintptr_t>(call.c) % 8 == 0) && (call.ldc % 4 == 0);
+  // epi = 2: C through a tensor map (dims {N, T}, box {64, 16}: one warp's rows) when TMA can
+  // address it; otherwise those variants store from the registers (p.c_tma = 0).
+  if (t.epi == 2 && reinterpret_cast<uintptr_t>(call.c) % 16 == 0 && (call.T <= 1 || (call.ldc * 2) % 16 == 0)) {
+    const cuuint64_t dims[2] = {cuuint64_t(call.N), cuuint64_t(call.T)};
+    const cuuint64_t strides[1] = {gemm::map_row_stride(call.T, call.ldc, call.N, 2)};
+    const cuuint32_t box[2] = {64, gemm::kEpiWarpRows};
+    p.c_tma = gemm::encode_sw128(rk.d->cuTensorMapEncodeTiled, &p.tm_c, 2, call.c, dims, strides, box, gdt,
+                                 CU_TENSOR_MAP_L2_PROMOTION_NONE) == CUDA_SUCCESS;
+  }
   p.mc = 1;
   gp.tail.offs = call.offs;
   gp.tail.groups = int32_t(call.G);
