@@ -26,7 +26,7 @@ if has memcheck; then
   echo "memcheck rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|passed|failed|Invalid" "$out/memcheck.log" | head -8
 fi
 if has racecheck; then
-  timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool racecheck --error-exitcode 9 bd/test/fly_gpu_tests "grouped gemm: ragged groups*" > "$out/racecheck.log" 2>&1
+  FLY_TEST_GROUPED_ONLY=${SAN_ONLY:-_bf16_bm128_bn256} timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool racecheck --error-exitcode 9 bd/test/fly_gpu_tests "grouped gemm: ragged groups*,grouped gemm: every bundled variant forced" > "$out/racecheck.log" 2>&1
   echo "racecheck rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed|hazard" "$out/racecheck.log" | head -8
 fi
 if has bench; then
