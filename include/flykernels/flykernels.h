@@ -186,6 +186,10 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
 FLY_API fly_status fly_grouped_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
                                                    const fly_tensor* offs, const fly_tensor* c,
                                                    size_t* bytes);
+/* Host-side check of offsets a caller holds in host memory (the kernel never syncs to read them):
+ * FLY_ERROR_INVALID_ARGUMENT, naming the entry, when one is negative, smaller than the one before
+ * (decreasing) or larger than rows (T); FLY_SUCCESS otherwise. offs may be NULL when groups is 0. */
+FLY_API fly_status fly_grouped_gemm_check_offsets(const int32_t* offs, int64_t groups, int64_t rows);
 FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs,
                                     const fly_tensor* bias, const fly_tensor* c, void* workspace,
                                     size_t workspace_bytes, void* stream);

@@ -188,6 +188,10 @@ inline size_t grouped_gemm_workspace_size(const fly_tensor& a, const fly_tensor&
   check(fly_grouped_gemm_workspace_size(&a, &b, &offs, &c, &bytes));
   return bytes;
 }
+// Host offsets (cumulative group ends): throws on a negative, decreasing or too large entry.
+inline void grouped_gemm_check_offsets(const int32_t* offs, int64_t groups, int64_t rows) {
+  check(fly_grouped_gemm_check_offsets(offs, groups, rows));
+}
 inline void grouped_gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& offs, const fly_tensor& c,
                          const fly_tensor* bias = nullptr, void* workspace = nullptr, size_t workspace_bytes = 0,
                          void* stream = nullptr) {

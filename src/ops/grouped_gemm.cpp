@@ -194,6 +194,27 @@ CUresult encode_b(Encode encode, CUtensorMap* map, const GroupedCall& call, int 
 }  // namespace
 }  // namespace fly
 
+extern "C" FLY_API fly_status fly_grouped_gemm_check_offsets(const int32_t* offs, int64_t groups, int64_t rows) {
+  using namespace fly;
+  clear_error();
+  if (groups < 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "groups: %" PRId64 " is negative", groups);
+  if (rows < 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "rows: %" PRId64 " is negative", rows);
+  if (groups > 0 && !offs) return fail(FLY_ERROR_INVALID_ARGUMENT, "offs: null pointer with %" PRId64 " groups", groups);
+  int64_t prev = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t o = offs[g];
+    if (o < prev)
+      return fail(FLY_ERROR_INVALID_ARGUMENT,
+                  "offs[%" PRId64 "] = %" PRId64 " is smaller than %s = %" PRId64 " (offsets are cumulative group ends)",
+                  g, o, g ? "the entry before" : "0", prev);
+    if (o > rows)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "offs[%" PRId64 "] = %" PRId64 " exceeds the rows of a, T = %" PRId64, g, o,
+                  rows);
+    prev = o;
+  }
+  return FLY_SUCCESS;
+}
+
 extern "C" FLY_API fly_status fly_grouped_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
                                                               const fly_tensor* offs, const fly_tensor* c,
                                                               size_t* bytes) {

@@ -261,3 +261,24 @@ TEST_CASE("grouped gemm args: strides and TMA alignment", "[cpu][grouped_gemm]")
     CHECK(mentions("2^31"));
   }
 }
+
+TEST_CASE("grouped gemm args: host offsets checked", "[cpu][grouped_gemm]") {
+  const int32_t good[4] = {0, 10, 10, 100};
+  CHECK(fly_grouped_gemm_check_offsets(good, 4, 100) == FLY_SUCCESS);
+  CHECK(fly_grouped_gemm_check_offsets(good, 4, 200) == FLY_SUCCESS);  // rows past the last end: unwritten
+  CHECK(fly_grouped_gemm_check_offsets(nullptr, 0, 5) == FLY_SUCCESS);
+  const int32_t decreasing[3] = {50, 20, 100};
+  CHECK(fly_grouped_gemm_check_offsets(decreasing, 3, 100) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("offs[1] = 20"));
+  const int32_t negative[2] = {-1, 5};
+  CHECK(fly_grouped_gemm_check_offsets(negative, 2, 100) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("offs[0] = -1"));
+  const int32_t big[2] = {5, 101};
+  CHECK(fly_grouped_gemm_check_offsets(big, 2, 100) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("exceeds"));
+  CHECK(fly_grouped_gemm_check_offsets(nullptr, 2, 100) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("offs"));
+  CHECK(fly_grouped_gemm_check_offsets(good, -1, 100) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(fly_grouped_gemm_check_offsets(good, 4, -1) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK_THROWS(flykernels::grouped_gemm_check_offsets(decreasing, 3, 100));
+}
