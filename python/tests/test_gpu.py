@@ -381,7 +381,8 @@ def test_plain_sdpa_reaches_ours_for_inference(on):
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_training_step_matches_stock(on, backend, op, causal):
     """Our forward, the stock backward on its output and log-sum-exp: gradients as stock's."""
-    q, k, v = qkv(2, 4, 4, 300, 417, 64, grad=True)
+    # Sq != Sk without causal (SDPA's flash rejects causal with Sq != Sk before any kernel)
+    q, k, v = qkv(2, 4, 4, 300, 300 if causal else 417, 64, grad=True)
     dout = torch.randn(2, 4, 300, 64, device=DEV, dtype=torch.bfloat16)
     with sdpa_kernel([backend]):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
