@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Device script of the attention backward (run from the repo root on the GPU machine):
+#   tools/attn_bwd_device.sh <stage...>: build | test | sanitize | bench
+set -uo pipefail
+fams="${FLY_BWD_FAMILIES:-attention_bwd}"
+for stage in "$@"; do
+  case $stage in
+    build)
+      bash tools/device_run.sh build -DFLY_FAMILIES="$fams" >$OUT/cfg.log 2>&1 || { tail -30 $OUT/cfg.log; exit 1; }
+      (time cmake --build build -j16) >$OUT/build.log 2>&1 || { grep -E "error|Error" -A3 $OUT/build.log | head -60; exit 1; }
+      tail -2 $OUT/build.log ;;
+    test)
+      timeout 150 build/test/fly_gpu_tests "[attention_bwd]" 2>&1 | tail -60 | tee $OUT/test.log ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 build/test/fly_gpu_tests "attention_bwd: grouped-query*" >$OUT/san_$tool.log 2>&1
+        echo "$tool rc=$?"; tail -4 $OUT/san_$tool.log
+      done ;;
+  esac
+done
