@@ -2,6 +2,7 @@
 // versioned struct; the workspace query and its size formula. Runs without a GPU: validation
 // happens before any device query, so valid input reports FLY_ERROR_NO_DEVICE here.
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "attention/attention_bwd_params.h"
@@ -237,4 +238,20 @@ TEST_CASE("attention_bwd_workspace_size: shape-only formula, validated input", "
   Call e(0, 8, 2, 100, 300, 128);
   REQUIRE(fly_attention_bwd_workspace_size(&e.p, &bytes) == FLY_SUCCESS);
   CHECK(bytes == 0);
+}
+
+TEST_CASE("flykernels.hpp: attention_bwd_workspace_size answers as the C entry; errors throw", "[attention_bwd][args]") {
+  Call c(2, 8, 2, 100, 300, 128);
+  const flykernels::AttentionBwdTensors t{&c.q, &c.k, &c.v, &c.o, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv};
+  size_t bytes = 0;
+  REQUIRE(fly_attention_bwd_workspace_size(&c.p, &bytes) == FLY_SUCCESS);
+  CHECK(flykernels::attention_bwd_workspace_size(t) == bytes);
+  c.dk.sizes[2] = 5;
+  bool threw = false;
+  try {
+    flykernels::attention_bwd_workspace_size(t);
+  } catch (const std::exception&) {
+    threw = true;
+  }
+  CHECK(threw);
 }
