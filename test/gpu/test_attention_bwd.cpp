@@ -127,7 +127,7 @@ Ref reference(const Case& c, double scale, const std::vector<float>& q, const st
   r.dk.assign(size_t(c.B * c.Hkv * c.Sk * c.D), 0.0);
   r.dv = r.dk;
   const int64_t heads = c.B * c.Hq;
-  std::vector<std::vector<double>> dk_h(size_t(heads)), dv_h(size_t(heads));
+  std::vector<std::vector<double>> dk_h(static_cast<size_t>(heads)), dv_h(static_cast<size_t>(heads));
   const int nt = int(std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
   std::vector<std::thread> th;
   for (int t = 0; t < nt; ++t)
