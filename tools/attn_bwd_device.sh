@@ -13,8 +13,12 @@ for stage in "$@"; do
       timeout 150 build/test/fly_gpu_tests "[attention_bwd]" 2>&1 | tail -60 | tee $OUT/test.log ;;
     sanitize)
       for tool in memcheck racecheck; do
-        timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 build/test/fly_gpu_tests "attention_bwd: grouped-query*" >$OUT/san_$tool.log 2>&1
+        timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 build/test/fly_gpu_tests "[attention_bwd]" >$OUT/san_$tool.log 2>&1
         echo "$tool rc=$?"; tail -4 $OUT/san_$tool.log
       done ;;
+    bench)
+      fb=$(find build -maxdepth 2 -name flybench -type f | head -1)
+      timeout 240 python3 bench/attention_torch.py --bwd --flybench "$fb" --dtype bf16 --reps 10 \
+        --png $OUT/attention_bwd.png --json $OUT/attention_bwd.json 2>&1 | tee $OUT/bench.log | tail -45 ;;
   esac
 done

@@ -56,8 +56,7 @@ static_assert(NWG_KV <= 3, "at most three consumer warpgroups");
 constexpr int kKBytes = KN * HD * 2;    // resident K (and V)
 constexpr int kQTBytes = QM * HD * 2;   // one streamed Q (and dO) tile
 constexpr int kKvRing = 2 * kKBytes;    // offset of the Q/dO ring
-constexpr int kKvStats = kKvRing + ST * 2 * kQTBytes;   // LSE2 / Delta per stage
-constexpr int kKvBars = kKvStats + ST * 2 * QM * 4;
+constexpr int kKvBars = kKvRing + ST * 2 * kQTBytes;
 constexpr int kKvSmem = kKvBars + 256 + 1024;
 static_assert(kKvSmem == bwd_dkdv_smem_bytes(HD, KN, QM, ST), "host and device smem sizes (dK/dV)");
 static_assert(kKvSmem <= 232448, "dK/dV shared memory over 227 KiB");
@@ -125,18 +124,14 @@ __device__ __forceinline__ void dkdv_producer(const AttnBwdParams& p, uint8_t* s
   int it = 0;
   for (int g = 0; g < p.group; ++g) {
     const int h = kvh * p.group + g;
-    const int64_t row_base = (int64_t(b) * p.Hq + h) * p.sq_pad;
     for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
       const int stage = it % ST;
       const uint32_t phase = (it / ST) & 1;
       sm90::mbar_wait(&r.empty[stage], phase ^ 1);
       uint8_t* sq = smem + kKvRing + stage * 2 * kQTBytes;
-      float* stats = reinterpret_cast<float*>(smem + kKvStats) + stage * 2 * QM;
-      sm90::mbar_arrive_expect_tx(&r.full[stage], 2 * kQTBytes + 2 * QM * 4);
+      sm90::mbar_arrive_expect_tx(&r.full[stage], 2 * kQTBytes);
       load_tile<HD>(sq, &p.tm_q_kv, &r.full[stage], QM, mb * QM, h, b);
       load_tile<HD>(sq + kQTBytes, &p.tm_do_kv, &r.full[stage], QM, mb * QM, h, b);
-      sm90::bulk_load(stats, p.ws_lse2 + row_base + mb * QM, QM * 4, &r.full[stage]);
-      sm90::bulk_load(stats + QM, p.ws_delta + row_base + mb * QM, QM * 4, &r.full[stage]);
     }
   }
 }
@@ -167,11 +162,21 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     const int m0 = (mb_begin + it % per_head) * QM;
     const uint32_t sq = base + kKvRing + stage * 2 * kQTBytes;
     const uint32_t sdo = sq + kQTBytes;
-    const float* stats = reinterpret_cast<const float*>(smem + kKvStats) + stage * 2 * QM;
+    // LSE2 and Delta of the tile's queries, read by each thread from the (L2-resident) workspace
+    // while the two products run: plain loads of memory the previous kernel wrote.
+    const int64_t rb = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
+    const float2* lg = reinterpret_cast<const float2*>(p.ws_lse2 + rb) + lane % 4;
+    const float2* dg = reinterpret_cast<const float2*>(p.ws_delta + rb) + lane % 4;
     float s[QM / 2], dp[QM / 2];
     sm90::mbar_wait(&r.full[stage], phase);
     mma_qk<MathS>(s, sk, KN, sq);
     mma_qk<MathS>(dp, sv, KN, sdo);
+    float2 l2s[QM / 8], dls[QM / 8];
+#pragma unroll
+    for (int j = 0; j < QM / 8; ++j) {
+      l2s[j] = __ldg(lg + 4 * j);  // columns 8 j + 2 (lane % 4) + {0, 1}
+      dls[j] = __ldg(dg + 4 * j);
+    }
     sm90::wgmma_wait<0>();
     fence_regs(s);
     fence_regs(dp);
@@ -180,8 +185,7 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
 #pragma unroll
     for (int j = 0; j < QM / 8; ++j) {
       const int c = 8 * j + 2 * (lane % 4);
-      const float2 l2 = *reinterpret_cast<const float2*>(stats + c);
-      const float2 dl = *reinterpret_cast<const float2*>(stats + QM + c);
+      const float2 l2 = l2s[j], dl = dls[j];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float lse2 = (e & 1) ? l2.y : l2.x;

@@ -5,8 +5,9 @@
 //   fly_attn_bwd_pre:  Delta = rowsum(dO * O) (fp32) and LSE * log2(e) into the workspace, rows
 //                      padded to a multiple of kBwdRowPad (padding: Delta 0, LSE +inf, so P = 0).
 //   fly_attn_bwd_dkdv: a CTA owns KN keys of one (batch, kv head) with K and V resident in shared
-//                      memory; Q, dO, LSE and Delta tiles of QM queries of every query head of the
-//                      group stream through a TMA ring. Deterministic: one CTA sums the group.
+//                      memory; Q and dO tiles of QM queries of every query head of the group stream
+//                      through a TMA ring (LSE2 / Delta read from the workspace). Deterministic:
+//                      one CTA sums the group.
 //   fly_attn_bwd_dq:   a CTA owns MQ queries of one (batch, query head) with Q and dO resident; K
 //                      and V tiles of NQ keys stream through a ring. Deterministic by construction.
 #pragma once
@@ -54,7 +55,7 @@ constexpr int bwd_dsplit(int hd) { return hd == 192 ? 3 : hd == 256 ? 2 : 1; }
 
 // Dynamic shared memory of the two main kernels (the kernel checks these by static_assert).
 constexpr int bwd_dkdv_smem_bytes(int hd, int kn, int qm, int st) {
-  return 2 * kn * hd * 2 + st * (2 * qm * hd * 2 + 2 * qm * 4) + 256 + 1024;
+  return 2 * kn * hd * 2 + st * 2 * qm * hd * 2 + 256 + 1024;
 }
 constexpr int bwd_dq_smem_bytes(int hd, int mq, int nq, int st) { return 2 * mq * hd * 2 + st * 2 * nq * hd * 2 + 256 + 1024; }
 constexpr int bwd_dkdv_threads(int hd, int kn) { return 128 * (kn / 64 * bwd_dsplit(hd) + 1); }
