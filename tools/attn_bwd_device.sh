@@ -17,7 +17,7 @@ for stage in "$@"; do
         echo "$tool rc=$?"; tail -4 $OUT/san_$tool.log
       done ;;
     racecheck-small)
-      timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 build/test/fly_gpu_tests "[attention_bwd_small]" >$OUT/san_racecheck_small.log 2>&1
+      timeout 110 compute-sanitizer --tool racecheck --error-exitcode 9 build/test/fly_gpu_tests "[attention_bwd_small]" >$OUT/san_racecheck_small.log 2>&1
       echo "racecheck small rc=$?"; tail -4 $OUT/san_racecheck_small.log ;;
     bench)
       fb=$(find build -maxdepth 2 -name flybench -type f | head -1)

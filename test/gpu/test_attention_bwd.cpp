@@ -395,18 +395,17 @@ TEST_CASE("attention_bwd: every bundled variant", "[attention_bwd][gpu]") {
 }
 
 // Bounded shapes for compute-sanitizer racecheck (slow: it serializes the mbarrier spin loops):
-// every compiled head dim, causal and not, GQA, Sq != Sk, partial tiles.
+// every compiled head dim, causal (64, 192) and not, GQA, Sq != Sk, partial tiles.
 TEST_CASE("attention_bwd: small shapes for the sanitizers", "[attention_bwd_small]") {
-  for (int64_t d : {64, 128, 192, 256})
-    for (bool causal : {false, true}) {
-      Case c;
-      c.Hq = 2;
-      c.Hkv = 1;
-      c.Sq = 65;
-      c.Sk = 80;
-      c.D = d;
-      c.causal = causal;
-      c.dt = causal ? FLY_F16 : FLY_BF16;
-      check_case(c);
-    }
+  for (int64_t d : {64, 128, 192, 256}) {
+    Case c;
+    c.Hq = 2;
+    c.Hkv = 1;
+    c.Sq = 65;
+    c.Sk = 80;
+    c.D = d;
+    c.causal = d == 64 || d == 192;
+    c.dt = d <= 128 ? FLY_F16 : FLY_BF16;
+    check_case(c);
+  }
 }
