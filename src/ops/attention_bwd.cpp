@@ -184,6 +184,8 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
   if (Sq >= lim || Sk >= lim || B > 65535 || Hq > 65535)
     return fail(FLY_ERROR_UNSUPPORTED, "q/k: B = %" PRId64 ", Hq = %" PRId64 ", Sq = %" PRId64 ", Sk = %" PRId64
                 " exceed the kernels' grid limits (B, H <= 65535, S < 2^30)", B, Hq, Sq, Sk);
+  if (B * Hq * Sq > (int64_t(1) << 36))  // the workspace size stays far from overflow
+    return fail(FLY_ERROR_UNSUPPORTED, "q: B * Hq * Sq = %" PRId64 " query rows exceed the backward's limit 2^36", B * Hq * Sq);
   FLY_TRY(check_tma(q, "q"));
   FLY_TRY(check_tma(dout, "dout"));
   if (Sk > 0) {

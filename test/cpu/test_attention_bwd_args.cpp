@@ -151,6 +151,12 @@ TEST_CASE("attention_bwd rejects bad descriptors with a status and a message", "
     Call w(1, 2, 2, 16, 16, 320);
     CHECK(w.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("head dim D = 320"));
+    Call r(1024, 1024, 1024, int64_t(1) << 17, 16, 8);  // 2^37 rows (the descriptors pass: 2^40 elements)
+    CHECK(r.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("query rows"));
+    size_t rb = 1;
+    CHECK(fly_attention_bwd_workspace_size(&r.p, &rb) == FLY_ERROR_UNSUPPORTED);
+    CHECK(rb == 0);
     Call x(1, 2, 2, 16, 16, 1024);
     CHECK(x.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("exceeds the maximum"));
