@@ -48,13 +48,14 @@ bool no_overlap(const fly_tensor& t) {
 // Byte ranges [lo, hi) two tensors' elements can reach; disjoint ranges cannot alias.
 bool ranges_overlap(const fly_tensor& a, const fly_tensor& b) {
   auto range = [](const fly_tensor& t, uintptr_t* lo, uintptr_t* hi) {
+    const uintptr_t elem = t.dtype == FLY_F32 ? 4 : 2;
     int64_t last = 0;
     for (int i = 0; i < t.rank; ++i) {
       if (t.sizes[i] == 0) return false;
       last += (t.sizes[i] - 1) * t.strides[i];
     }
     *lo = reinterpret_cast<uintptr_t>(t.data);
-    *hi = *lo + uintptr_t(last + 1) * 2;
+    *hi = *lo + uintptr_t(last + 1) * elem;
     return true;
   };
   uintptr_t alo, ahi, blo, bhi;
@@ -164,6 +165,13 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
     for (int j = i + 1; j < 3; ++j)
       if (ranges_overlap(*outs[i], *outs[j]))
         return fail(FLY_ERROR_INVALID_ARGUMENT, "%s and %s: the outputs share memory", out_names[i], out_names[j]);
+  const fly_tensor* ins[] = {&q, &k, &v, &o, &dout, &lse};
+  const char* in_names[] = {"q", "k", "v", "o", "dout", "lse"};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 6; ++j)
+      if (ranges_overlap(*outs[i], *ins[j]))
+        return fail(FLY_ERROR_INVALID_ARGUMENT, "%s and %s: an output shares memory with an input (in-place is not supported)",
+                    out_names[i], in_names[j]);
   out->dt = dt;
   out->prm = prm;
   out->s = attn::Shape{B, Hq, Hkv, Sq, Sk, D, prm->causal == 1};

@@ -152,6 +152,9 @@ TEST_CASE("attention_bwd rejects bad descriptors with a status and a message", "
     CHECK(w.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("head dim D = 320"));
     Call r(1024, 1024, 1024, int64_t(1) << 17, 16, 8);  // 2^37 rows (the descriptors pass: 2^40 elements)
+    r.dq.data = reinterpret_cast<void*>(uintptr_t(1) << 44);  // outputs far apart: no overlap
+    r.dk.data = reinterpret_cast<void*>(uintptr_t(2) << 44);
+    r.dv.data = reinterpret_cast<void*>(uintptr_t(3) << 44);
     CHECK(r.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("query rows"));
     size_t rb = 1;
@@ -199,6 +202,15 @@ TEST_CASE("attention_bwd rejects bad descriptors with a status and a message", "
     c.dk.data = kDV;  // dk and dv the same memory
     CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("dk and dv: the outputs share memory"));
+    c.dk.data = kK;  // dk in place of k
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("dk and k: an output shares memory with an input"));
+    c.dk.data = kDK;
+    c.dq.data = reinterpret_cast<void*>(0x600000 + 256);  // inside lse's bytes
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("dq and lse"));
+    c.dq.data = kDQ;
+    CHECK(passes_validation(c.run()));
   }
   SECTION("workspace") {
     c.p.workspace_bytes -= 1;
