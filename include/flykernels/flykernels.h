@@ -175,6 +175,7 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
  *    (stride 1), other strides free (BHSD and BSHD views). q, k, v and dout are read by TMA:
  *    16-byte aligned bases and strides multiples of 8 elements (else FLY_ERROR_UNSUPPORTED).
  *    Grouped-query (Hq a multiple of Hkv): dk, dv of a kv head are the sums over its query heads.
+ *    dq, dk, dv must not overlap themselves, each other or any input (no in-place).
  *    1 <= D <= 256 in this version (compiled head dims as the forward's; others served by the
  *    next one up); D > 256 returns FLY_ERROR_UNSUPPORTED.
  * lse: FP32 [B, Hq, Sq], any strides (what fly_attention_fwd wrote). softmax_scale and causal:
