@@ -172,6 +172,47 @@ inline size_t attention_fwd_workspace_size(const fly_tensor& q, const fly_tensor
   return bytes;
 }
 
+// Attention backward inputs and outputs (the forward's tensors, its LSE, dO; dQ, dK, dV written).
+struct AttentionBwdTensors {
+  const fly_tensor *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv;
+};
+
+namespace detail {
+inline fly_attention_bwd_params attention_bwd_params(const AttentionBwdTensors& t, bool causal, double softmax_scale) {
+  fly_attention_bwd_params p{};
+  p.struct_size = sizeof(p);
+  p.q = t.q;
+  p.k = t.k;
+  p.v = t.v;
+  p.o = t.o;
+  p.dout = t.dout;
+  p.lse = t.lse;
+  p.dq = t.dq;
+  p.dk = t.dk;
+  p.dv = t.dv;
+  p.softmax_scale = softmax_scale;
+  p.causal = causal ? 1 : 0;
+  return p;
+}
+}  // namespace detail
+
+// Bytes of the (required) workspace of attention_bwd for these tensors.
+inline size_t attention_bwd_workspace_size(const AttentionBwdTensors& t, bool causal = false, double softmax_scale = 0.0) {
+  const fly_attention_bwd_params p = detail::attention_bwd_params(t, causal, softmax_scale);
+  size_t bytes = 0;
+  check(fly_attention_bwd_workspace_size(&p, &bytes));
+  return bytes;
+}
+
+// Attention backward (deterministic); fills struct_size.
+inline void attention_bwd(const AttentionBwdTensors& t, void* workspace, size_t workspace_bytes, bool causal = false,
+                          double softmax_scale = 0.0, void* stream = nullptr) {
+  fly_attention_bwd_params p = detail::attention_bwd_params(t, causal, softmax_scale);
+  p.workspace = workspace;
+  p.workspace_bytes = workspace_bytes;
+  check(fly_attention_bwd(&p, stream));
+}
+
 // Forces a variant for the lifetime of the object (this thread only), as the tuner does.
 class ScopedVariant {
  public:

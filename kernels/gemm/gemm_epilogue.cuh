@@ -118,7 +118,7 @@ __device__ __forceinline__ void kw_exchange_as(float (&acc)[Config::ACC], float4
   for (int j = 0; j < H4; ++j)
     x[(WG * H4 + j) * 128 + t] = make_float4(acc[GIVE + 4 * j], acc[GIVE + 4 * j + 1], acc[GIVE + 4 * j + 2],
                                              acc[GIVE + 4 * j + 3]);
-  consumers_sync();
+  consumers_sync_unaligned();
 #pragma unroll
   for (int j = 0; j < H4; ++j) {
     const float4 v = x[((1 - WG) * H4 + j) * 128 + t];
@@ -127,7 +127,7 @@ __device__ __forceinline__ void kw_exchange_as(float (&acc)[Config::ACC], float4
     acc[KEEP + 4 * j + 2] += v.z;
     acc[KEEP + 4 * j + 3] += v.w;
   }
-  consumers_sync();
+  consumers_sync_unaligned();
 }
 // The warpgroup index as a template argument: constant accumulator indices keep them in registers.
 __device__ __forceinline__ void kw_exchange(float (&acc)[Config::ACC], int wg, float* xchg) {

@@ -31,8 +31,9 @@
 namespace {
 
 // ---- ops we override, their counters and switches -------------------------------------------
-enum OpId { kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kOpCount };
-const char* const kOpNames[kOpCount] = {"rms_norm", "topk", "topk.values", "mm", "addmm"};
+enum OpId { kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kSdpaFlash, kSdpaEfficient, kSdpaCudnn, kOpCount };
+const char* const kOpNames[kOpCount] = {"rms_norm", "topk",          "topk.values",     "mm",
+                                        "addmm",    "sdpa_flash",    "sdpa_efficient",  "sdpa_cudnn"};
 
 struct OpCounts {
   std::atomic<uint64_t> ours{0};
@@ -326,6 +327,202 @@ void topk_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::ji
   (kOut ? g_prev_topk_values : g_prev_topk)->callBoxed(op, ks, stack);
 }
 
+// ---- SDPA forward: aten::_scaled_dot_product_{flash,efficient,cudnn}_attention ---------------
+// What SDPA's dispatcher calls on CUDA after picking a backend. Ours takes dense fp16/bf16
+// [B, H, S, D] inputs without dropout, mask or debug mask (the library says which head dims and
+// strides it takes: anything it declines runs the stock kernel). Outputs follow each stock op's
+// contract (layout, log-sum-exp shape), so the stock backward works on them.
+std::optional<c10::SafeKernelFunction> g_prev_sdpa_flash;
+std::optional<c10::SafeKernelFunction> g_prev_sdpa_efficient;
+std::optional<c10::SafeKernelFunction> g_prev_sdpa_cudnn;
+
+fly_tensor desc_4d(const at::Tensor& t) {
+  fly_tensor d{};
+  d.data = t.data_ptr();
+  d.dtype = fly_dtype_of(t.scalar_type());
+  d.rank = t.dim();
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    d.sizes[i] = t.size(i);
+    d.strides[i] = t.stride(i);
+  }
+  return d;
+}
+
+const char* sdpa_ineligible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                            bool check_device) {
+  if (check_device && !(q.is_cuda() && k.is_cuda() && v.is_cuda())) return "inputs are not CUDA tensors";
+  if (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16) return "dtype not covered (fp16, bf16)";
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return "mixed dtypes";
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return "inputs are not [B, H, S, D]";
+  if (q.is_nested() || k.is_nested() || v.is_nested()) return "nested tensors";
+  if (dropout_p != 0.0) return "dropout";
+  if (k.size(3) != q.size(3) || v.size(3) != q.size(3)) return "value or key head dim differs from the query's";
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || v.size(1) != k.size(1) || v.size(2) != k.size(2))
+    return "key and value shapes differ";
+  if (k.size(1) == 0 || q.size(1) % k.size(1) != 0) return "query heads not a multiple of key/value heads";
+  if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1) return "head dim is not innermost";
+  if (check_device && (k.device() != q.device() || v.device() != q.device())) return "inputs on different devices";
+  if (check_device) return device_unsupported(q.device());
+  return nullptr;
+}
+
+// Runs our forward into `out` (and `lse`, FP32 [B, H, Sq] view, or undefined); false when the
+// library declines (why says so), nothing written then.
+bool sdpa_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+              std::optional<double> scale, at::Tensor& out, const at::Tensor& lse, std::string& why) {
+  c10::DeviceGuard guard(q.device());
+  fly_tensor qd = desc_4d(q), kd = desc_4d(k), vd = desc_4d(v), od = desc_4d(out), ld{};
+  if (lse.defined()) {
+    ld.data = lse.data_ptr();
+    ld.dtype = FLY_F32;
+    ld.rank = 3;
+    for (int i = 0; i < 3; ++i) {
+      ld.sizes[i] = lse.size(i);
+      ld.strides[i] = lse.stride(i);
+    }
+  }
+  fly_attention_fwd_params prm{};
+  prm.struct_size = sizeof(prm);
+  prm.q = &qd;
+  prm.k = &kd;
+  prm.v = &vd;
+  prm.o = &od;
+  prm.lse = lse.defined() ? &ld : nullptr;
+  prm.softmax_scale = scale.has_value() ? *scale : 0.0;
+  prm.causal = causal ? 1 : 0;
+  if (scale.has_value() && !(std::isfinite(*scale) && *scale != 0.0)) {
+    why = "softmax scale zero or not finite";
+    return false;
+  }
+  size_t ws_bytes = 0;
+  fly_status st = fly_attention_fwd_workspace_size(&prm, &ws_bytes);
+  c10::DataPtr ws;  // back to the caching allocator, stream-ordered, when this returns
+  if (st == FLY_SUCCESS && ws_bytes > 0) {
+    ws = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(ws_bytes);
+    prm.workspace = ws.get();
+    prm.workspace_bytes = ws_bytes;
+  }
+  if (st == FLY_SUCCESS) st = fly_attention_fwd(&prm, current_stream(q.device()));
+  if (st == FLY_SUCCESS) return true;
+  if (status_means_fallback(st)) {
+    why = fly_get_last_error();
+    return false;
+  }
+  TORCH_CHECK(false, "flykernels attention: ", fly_status_string(st), ": ", fly_get_last_error());
+}
+
+// The philox seed / offset tensors the stock ops return (dtype and shape as their meta functions
+// say, so compiled graphs see the same); without dropout nothing reads them.
+at::Tensor no_rng(c10::IntArrayRef sizes, at::ScalarType dtype = at::kUInt64) { return empty_unfilled(sizes, dtype); }
+
+std::optional<double> opt_double(const c10::IValue& v) {
+  return v.isNone() ? std::nullopt : std::optional<double>(v.toDouble());
+}
+
+// _scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, return_debug_mask, *, scale)
+//   -> (out, logsumexp [B,H,Sq], cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused, debug_mask)
+void sdpa_flash_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b = s.size() - 7;
+  const at::Tensor& q = s[b].toTensor();
+  const at::Tensor& k = s[b + 1].toTensor();
+  const at::Tensor& v = s[b + 2].toTensor();
+  const double dropout_p = s[b + 3].toDouble();
+  const bool causal = s[b + 4].toBool();
+  const char* why = s[b + 5].toBool() ? "debug mask requested" : sdpa_ineligible(q, k, v, dropout_p, true);
+  if (why == nullptr) {
+    at::Tensor out = at::empty_like(q);  // the query's layout, as the stock op
+    at::Tensor lse = empty_unfilled({q.size(0), q.size(1), q.size(2)}, at::kFloat);
+    std::string lib_why;
+    if (sdpa_run(q, k, v, causal, opt_double(s[b + 6]), out, lse, lib_why)) {
+      note_ours(kSdpaFlash);
+      const int64_t max_q = q.size(2), max_k = k.size(2);
+      at::Tensor rng = no_rng({2}), unused = no_rng({}), debug = at::empty({0}, q.options());
+      torch::jit::drop(s, 7);
+      torch::jit::push(s, std::move(out), std::move(lse), at::Tensor(), at::Tensor(), c10::SymInt(max_q),
+                       c10::SymInt(max_k), std::move(rng), std::move(unused), std::move(debug));
+      return;
+    }
+    note_fallback(kSdpaFlash, lib_why.c_str());
+  } else {
+    note_fallback(kSdpaFlash, why);
+  }
+  g_prev_sdpa_flash->callBoxed(op, ks, stack);
+}
+
+// _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p,
+//   is_causal, *, scale) -> (out [B,Sq,H,D] transposed, log_sumexp [B,H,ceil(Sq/32)*32] or
+//   [B,H,0], philox_seed, philox_offset)
+void sdpa_efficient_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b = s.size() - 8;
+  const at::Tensor& q = s[b].toTensor();
+  const at::Tensor& k = s[b + 1].toTensor();
+  const at::Tensor& v = s[b + 2].toTensor();
+  const bool with_lse = s[b + 4].toBool();
+  const double dropout_p = s[b + 5].toDouble();
+  const bool causal = s[b + 6].toBool();
+  const char* why = !s[b + 3].isNone() ? "attention bias" : sdpa_ineligible(q, k, v, dropout_p, true);
+  if (why == nullptr) {
+    const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3);
+    at::Tensor out = empty_unfilled({B, Sq, H, D}, q.scalar_type()).transpose(1, 2);
+    const int64_t padded = with_lse ? (Sq + 31) / 32 * 32 : 0;
+    at::Tensor lse_all = with_lse ? at::full({B, H, padded}, std::numeric_limits<float>::infinity(),
+                                             q.options().dtype(at::kFloat))
+                                  : at::empty({B, H, 0}, q.options().dtype(at::kFloat));
+    at::Tensor lse = with_lse ? lse_all.narrow(2, 0, Sq) : at::Tensor();
+    std::string lib_why;
+    if (sdpa_run(q, k, v, causal, opt_double(s[b + 7]), out, lse, lib_why)) {
+      note_ours(kSdpaEfficient);
+      at::Tensor seed = no_rng({}, at::kLong), offset = no_rng({}, at::kLong);
+      torch::jit::drop(s, 8);
+      torch::jit::push(s, std::move(out), std::move(lse_all), std::move(seed), std::move(offset));
+      return;
+    }
+    note_fallback(kSdpaEfficient, lib_why.c_str());
+  } else {
+    note_fallback(kSdpaEfficient, why);
+  }
+  g_prev_sdpa_efficient->callBoxed(op, ks, stack);
+}
+
+// _scaled_dot_product_cudnn_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal,
+//   return_debug_mask, *, scale) -> (out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+//   philox_seed, philox_offset, debug_mask). Taken only when no log-sum-exp is asked for (no
+//   gradient): cuDNN's own backward reads its own statistics, so training stays with cuDNN.
+void sdpa_cudnn_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b = s.size() - 9;
+  const at::Tensor& q = s[b].toTensor();
+  const at::Tensor& k = s[b + 1].toTensor();
+  const at::Tensor& v = s[b + 2].toTensor();
+  const double dropout_p = s[b + 5].toDouble();
+  const bool causal = s[b + 6].toBool();
+  const char* why = !s[b + 3].isNone() ? "attention bias"
+                    : s[b + 4].toBool() ? "log-sum-exp for cuDNN's backward requested (training)"
+                    : s[b + 7].toBool() ? "debug mask requested"
+                                        : sdpa_ineligible(q, k, v, dropout_p, true);
+  if (why == nullptr) {
+    at::Tensor out = at::empty_like(q);
+    std::string lib_why;
+    if (sdpa_run(q, k, v, causal, opt_double(s[b + 8]), out, at::Tensor(), lib_why)) {
+      note_ours(kSdpaCudnn);
+      const int64_t max_q = q.size(2), max_k = k.size(2);
+      // as the meta function: [B, H, Sq, 1] statistics (not computed: nothing reads them), no mask
+      at::Tensor lse = empty_unfilled({q.size(0), q.size(1), q.size(2), 1}, at::kFloat);
+      at::Tensor seed = no_rng({}, at::kLong), offset = no_rng({}, at::kLong);
+      torch::jit::drop(s, 9);
+      torch::jit::push(s, std::move(out), std::move(lse), at::Tensor(), at::Tensor(), c10::SymInt(max_q),
+                       c10::SymInt(max_k), std::move(seed), std::move(offset), at::Tensor());
+      return;
+    }
+    note_fallback(kSdpaCudnn, lib_why.c_str());
+  } else {
+    note_fallback(kSdpaCudnn, why);
+  }
+  g_prev_sdpa_cudnn->callBoxed(op, ks, stack);
+}
+
 // ---- registration: one torch::Library per op, reset to restore the stock kernel --------------
 // The dispatcher warns once per process when a kernel is overridden; we override on purpose, so
 // that one message is dropped and any other warning goes to the handler that was in place.
@@ -372,8 +569,22 @@ bool enable_op(const std::string& op) {
     lib = new_cuda_impl_library();
     lib->impl("topk", torch::CppFunction::makeFromBoxedFunction<&topk_boxed<false>>());
     lib->impl("topk.values", torch::CppFunction::makeFromBoxedFunction<&topk_boxed<true>>());
+  } else if (op == "sdpa") {  // flash and memory-efficient forward
+    g_prev_sdpa_flash.emplace(find_op("aten::_scaled_dot_product_flash_attention", "")
+                                  .getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    g_prev_sdpa_efficient.emplace(find_op("aten::_scaled_dot_product_efficient_attention", "")
+                                      .getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    lib = new_cuda_impl_library();
+    lib->impl("_scaled_dot_product_flash_attention", torch::CppFunction::makeFromBoxedFunction<&sdpa_flash_boxed>());
+    lib->impl("_scaled_dot_product_efficient_attention",
+              torch::CppFunction::makeFromBoxedFunction<&sdpa_efficient_boxed>());
+  } else if (op == "sdpa_cudnn") {  // cuDNN forward without log-sum-exp (inference)
+    g_prev_sdpa_cudnn.emplace(find_op("aten::_scaled_dot_product_cudnn_attention", "")
+                                  .getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    lib = new_cuda_impl_library();
+    lib->impl("_scaled_dot_product_cudnn_attention", torch::CppFunction::makeFromBoxedFunction<&sdpa_cudnn_boxed>());
   } else {
-    TORCH_CHECK_VALUE(false, "flykernels: no eager override named '", op, "' (rms_norm, topk)");
+    TORCH_CHECK_VALUE(false, "flykernels: no eager override named '", op, "' (rms_norm, topk, sdpa, sdpa_cudnn)");
   }
   g_overrides[op] = std::move(lib);
   return true;
@@ -497,6 +708,12 @@ std::string explain_topk(const at::Tensor& x, int64_t k, int64_t dim, bool check
   return why ? why : "";
 }
 
+std::string explain_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                         bool check_device) {
+  const char* why = sdpa_ineligible(q, k, v, dropout_p, check_device);
+  return why ? why : "";
+}
+
 py::dict counts() {
   py::dict d;
   for (int i = 0; i < kOpCount; ++i)
@@ -555,13 +772,15 @@ py::tuple device_status(int64_t index) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "FlyKernels' PyTorch extension (calls libflykernels through its C ABI only)";
-  m.def("enable_op", &enable_op, "install the CUDA-key override named op (rms_norm, topk)");
+  m.def("enable_op", &enable_op, "install the CUDA-key override named op (rms_norm, topk, sdpa, sdpa_cudnn)");
   m.def("disable_op", &disable_op, "remove the override named op; the stock kernel is current again");
   m.def("op_enabled", &op_enabled);
   m.def("explain_rms_norm", &explain_rms_norm, py::arg("x"), py::arg("normalized_shape"), py::arg("weight"),
         py::arg("eps"), py::arg("check_device") = true, "'' when our RMSNorm takes the call, else why not");
   m.def("explain_topk", &explain_topk, py::arg("x"), py::arg("k"), py::arg("dim") = -1,
         py::arg("check_device") = true, "'' when our TopK takes the call, else why not");
+  m.def("explain_sdpa", &explain_sdpa, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dropout_p") = 0.0,
+        py::arg("check_device") = true);
   m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("workspace") = py::none());
   m.def("addmm_out", &addmm_out, py::arg("bias"), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("beta") = 1.0,
         py::arg("alpha") = 1.0, py::arg("workspace") = py::none());

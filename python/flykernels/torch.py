@@ -6,8 +6,9 @@
     with flykernels.torch.disabled(): ... # stock PyTorch inside, the previous state after
     flykernels.torch.active()             # names of the installed families
 
-Families (flykernels._ops.REGISTRY): "rms_norm", "topk" (eager CUDA-key overrides) and "gemm"
-(torch.compile max-autotune candidates). FLYKERNELS_TORCH=0 keeps them off at import.
+Families (flykernels._ops.REGISTRY): "rms_norm", "topk" (eager CUDA-key overrides), "gemm"
+(torch.compile max-autotune candidates), "sdpa" (SDPA's flash and memory-efficient forward, as the
+flash-attention impl "FLY") and "sdpa_cudnn" (SDPA's cuDNN forward without gradients). FLYKERNELS_TORCH=0 keeps them off at import.
 Compiled graphs keep the kernels they were compiled with: call torch._dynamo.reset() after a switch.
 """
 import contextlib
@@ -82,7 +83,8 @@ def disabled(ops=None):
 
 def dispatch_counts():
     """{op: (ours, stock)} calls our overrides took or passed to the stock kernel since the last
-    reset_counts() (ops: rms_norm, topk, topk.values, mm, addmm)."""
+    reset_counts() (ops: rms_norm, topk, topk.values, mm, addmm, sdpa_flash, sdpa_efficient,
+    sdpa_cudnn)."""
     return _loader.ext.counts() if _loader.ext is not None else {}
 
 
@@ -105,3 +107,9 @@ def explain_rms_norm(x, normalized_shape, weight=None, eps=None, check_device=Tr
 def explain_topk(x, k, dim=-1, check_device=True):
     """'' when our TopK would take torch.topk(x, k, dim), else why not."""
     return _loader.ext.explain_topk(x, int(k), int(dim), check_device)
+
+
+def explain_sdpa(q, k, v, dropout_p=0.0, check_device=True):
+    """'' when our attention would take SDPA's call on (q, k, v) [B, H, S, D] as far as the shapes,
+    dtypes and layout say (the library may still decline a head dim or stride), else why not."""
+    return _loader.ext.explain_sdpa(q, k, v, float(dropout_p), check_device)

@@ -194,7 +194,7 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
   Buffers& b = buffers();
   if (b.clear_records && b.launch_count() > 1000) b.clear_records();  // records are 4 KiB each
   const int launches_before = b.launch_count ? b.launch_count() : 0;
-  const uint8_t entry = in.byte() % 12;
+  const uint8_t entry = in.byte() % 14;
   in.tame = in.byte() >= 160;
   switch (entry) {
     case 0: {  // rms_norm
@@ -315,7 +315,52 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
       check("fly_set_tuning_db(NULL)", s2);
       break;
     }
-    case 10: {  // grouped gemm (and its size query): offs int32 [G], b [G, K, N], bias [G, N]
+    case 11:
+    case 12: {  // attention backward and its size query
+      const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
+      fly_tensor q = tensor(in, 4, dt), k = tensor(in, 4, dt), v = tensor(in, 4, dt), o = tensor(in, 4, dt);
+      fly_tensor dout = tensor(in, 4, dt), lse = tensor(in, 3, FLY_F32), dq = tensor(in, 4, dt), dk = tensor(in, 4, dt),
+                 dv = tensor(in, 4, dt);
+      if (in.byte() < 180) {  // agreeing shapes, D a multiple of 8, contiguous
+        const int64_t B = 1 + q.sizes[0] % 2, Hkv = 1 + k.sizes[1] % 2, Hq = Hkv * (1 + q.sizes[1] % 2);
+        const int64_t Sq = q.sizes[2] % 70, Sk = k.sizes[2] % 70, D = 8 * (1 + q.sizes[3] % 40);
+        auto shape = [](fly_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d) {
+          t.rank = 4;
+          t.sizes[0] = b, t.sizes[1] = h, t.sizes[2] = s, t.sizes[3] = d;
+          t.strides[3] = 1, t.strides[2] = d, t.strides[1] = s * d, t.strides[0] = h * s * d;
+        };
+        for (fly_tensor* t : {&q, &o, &dout, &dq}) shape(*t, B, Hq, Sq, D);
+        for (fly_tensor* t : {&k, &v, &dk, &dv}) shape(*t, B, Hkv, Sk, D);
+        lse.rank = 3;
+        lse.sizes[0] = B, lse.sizes[1] = Hq, lse.sizes[2] = Sq;
+        lse.strides[2] = 1, lse.strides[1] = Sq, lse.strides[0] = Hq * Sq;
+      }
+      fly_attention_bwd_params p;
+      std::memset(&p, 0, sizeof p);
+      p.struct_size = in.byte() < 240 ? sizeof p : size_t(in.i64());
+      p.q = maybe(in, &q), p.k = maybe(in, &k), p.v = maybe(in, &v), p.o = maybe(in, &o), p.dout = maybe(in, &dout);
+      p.lse = maybe(in, &lse), p.dq = maybe(in, &dq), p.dk = maybe(in, &dk), p.dv = maybe(in, &dv);
+      p.softmax_scale = in.tame ? 0.0 : in.real();
+      p.causal = in.byte() < 240 ? in.byte() & 1 : int32_t(in.i64());
+      p.nondeterministic = in.byte() < 240 ? in.byte() & 1 : int32_t(in.i64());
+      if (entry == 11) {
+        size_t bytes = 12345;
+        const fly_status s = fly_attention_bwd_workspace_size(&p, in.byte() < 10 ? nullptr : &bytes);
+        check("fly_attention_bwd_workspace_size", s);
+        if (s != FLY_SUCCESS && bytes != 12345 && bytes != 0) broken("fly_attention_bwd_workspace_size", s, "wrote a size on failure");
+        if (s == FLY_SUCCESS && bytes >= (size_t(1) << 50)) broken("fly_attention_bwd_workspace_size", s, "absurd size");
+      } else {
+        p.workspace = in.byte() < 40 ? nullptr : pointer(in);
+        p.workspace_bytes = in.byte() < 128 ? size_t(1) << 20 : size_t(in.i64());
+        const fly_status s = fly_attention_bwd(&p, stream(in));
+        check("fly_attention_bwd", s);
+        if (s == FLY_SUCCESS && b.launch_count && q.sizes[0] > 0 && q.sizes[1] > 0 && q.sizes[2] > 0 &&
+            b.launch_count() == launches_before)
+          broken("fly_attention_bwd", s, "succeeded without a launch");
+      }
+      break;
+    }
+    case 13: {  // grouped gemm (and its size query): offs int32 [G], b [G, K, N], bias [G, N]
       const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
       fly_tensor a = tensor(in, 2, dt), bg = tensor(in, 3, dt), offs = tensor(in, 1, FLY_I32), c = tensor(in, 2, dt),
                  bias = tensor(in, 2, dt);
