@@ -130,6 +130,45 @@ def test_sdpa_eligibility():
     assert "CUDA" in flykernels.torch.explain_sdpa(q, kv, kv)  # with the device checks: CPU tensors
 
 
+def test_opt_in_families_are_off_by_default_and_register_when_named(fly):
+    bwd_ops = ("aten::_scaled_dot_product_flash_attention_backward",
+               "aten::_scaled_dot_product_efficient_attention_backward")
+    fly.disable()
+    stock = {op: dispatch_file(op) for op in bwd_ops + ("aten::_grouped_mm",)}
+    fly.enable()
+    assert "sdpa_bwd" not in fly.active() and "grouped_mm" not in fly.active()
+    assert {op: dispatch_file(op) for op in stock} == stock
+    fly.enable(["sdpa_bwd", "grouped_mm"])
+    assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())
+    assert all("flykernels_torch.cpp" in dispatch_file(op) for op in stock)
+    with fly.disabled():
+        assert {op: dispatch_file(op) for op in stock} == stock
+    assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())  # the previous state, opt-ins included
+    fly.disable(["sdpa_bwd", "grouped_mm"])
+    assert {op: dispatch_file(op) for op in stock} == stock
+
+
+def test_grouped_mm_eligibility():
+    why = lambda a, b, offs, bias=None: flykernels.torch.explain_grouped_mm(a, b, offs, bias, check_device=False)  # noqa: E731
+    a = torch.randn(100, 64, dtype=torch.bfloat16)
+    w = torch.randn(4, 64, 128, dtype=torch.bfloat16)
+    offs = torch.tensor([10, 10, 60, 100], dtype=torch.int32)
+    assert why(a, w, offs) == ""
+    assert why(a, w.transpose(-2, -1).contiguous().transpose(-2, -1), offs) == ""  # K-contiguous B
+    assert why(a.half(), w.half(), offs) == ""
+    assert "dtype" in why(a.float(), w.float(), offs)
+    assert "mixed" in why(a, w.half(), offs)
+    assert "2-D x 3-D" in why(a, w[0], offs)
+    assert "offsets" in why(a, w, None)
+    assert "int32" in why(a, w, offs.long())
+    assert "int32" in why(a, w, offs[:3])
+    assert "K of A" in why(a[:, :32], w, offs)
+    assert "row-major" in why(a.t().contiguous().t(), w, offs)
+    assert "multiple of 8" in why(a, w[:, :, :100], offs)
+    assert "bias" in why(a, w, offs, torch.randn(4, 128, dtype=torch.bfloat16))
+    assert "CUDA" in flykernels.torch.explain_grouped_mm(a, w, offs)
+
+
 def test_cpu_tensors_reach_the_stock_kernels(fly):
     fly.enable()
     fly.reset_counts()
@@ -195,7 +234,7 @@ def test_python_m_flykernels():
     assert r.returncode == 0, r.stderr
     assert "libflykernels 0.1.0" in r.stdout
     assert "available:" in r.stdout
-    for name in ("rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn"):
+    for name in ("rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn", "sdpa_bwd", "grouped_mm"):
         assert name in r.stdout
 
 

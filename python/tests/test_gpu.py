@@ -432,3 +432,75 @@ def test_sdpa_ineligible_reaches_stock(on, case):
         mask = kw["attn_mask"].double() if case == "mask" else None
         ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
         assert rel_err(out, ref) < 2e-2
+
+
+# ---- opt-in families: SDPA backward, F.grouped_mm ---------------------------------------------
+@pytest.mark.parametrize("backend,op", [(SDPBackend.FLASH_ATTENTION, "sdpa_flash_bwd"),
+                                        (SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient_bwd")])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128, 72])
+def test_sdpa_backward_ours_matches_reference(fly, backend, op, causal, D):
+    fly.enable()
+    fly.enable(["sdpa_bwd"])
+    fly.reset_counts()
+    Hkv = 2 if backend == SDPBackend.FLASH_ATTENTION else 4  # memory-efficient takes no GQA
+    q, k, v = qkv(2, 4, Hkv, 200, 200 if causal else 333, D, grad=True)
+    dout = torch.randn(2, 4, 200, D, device=DEV, dtype=torch.bfloat16)
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != 4)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert fly.dispatch_counts()[op][0] == 1, fly.dispatch_counts()
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attn_ref(qd, kd, vd, causal)
+    rgrads = torch.autograd.grad(ref, (qd, kd, vd), dout.double())
+    for g, rg in zip(grads, rgrads):
+        assert g.shape == rg.shape and rel_err(g, rg) < 2e-2
+
+
+def test_sdpa_backward_is_deterministic(fly):
+    fly.enable(["sdpa", "sdpa_bwd"])
+    q, k, v = qkv(1, 8, 2, 500, 500, 128, grad=True)
+    dout = torch.randn_like(q)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        runs = [torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                                    (q, k, v), dout) for _ in range(3)]
+    for r in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
+
+
+@pytest.mark.parametrize("sizes", [[64, 64, 64, 64], [0, 300, 1, 7], [0, 0, 0, 0], [513, 0, 0, 0]])
+@pytest.mark.parametrize("k_contig", [False, True])
+def test_grouped_mm_ours_matches_reference(fly, sizes, k_contig):
+    fly.enable(["grouped_mm"])
+    fly.reset_counts()
+    G, K, N = len(sizes), 256, 384
+    T = sum(sizes)
+    a = torch.randn(T, K, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(G, N, K, device=DEV, dtype=torch.bfloat16).transpose(-2, -1) if k_contig else \
+        torch.randn(G, K, N, device=DEV, dtype=torch.bfloat16)
+    offs = torch.tensor(sizes, device=DEV, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    out = F.grouped_mm(a, w, offs=offs)
+    assert fly.dispatch_counts()["grouped_mm"][0] == 1, fly.dispatch_counts()
+    with fly.disabled():
+        stock = F.grouped_mm(a, w, offs=offs)
+    assert out.shape == stock.shape and out.stride() == stock.stride()
+    ends = offs.tolist()
+    for g in range(G):
+        r0 = ends[g - 1] if g else 0
+        if ends[g] > r0:
+            ref = a[r0:ends[g]].double() @ w[g].double()
+            assert rel_err(out[r0:ends[g]], ref) < 1e-2
+
+
+def test_grouped_mm_autograd_runs_ours_forward_and_matches_stock(fly):
+    fly.enable(["grouped_mm"])
+    a = torch.randn(300, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(3, 128, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.tensor([100, 100, 300], device=DEV, dtype=torch.int32)
+    dout = torch.randn(300, 256, device=DEV, dtype=torch.bfloat16)
+    grads = torch.autograd.grad(F.grouped_mm(a, w, offs=offs), (a, w), dout)
+    assert fly.dispatch_counts()["grouped_mm"][0] >= 1
+    with fly.disabled():
+        sgrads = torch.autograd.grad(F.grouped_mm(a, w, offs=offs), (a, w), dout)
+    for g, sg in zip(grads, sgrads):
+        assert rel_err(g, sg) < 1e-2
