@@ -6,6 +6,9 @@ median).
   python3 bench/attention_torch.py [--flybench build/flybench] [--suite suites/attention.json]
                                    [--dtype bf16] [--png bench/attention.png] [--json bench/attention_latest.json]
 
+--bwd: the backward instead (`flybench attention --bwd`; SDPA's backward timed as
+torch.autograd.grad of one forward's output, retain_graph), TFLOP/s at 2.5x the forward FLOPs.
+
 Prints per case TFLOP/s (4 B Hq Sq Sk D, halved when causal) of ours and each backend that runs
 it, the ratios, and geometric means per target group (D 64/128/256 vs cuDNN, vs flash, D 32 vs
 flash, D 512 vs memory-efficient, decode vs reading K and V once); saves a bar chart.
@@ -23,16 +26,21 @@ BACKENDS = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_AT
             ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
 
 
-def sdpa_us(c, backend, reps):
+def sdpa_us(c, backend, reps, bwd=False):
     dt = torch.bfloat16 if c["dtype"] == "bf16" else torch.float16
     B, Hq, Hkv, Sq, Sk, D = (c[k] for k in ("B", "Hq", "Hkv", "Sq", "Sk", "D"))
-    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dt)
-    k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt)
-    v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt)
+    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dt, requires_grad=bwd)
+    k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt, requires_grad=bwd)
+    v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt, requires_grad=bwd)
     gqa = Hq != Hkv
     try:
         with sdpa_kernel([backend]):
-            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa)
+            if bwd:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa)
+                dout = torch.randn_like(out)
+                fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            else:
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa)
             fn()
             torch.cuda.synchronize()
             return time_us(fn, reps=reps, warm_ms=20)
@@ -53,13 +61,19 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--png", default="bench/attention.png")
     ap.add_argument("--json", default="bench/attention_latest.json")
+    ap.add_argument("--bwd", action="store_true", help="the backward (default chart/json names get a _bwd suffix)")
     a = ap.parse_args()
+    if a.bwd:
+        a.png = a.png.replace(".png", "_bwd.png") if a.png == "bench/attention.png" else a.png
+        a.json = a.json.replace("_latest", "_bwd_latest") if a.json == "bench/attention_latest.json" else a.json
 
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         tmp = f.name
     cmd = [a.flybench, "attention", "--suite", a.suite, "--json", tmp, "--reps", str(a.reps)]
     if a.dtype:
         cmd += ["--dtype", a.dtype]
+    if a.bwd:
+        cmd += ["--bwd"]
     subprocess.run(cmd, check=False)
     ours = json.load(open(tmp))
     os.unlink(tmp)
@@ -70,7 +84,7 @@ def main():
     for c in ours["cases"]:
         r = dict(c)
         for name, be in BACKENDS:
-            r[name + "_us"] = sdpa_us(c, be, a.reps)
+            r[name + "_us"] = sdpa_us(c, be, a.reps, a.bwd)
         tf = {n: (c["tflops"] * c["us"] / r[n + "_us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
         ratio = {n: (r[n + "_us"] / c["us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
         r["ratio"] = ratio
@@ -88,7 +102,13 @@ def main():
                   f"  {fr(ratio['cudnn'])} {fr(ratio['flash'])} {fr(ratio['efficient'])}")
 
     long = [r for r in rows if r["Sq"] > 16]
-    groups = [("D 64/128/256 vs cuDNN (target >= 1.0)", [r["ratio"]["cudnn"] for r in long if r["D"] in (64, 128, 256)]),
+    if a.bwd:
+        groups = [("bwd D 64/128/256 vs cuDNN (target >= 0.9)", [r["ratio"]["cudnn"] for r in long if r["D"] in (64, 128, 256)]),
+                  ("bwd all vs cuDNN", [r["ratio"]["cudnn"] for r in long]),
+                  ("bwd D 64/128/256 vs flash (target >= 1.6)", [r["ratio"]["flash"] for r in long if r["D"] in (64, 128, 256)]),
+                  ("bwd all vs efficient", [r["ratio"]["efficient"] for r in long])]
+    else:
+        groups = [("D 64/128/256 vs cuDNN (target >= 1.0)", [r["ratio"]["cudnn"] for r in long if r["D"] in (64, 128, 256)]),
               ("all prefill vs cuDNN", [r["ratio"]["cudnn"] for r in long]),
               ("D 64/128/256 vs flash (target >= 1.8)", [r["ratio"]["flash"] for r in long if r["D"] in (64, 128, 256)]),
               ("D 32 vs flash (target >= 1.2)", [r["ratio"]["flash"] for r in long if r["D"] == 32]),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """FlyKernels through PyTorch's public API, beside the same calls with FlyKernels disabled, same run.
 
-  python bench/torch_api.py [--suites rmsnorm,topk,gemm] [--gemm-full] [--gemm-budget-s 150]
+  python bench/torch_api.py [--suites rmsnorm,topk,gemm] [--gemm-full] [--gemm-budget-s 150] [--gemm-from I]
                             [--json bench/torch_api_latest.json] [--png bench/torch_api.png]
 
 - rmsnorm (suites/rmsnorm.json): F.rms_norm(x, [N], w, 1e-5); topk (suites/topk.json):
@@ -193,13 +193,12 @@ def make_operand(rows, cols, transposed, dt):
     return torch.randn(rows, cols, device="cuda", dtype=dt)
 
 
-def bench_gemm(out, full, budget_s):
+def bench_gemm(out, full, budget_s, first=0):
     import torch._inductor.config as ic
     from torch._inductor.utils import run_and_get_code
-    from timing import time_us
 
     suite = json.load(open(os.path.join(ROOT, "suites/gemm_bf16.json")))
-    shapes = [(c["M"], c["N"], c["K"]) for c in suite["cases"]] if full else GEMM_SUBSET
+    shapes = [(c["M"], c["N"], c["K"]) for c in suite["cases"]][first:] if full else GEMM_SUBSET
     ctl = flykernels.torch
     rows, skipped = [], []
     t_start = time.time()
@@ -212,26 +211,29 @@ def bench_gemm(out, full, budget_s):
             a = make_operand(M, K, layout[0] == "T", torch.bfloat16)
             b = make_operand(K, N, layout[1] == "T", torch.bfloat16)  # NT: B stored [N, K]
             ref = a.double() @ b.double()
-            fn = lambda x, y: x @ y  # noqa: E731
-            res = {}
+            # Two code objects, so dynamo keeps both compiled graphs (one with our candidates, one
+            # without) and they can be timed interleaved, beside eager cuBLAS.
+            fns = {True: lambda x, y: x @ y, False: lambda x, y: x @ y}  # noqa: E731
+            torch._dynamo.reset()
+            res, compiled = {}, {}
             for on in (True, False):
-                torch._dynamo.reset()
                 if on:
                     ctl.enable(["gemm"])
                 else:
                     ctl.disable(["gemm"])
                 ctl.reset_counts()
-                f = torch.compile(fn, mode="max-autotune-no-cudagraphs")
+                f = torch.compile(fns[on], mode="max-autotune-no-cudagraphs")
                 t0 = time.time()
                 got, code = run_and_get_code(f, a, b)
                 compile_s = time.time() - t0
                 err = rel_err(got, ref)
                 assert err < 1e-2, (layout, M, N, K, on, err)
-                picked = "flykernels_mm" in "\n".join(code)
-                t = time_us(lambda: f(a, b), reps=30, warm_ms=30)
-                res[on] = dict(us=t, ours_picked=picked, compile_s=compile_s, err=err)
+                compiled[on] = f
+                res[on] = dict(ours_picked="flykernels_mm" in "\n".join(code), compile_s=compile_s, err=err)
             ctl.enable(["gemm"])
-            eager = time_us(lambda: torch.mm(a, b), reps=30, warm_ms=30)
+            times = interleaved_us([("on", lambda: compiled[True](a, b)), ("off", lambda: compiled[False](a, b)),
+                                    ("eager", lambda: torch.mm(a, b))], rounds=5, reps=10, warm_ms=20)
+            res[True]["us"], res[False]["us"], eager = times["on"], times["off"], times["eager"]
             tflops = 2 * M * N * K / 1e12
             row = dict(layout=layout, M=M, N=N, K=K, with_fly_us=res[True]["us"], without_fly_us=res[False]["us"],
                        eager_cublas_us=eager, speedup=res[False]["us"] / res[True]["us"],
@@ -287,6 +289,8 @@ def main():
     ap.add_argument("--suites", default="rmsnorm,topk,gemm")
     ap.add_argument("--gemm-full", action="store_true", help="all 15 GEMM shapes (default: a 4-shape subset)")
     ap.add_argument("--gemm-budget-s", type=float, default=150.0, help="stop starting GEMM cases after this")
+    ap.add_argument("--gemm-from", type=int, default=0,
+                    help="with --gemm-full: start at this suite shape (0-based), to cover the suite over several runs")
     ap.add_argument("--json", default="bench/torch_api_latest.json")
     ap.add_argument("--png", default="bench/torch_api.png")
     args = ap.parse_args()
@@ -302,7 +306,7 @@ def main():
     if "topk" in suites:
         bench_topk(lib, out)
     if "gemm" in suites:
-        bench_gemm(out, args.gemm_full, args.gemm_budget_s)
+        bench_gemm(out, args.gemm_full, args.gemm_budget_s, args.gemm_from)
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
     print("\nsummary")

@@ -1,10 +1,11 @@
 """Builds libflykernels (CMake, from the repository around this folder) and the flykernels._C
 extension against the installed torch, and installs the library inside the package.
 
-  pip install --no-build-isolation ./python
+  python3 -m pip install --no-build-isolation ./python
 
 Environment:
-  FLYKERNELS_PREBUILT_DIR  a CMake build folder that already holds libflykernels.so.0 (skip CMake)
+  FLYKERNELS_PREBUILT_DIR  a CMake build folder that already holds libflykernels.so.0 (skip CMake);
+                           a relative path is taken from the repository root
   FLYKERNELS_CMAKE_ARGS    extra CMake arguments, e.g. "-DFLY_FAMILIES=rmsnorm;topk"
   FLYKERNELS_BUILD_JOBS    parallel build jobs (default: MAX_JOBS, else the CPU count)
 """
@@ -15,8 +16,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import sys
+
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+try:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError as e:  # pip --no-build-isolation builds with the interpreter that runs pip
+    raise SystemExit(f"flykernels: building needs torch importable by {sys.executable} ({e}). Install torch "
+                     "there, or run the pip of the interpreter that has it: python3 -m pip install "
+                     "--no-build-isolation ./python") from None
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent  # the FlyKernels repository (CMakeLists.txt, include/)
@@ -40,9 +49,11 @@ def build_library(build_temp):
     """Path of a folder holding libflykernels.so.0: the prebuilt one, or a fresh CMake build."""
     prebuilt = os.environ.get("FLYKERNELS_PREBUILT_DIR")
     if prebuilt:
-        if not (Path(prebuilt) / LIB).exists():
-            raise RuntimeError(f"FLYKERNELS_PREBUILT_DIR={prebuilt} holds no {LIB}")
-        return Path(prebuilt)
+        # pip runs this from a copy or from python/: a relative path means the repository's folder
+        path = Path(prebuilt) if Path(prebuilt).is_absolute() else ROOT / prebuilt
+        if not (path / LIB).exists():
+            raise RuntimeError(f"FLYKERNELS_PREBUILT_DIR={prebuilt} ({path}) holds no {LIB}")
+        return path
     bdir = Path(build_temp).resolve() / "libflykernels"
     user_args = shlex.split(os.environ.get("FLYKERNELS_CMAKE_ARGS", ""))
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []

@@ -2,11 +2,59 @@
 // library's dispatch: time, TFLOP/s, and for short queries the time against reading K and V once.
 #include <fstream>
 
+#include "attention_bwd_check.hpp"
 #include "attention_check.hpp"
 
 namespace fly::tools {
 
+// --bwd: the backward on the suite's cases (O and LSE from the forward, run once), TFLOP/s with
+// 2.5x the forward's FLOPs (the suite's convention), a dQ spot check per case.
+int bench_attention_bwd(const Args& args) {
+  nlohmann::json suite = load_suite(args.get("suite", "suites/attention.json"));
+  std::vector<std::string> dtypes;
+  if (args.has("dtype")) dtypes.push_back(args.get("dtype"));
+  else for (auto& d : suite["dtype"]) dtypes.push_back(d);
+  std::vector<AttnCase> cases = attention_cases(suite["cases"], dtypes);
+  const std::string force = args.get("variant", "");
+  cudaStream_t s = 0;
+  std::printf("flybench attention --bwd on %s; L2 flush: %s\n", gpu_name().c_str(), l2_flush_method());
+  std::printf("%-58s %10s %8s %8s  %s\n", "case", "time_us", "TFLOP/s", "err", "variant");
+  nlohmann::json out = nlohmann::json::array();
+  bool ok = true;
+  for (auto& c : cases) {
+    AttnBwdProblem prob(c, 11 + uint64_t(c.Sq * 3 + c.Sk + c.D));
+    fly_status st = prob.prepare(s);
+    if (st == FLY_SUCCESS) {
+      if (!force.empty()) TOOL_FLY(fly_force_variant(force.c_str()));
+      st = prob.run(s);
+    }
+    if (st != FLY_SUCCESS) {
+      std::printf("%-58s %10s  %s\n", c.str().c_str(), "-", fly_get_last_error());
+      if (!force.empty()) fly_force_variant(nullptr);
+      continue;
+    }
+    const std::string variant = fly_last_variant();
+    const double err = prob.check(s);
+    const double us = time_median_us([&] { TOOL_FLY(prob.run(s)); }, s, 3, int(args.get_int("reps", 10)),
+                                     !args.has("no-flush"), 20);
+    if (!force.empty()) fly_force_variant(nullptr);
+    const double tflops = 2.5 * c.flops() / (us * 1e-6) / 1e12;
+    std::printf("%-58s %10.2f %8.1f %8.4f  %s\n", c.str().c_str(), us, tflops, err, variant.c_str());
+    if (!(err < 0.05)) ok = false;
+    out.push_back({{"dtype", c.dt == FLY_F16 ? "fp16" : "bf16"}, {"B", c.B}, {"Hq", c.Hq}, {"Hkv", c.Hkv}, {"Sq", c.Sq},
+                   {"Sk", c.Sk}, {"D", c.D}, {"causal", c.causal}, {"us", us}, {"tflops", tflops}, {"err", err},
+                   {"variant", variant}, {"direction", "bwd"}});
+  }
+  if (args.has("json")) {
+    std::ofstream f(args.get("json"));
+    f << nlohmann::json{{"gpu", gpu_name()}, {"flush", l2_flush_method()}, {"direction", "bwd"}, {"cases", out}}.dump(1);
+  }
+  if (!ok) std::fprintf(stderr, "flybench attention --bwd: some case failed its correctness check\n");
+  return ok ? 0 : 1;
+}
+
 int bench_attention(const Args& args) {
+  if (args.has("bwd")) return bench_attention_bwd(args);
   nlohmann::json suite = load_suite(args.get("suite", "suites/attention.json"));
   std::vector<std::string> dtypes;
   if (args.has("dtype")) dtypes.push_back(args.get("dtype"));

@@ -12,6 +12,7 @@ int tune_rmsnorm(const Args&) __attribute__((weak));
 int tune_topk(const Args&) __attribute__((weak));
 int tune_gemm(const Args&) __attribute__((weak));
 int tune_attention(const Args&) __attribute__((weak));
+int tune_grouped_gemm(const Args&) __attribute__((weak));
 }  // namespace fly::tools
 
 int main(int argc, char** argv) try {
@@ -27,6 +28,8 @@ int main(int argc, char** argv) try {
        "db dump suite quick times dtype layouts variants min-m max-m max-minutes missing rounds warm-ms"},
       {"attention", tune_attention, "attention forward: suite shapes and decode cases, 2 dtypes",
        "db dump suite quick times dtype"},
+      {"grouped_gemm", tune_grouped_gemm, "grouped GEMM: suite shapes, B K- or N-contiguous",
+       "db dump suite quick times dtype layouts"},
   };
   Args args = parse_args(argc, argv);
   if (args.has("data-dir")) set_data_dir(args.get("data-dir"));

@@ -174,6 +174,73 @@ typedef struct fly_attention_fwd_params {
 FLY_API fly_status fly_attention_fwd_workspace_size(const fly_attention_fwd_params* params, size_t* bytes);
 FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, void* stream);
 
+/* ---- Fused attention backward ----------------------------------------------------------
+ * dQ, dK, dV of O = softmax(Q K^T * softmax_scale [+ causal mask]) V, from the forward's inputs,
+ * its output O, the upstream gradient dO and the forward's FP32 natural-log LSE.
+ * q, o, dout, dq: [B, Hq, Sq, D]; k, v, dk, dv: [B, Hkv, Sk, D]; all FP16 or all BF16, D innermost
+ *    (stride 1), other strides free (BHSD and BSHD views). q, k, v and dout are read by TMA:
+ *    16-byte aligned bases and strides multiples of 8 elements (else FLY_ERROR_UNSUPPORTED).
+ *    Grouped-query (Hq a multiple of Hkv): dk, dv of a kv head are the sums over its query heads.
+ *    dq, dk, dv must not overlap themselves, each other or any input (no in-place).
+ *    1 <= D <= 256 in this version (compiled head dims as the forward's; others served by the
+ *    next one up); D > 256 returns FLY_ERROR_UNSUPPORTED.
+ * lse: FP32 [B, Hq, Sq], any strides (what fly_attention_fwd wrote). softmax_scale and causal:
+ *    as the forward's (0 means 1/sqrt(D); causal top-left).
+ * nondeterministic: 0 (the default): the same bits on every run. 1 allows faster non-deterministic
+ *    kernels; this version has none and runs the deterministic ones.
+ * Workspace (required unless B, Hq or Sq is 0): FP32 Delta = rowsum(dO * O) and LSE rows,
+ *    2 * 4 * B * Hq * round_up(Sq, 128) bytes (256-aligned halves); query
+ *    fly_attention_bwd_workspace_size and pass a 256-byte aligned device buffer at least that big
+ *    (contents need no initialization; not shared by two calls running at once).
+ * B, Hq or Sq of 0: a successful no-op. Sk of 0 writes dq = 0.
+ * Versioned like fly_attention_fwd_params: set struct_size = sizeof(fly_attention_bwd_params). */
+typedef struct fly_attention_bwd_params {
+  size_t struct_size;      /* sizeof(fly_attention_bwd_params) of the caller's header */
+  const fly_tensor* q;     /* [B, Hq, Sq, D] */
+  const fly_tensor* k;     /* [B, Hkv, Sk, D] */
+  const fly_tensor* v;     /* [B, Hkv, Sk, D] */
+  const fly_tensor* o;     /* [B, Hq, Sq, D], the forward's output */
+  const fly_tensor* dout;  /* [B, Hq, Sq, D], gradient of o */
+  const fly_tensor* lse;   /* FP32 [B, Hq, Sq], the forward's natural-log LSE */
+  const fly_tensor* dq;    /* [B, Hq, Sq, D], written */
+  const fly_tensor* dk;    /* [B, Hkv, Sk, D], written */
+  const fly_tensor* dv;    /* [B, Hkv, Sk, D], written */
+  double softmax_scale;    /* 0: 1/sqrt(D) */
+  int32_t causal;          /* 0 or 1 (top-left) */
+  int32_t nondeterministic; /* 0: bit-identical repeat runs; 1: allow atomics (none yet) */
+  void* workspace;         /* required, see fly_attention_bwd_workspace_size */
+  size_t workspace_bytes;
+} fly_attention_bwd_params;
+
+FLY_API fly_status fly_attention_bwd_workspace_size(const fly_attention_bwd_params* params, size_t* bytes);
+FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* params, void* stream);
+
+/* ---- Grouped GEMM (mixture-of-experts; F.grouped_mm's 2-D x 3-D form) ----------------
+ * For every group g with rows [offs[g-1], offs[g]) (offs[-1] = 0):
+ *   C[rows, :] = A[rows, :] @ B[g] (+ bias[g]), FP32 accumulation, one persistent launch.
+ * a: [T, K] row-major (inner stride 1); b: [G, K, N], N contiguous (w) or K contiguous
+ *    (w.transpose(-2, -1)), group stride free (groups must not overlap); c: [T, N] row-major;
+ *    all FP16 or all BF16. bias: optional [G, N] of the same dtype, inner stride 1.
+ * offs: int32 [G] on the device, cumulative group end rows (as F.grouped_mm takes them). The
+ *    kernel reads them (no host sync: works under CUDA graph capture). Groups of 0 rows are fine.
+ *    Rows at or past offs[G-1] are not written. Bad offsets on the device are never an
+ *    out-of-bounds access: each end is clamped to T, and an end below the previous one is an
+ *    empty group (docs/grouped_gemm.md); the host cannot check them without a sync.
+ * TMA rules: 16-byte aligned bases of a and b, a's row stride, b's line and group strides
+ *    multiples of 8 elements (else FLY_ERROR_UNSUPPORTED). T = 0 or N = 0: a successful no-op;
+ *    K = 0 with work: FLY_ERROR_UNSUPPORTED. G = 0 needs T = 0.
+ * Workspace: none needed today (fly_grouped_gemm_workspace_size says 0); NULL/0 is fine. */
+FLY_API fly_status fly_grouped_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
+                                                   const fly_tensor* offs, const fly_tensor* c,
+                                                   size_t* bytes);
+/* Host-side check of offsets a caller holds in host memory (the kernel never syncs to read them):
+ * FLY_ERROR_INVALID_ARGUMENT, naming the entry, when one is negative, smaller than the one before
+ * (decreasing) or larger than rows (T); FLY_SUCCESS otherwise. offs may be NULL when groups is 0. */
+FLY_API fly_status fly_grouped_gemm_check_offsets(const int32_t* offs, int64_t groups, int64_t rows);
+FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs,
+                                    const fly_tensor* bias, const fly_tensor* c, void* workspace,
+                                    size_t workspace_bytes, void* stream);
+
 /* ---- MX block-scaled formats: quantizer and GEMM (docs/mxfp.md) --------------------------
  * MXFP8 = FLY_F8_E4M3 elements, MXFP4 = FLY_F4_E2M1X2 (two per byte, low nibble first; sizes and
  * strides of such a tensor count bytes, so a logical [M, K] matrix is a [M, K/2] tensor), each

@@ -183,6 +183,47 @@ inline size_t attention_fwd_workspace_size(const fly_tensor& q, const fly_tensor
   return bytes;
 }
 
+// Attention backward inputs and outputs (the forward's tensors, its LSE, dO; dQ, dK, dV written).
+struct AttentionBwdTensors {
+  const fly_tensor *q, *k, *v, *o, *dout, *lse, *dq, *dk, *dv;
+};
+
+namespace detail {
+inline fly_attention_bwd_params attention_bwd_params(const AttentionBwdTensors& t, bool causal, double softmax_scale) {
+  fly_attention_bwd_params p{};
+  p.struct_size = sizeof(p);
+  p.q = t.q;
+  p.k = t.k;
+  p.v = t.v;
+  p.o = t.o;
+  p.dout = t.dout;
+  p.lse = t.lse;
+  p.dq = t.dq;
+  p.dk = t.dk;
+  p.dv = t.dv;
+  p.softmax_scale = softmax_scale;
+  p.causal = causal ? 1 : 0;
+  return p;
+}
+}  // namespace detail
+
+// Bytes of the (required) workspace of attention_bwd for these tensors.
+inline size_t attention_bwd_workspace_size(const AttentionBwdTensors& t, bool causal = false, double softmax_scale = 0.0) {
+  const fly_attention_bwd_params p = detail::attention_bwd_params(t, causal, softmax_scale);
+  size_t bytes = 0;
+  check(fly_attention_bwd_workspace_size(&p, &bytes));
+  return bytes;
+}
+
+// Attention backward (deterministic); fills struct_size.
+inline void attention_bwd(const AttentionBwdTensors& t, void* workspace, size_t workspace_bytes, bool causal = false,
+                          double softmax_scale = 0.0, void* stream = nullptr) {
+  fly_attention_bwd_params p = detail::attention_bwd_params(t, causal, softmax_scale);
+  p.workspace = workspace;
+  p.workspace_bytes = workspace_bytes;
+  check(fly_attention_bwd(&p, stream));
+}
+
 // Forces a variant for the lifetime of the object (this thread only), as the tuner does.
 class ScopedVariant {
  public:
@@ -191,5 +232,22 @@ class ScopedVariant {
   ScopedVariant(const ScopedVariant&) = delete;
   ScopedVariant& operator=(const ScopedVariant&) = delete;
 };
+
+// Grouped GEMM (fly_grouped_gemm): C[rows of g] = A[rows of g] @ B[g] (+ bias[g]), offs int32 on the device.
+inline size_t grouped_gemm_workspace_size(const fly_tensor& a, const fly_tensor& b, const fly_tensor& offs,
+                                          const fly_tensor& c) {
+  size_t bytes = 0;
+  check(fly_grouped_gemm_workspace_size(&a, &b, &offs, &c, &bytes));
+  return bytes;
+}
+// Host offsets (cumulative group ends): throws on a negative, decreasing or too large entry.
+inline void grouped_gemm_check_offsets(const int32_t* offs, int64_t groups, int64_t rows) {
+  check(fly_grouped_gemm_check_offsets(offs, groups, rows));
+}
+inline void grouped_gemm(const fly_tensor& a, const fly_tensor& b, const fly_tensor& offs, const fly_tensor& c,
+                         const fly_tensor* bias = nullptr, void* workspace = nullptr, size_t workspace_bytes = 0,
+                         void* stream = nullptr) {
+  check(fly_grouped_gemm(&a, &b, &offs, bias, &c, workspace, workspace_bytes, stream));
+}
 
 }  // namespace flykernels

@@ -11,7 +11,6 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "attention/wgmma_rs_ops.h"
 #include "common/sm90.h"
 #include "common/wgmma_ops.h"
 
@@ -107,7 +106,7 @@ __device__ __forceinline__ void mma_qk(float (&s)[Cfg::kBN / 2], uint32_t q, int
 // o[HD/2] += P[64][BN] * V[BN][HD], P as packed 16-bit pairs in the A-fragment layout.
 template <class Cfg>
 __device__ __forceinline__ void mma_pv(float (&o)[Cfg::kHD / 2], const uint32_t (&p)[Cfg::kBN / 16][4], uint32_t v) {
-  using Mma = WgmmaRS<Cfg::kHD, 1, Cfg::kBF16>;
+  using Mma = sm90::WgmmaRS<Cfg::kHD, 1, Cfg::kBF16>;
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBN / 16; ++kk) Mma::mma(o, p[kk], desc_mnmajor(v + kk * 2048, Cfg::kBN * 128), 1);

@@ -75,6 +75,12 @@ constexpr int kPingPongTurn = 4;   // + consumer index: the ping-pong turn (256 
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync %0, 256;\n" ::"n"(named_bar::kConsumers) : "memory");
 }
+// The same barrier without .aligned: legal when the lanes of a warp arrive apart. The KW = 2
+// hand-over (kw_exchange) uses it: under compute-sanitizer synccheck, the aligned form there was
+// reported as reached by divergent threads (gemm_bf16_bm64_bn128_st4_sw0_mc1_mp2_kb2_kw2).
+__device__ __forceinline__ void consumers_sync_unaligned() {
+  asm volatile("barrier.sync %0, 256;\n" ::"n"(named_bar::kConsumers) : "memory");
+}
 __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(named_bar::kWarpgroup + wg) : "memory");
 }

@@ -118,7 +118,7 @@ __device__ __forceinline__ void kw_exchange_as(float (&acc)[Config::ACC], float4
   for (int j = 0; j < H4; ++j)
     x[(WG * H4 + j) * 128 + t] = make_float4(acc[GIVE + 4 * j], acc[GIVE + 4 * j + 1], acc[GIVE + 4 * j + 2],
                                              acc[GIVE + 4 * j + 3]);
-  consumers_sync();
+  consumers_sync_unaligned();
 #pragma unroll
   for (int j = 0; j < H4; ++j) {
     const float4 v = x[((1 - WG) * H4 + j) * 128 + t];
@@ -127,7 +127,7 @@ __device__ __forceinline__ void kw_exchange_as(float (&acc)[Config::ACC], float4
     acc[KEEP + 4 * j + 2] += v.z;
     acc[KEEP + 4 * j + 3] += v.w;
   }
-  consumers_sync();
+  consumers_sync_unaligned();
 }
 // The warpgroup index as a template argument: constant accumulator indices keep them in registers.
 __device__ __forceinline__ void kw_exchange(float (&acc)[Config::ACC], int wg, float* xchg) {
@@ -297,16 +297,17 @@ __device__ __forceinline__ void stage_pass_sw128(const OutView& out, const float
   }
 }
 
-__device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutView& out, const WorkUnit& u, int wg,
-                                               const float (&acc)[Config::ACC], uint8_t* boxes, uint32_t& npass) {
+// The warp's part of it: its 16 rows from C row `row0`, tile column `tn` (grouped mode calls this
+// for the warps whose rows lie inside their group: gemm_grouped_sm90.cu).
+__device__ __forceinline__ void store_warp_rows_tma(const GemmParams& p, const OutView& out, int row0, int tn,
+                                                    const float (&acc)[Config::ACC], uint8_t* boxes, uint32_t& npass) {
   constexpr int NBOX = epi_warp_boxes(Config::BN, Config::EPI);
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
   const uint32_t ring = sm90::smem_u32(boxes) + warp * NBOX * kEpiWarpBox;
-  const int row0 = u.tm * Config::BM + wg * 64 + warp * kEpiWarpRows;  // C row of the warp's first row
 #pragma unroll
   for (int pass = 0; pass < Config::BN / 64; ++pass, ++npass) {
     const uint32_t box = ring + (npass % NBOX) * kEpiWarpBox;
-    const int j_base = u.tn * Config::BN + pass * 64;  // C column of the pass's first column
+    const int j_base = tn * Config::BN + pass * 64;  // C column of the pass's first column
     if (lane == 0) sm90::bulk_wait_group_read<NBOX - 1>();  // the store from this box NBOX passes back read it
     __syncwarp();
     stage_pass_sw128(out, acc, pass, j_base, box, lane);
@@ -317,6 +318,12 @@ __device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutVie
       sm90::bulk_commit_group();
     }
   }
+}
+__device__ __forceinline__ void store_tile_tma(const GemmParams& p, const OutView& out, const WorkUnit& u, int wg,
+                                               const float (&acc)[Config::ACC], uint8_t* boxes, uint32_t& npass) {
+  const int warp = (threadIdx.x % 128) / 32;
+  const int row0 = u.tm * Config::BM + wg * 64 + warp * kEpiWarpRows;  // C row of the warp's first row
+  store_warp_rows_tma(p, out, row0, u.tn, acc, boxes, npass);
 }
 
 // ---- stream-K fixup through global memory (GemmParams::sk_tiles) ------------------------------

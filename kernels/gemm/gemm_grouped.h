@@ -27,7 +27,9 @@ namespace fly::gemm {
 struct GroupedTail {
   const int32_t* offs;  // [groups] cumulative end rows; offs[groups - 1] = rows of A and C
   int32_t groups;
+  int32_t rows;            // rows of A and C (T): every group end is clamped to it (bad offsets)
   int64_t b_group_stride;  // elements between consecutive groups' B matrices
+  int64_t bias_group_stride;  // elements between consecutive groups' bias rows (bias [G, N])
 };
 
 struct GroupedUnit {
@@ -51,12 +53,15 @@ FLY_GEMM_HD int32_t grouped_tiles_m(int32_t rows, int bm) { return rows <= 0 ? 0
 
 // Unit t (t never smaller than the cursor's previous call's) -> its group and tile; false past
 // the last group. offs is read as cumulative and non-decreasing; a decreasing entry (bad input)
-// counts as an empty group, so the walk always ends.
-FLY_GEMM_HD bool grouped_unit(const int32_t* offs, int32_t groups, int bm, int32_t tiles_n, int64_t t,
-                             GroupedCursor& c, GroupedUnit* out) {
+// counts as an empty group, so the walk always ends. Group ends are clamped to `limit` (the rows
+// of A and C): an offset past it (bad input) ends its group at `limit`, and every later group is
+// empty, so no unit ever reaches a row past the tensors (nor the work grows with the bad value).
+FLY_GEMM_HD bool grouped_unit(const int32_t* offs, int32_t groups, int32_t limit, int bm, int32_t tiles_n,
+                             int64_t t, GroupedCursor& c, GroupedUnit* out) {
   if (tiles_n <= 0) return false;
   while (c.group < groups) {
-    const int32_t end = offs[c.group];
+    const int32_t o = offs[c.group];
+    const int32_t end = o < limit ? o : limit;
     const int32_t rows = end - c.row_begin;
     const int64_t units = int64_t(grouped_tiles_m(rows, bm)) * tiles_n;
     if (t < c.first_unit + units) {
@@ -74,6 +79,11 @@ FLY_GEMM_HD bool grouped_unit(const int32_t* offs, int32_t groups, int bm, int32
     ++c.group;
   }
   return false;
+}
+// Without a row limit (the offsets trusted to stay inside the tensors).
+FLY_GEMM_HD bool grouped_unit(const int32_t* offs, int32_t groups, int bm, int32_t tiles_n, int64_t t,
+                             GroupedCursor& c, GroupedUnit* out) {
+  return grouped_unit(offs, groups, INT32_MAX, bm, tiles_n, t, c, out);
 }
 
 }  // namespace fly::gemm

@@ -126,7 +126,7 @@ struct GroupedScheduler {
   }
   __device__ bool fetch(GroupedWorkUnit& u) {
     GroupedUnit g;
-    if (!grouped_unit(tail->offs, tail->groups, bm, tiles_n, next, cursor, &g)) return false;
+    if (!grouped_unit(tail->offs, tail->groups, tail->rows, bm, tiles_n, next, cursor, &g)) return false;
     next += step;
     u.group = g.group;
     u.row_end = g.row_end;

@@ -31,8 +31,13 @@
 namespace {
 
 // ---- ops we override, their counters and switches -------------------------------------------
-enum OpId { kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kOpCount };
-const char* const kOpNames[kOpCount] = {"rms_norm", "topk", "topk.values", "mm", "addmm"};
+enum OpId {
+  kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kSdpaFlash, kSdpaEfficient, kSdpaCudnn,
+  kSdpaFlashBwd, kSdpaEfficientBwd, kGroupedMm, kOpCount
+};
+const char* const kOpNames[kOpCount] = {"rms_norm",       "topk",       "topk.values",       "mm",
+                                        "addmm",          "sdpa_flash", "sdpa_efficient",    "sdpa_cudnn",
+                                        "sdpa_flash_bwd", "sdpa_efficient_bwd", "grouped_mm"};
 
 struct OpCounts {
   std::atomic<uint64_t> ours{0};
@@ -326,6 +331,399 @@ void topk_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::ji
   (kOut ? g_prev_topk_values : g_prev_topk)->callBoxed(op, ks, stack);
 }
 
+// ---- SDPA forward: aten::_scaled_dot_product_{flash,efficient,cudnn}_attention ---------------
+// What SDPA's dispatcher calls on CUDA after picking a backend. Ours takes dense fp16/bf16
+// [B, H, S, D] inputs without dropout, mask or debug mask (the library says which head dims and
+// strides it takes: anything it declines runs the stock kernel). Outputs follow each stock op's
+// contract (layout, log-sum-exp shape), so the stock backward works on them.
+std::optional<c10::SafeKernelFunction> g_prev_sdpa_flash;
+std::optional<c10::SafeKernelFunction> g_prev_sdpa_efficient;
+std::optional<c10::SafeKernelFunction> g_prev_sdpa_cudnn;
+
+fly_tensor desc_nd(const at::Tensor& t) {
+  fly_tensor d{};
+  d.data = t.data_ptr();
+  d.dtype = fly_dtype_of(t.scalar_type());
+  d.rank = t.dim();
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    d.sizes[i] = t.size(i);
+    d.strides[i] = t.stride(i);
+  }
+  return d;
+}
+
+const char* sdpa_ineligible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                            bool check_device) {
+  if (check_device && !(q.is_cuda() && k.is_cuda() && v.is_cuda())) return "inputs are not CUDA tensors";
+  if (q.scalar_type() != at::kHalf && q.scalar_type() != at::kBFloat16) return "dtype not covered (fp16, bf16)";
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return "mixed dtypes";
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return "inputs are not [B, H, S, D]";
+  if (q.is_nested() || k.is_nested() || v.is_nested()) return "nested tensors";
+  if (dropout_p != 0.0) return "dropout";
+  if (k.size(3) != q.size(3) || v.size(3) != q.size(3)) return "value or key head dim differs from the query's";
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || v.size(1) != k.size(1) || v.size(2) != k.size(2))
+    return "key and value shapes differ";
+  if (k.size(1) == 0 || q.size(1) % k.size(1) != 0) return "query heads not a multiple of key/value heads";
+  if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1) return "head dim is not innermost";
+  if (check_device && (k.device() != q.device() || v.device() != q.device())) return "inputs on different devices";
+  if (check_device) return device_unsupported(q.device());
+  return nullptr;
+}
+
+// Runs our forward into `out` (and `lse`, FP32 [B, H, Sq] view, or undefined); false when the
+// library declines (why says so), nothing written then.
+bool sdpa_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+              std::optional<double> scale, at::Tensor& out, const at::Tensor& lse, std::string& why) {
+  c10::DeviceGuard guard(q.device());
+  fly_tensor qd = desc_nd(q), kd = desc_nd(k), vd = desc_nd(v), od = desc_nd(out), ld{};
+  if (lse.defined()) {
+    ld.data = lse.data_ptr();
+    ld.dtype = FLY_F32;
+    ld.rank = 3;
+    for (int i = 0; i < 3; ++i) {
+      ld.sizes[i] = lse.size(i);
+      ld.strides[i] = lse.stride(i);
+    }
+  }
+  fly_attention_fwd_params prm{};
+  prm.struct_size = sizeof(prm);
+  prm.q = &qd;
+  prm.k = &kd;
+  prm.v = &vd;
+  prm.o = &od;
+  prm.lse = lse.defined() ? &ld : nullptr;
+  prm.softmax_scale = scale.has_value() ? *scale : 0.0;
+  prm.causal = causal ? 1 : 0;
+  if (scale.has_value() && !(std::isfinite(*scale) && *scale != 0.0)) {
+    why = "softmax scale zero or not finite";
+    return false;
+  }
+  size_t ws_bytes = 0;
+  fly_status st = fly_attention_fwd_workspace_size(&prm, &ws_bytes);
+  c10::DataPtr ws;  // back to the caching allocator, stream-ordered, when this returns
+  if (st == FLY_SUCCESS && ws_bytes > 0) {
+    ws = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(ws_bytes);
+    prm.workspace = ws.get();
+    prm.workspace_bytes = ws_bytes;
+  }
+  if (st == FLY_SUCCESS) st = fly_attention_fwd(&prm, current_stream(q.device()));
+  if (st == FLY_SUCCESS) return true;
+  if (status_means_fallback(st)) {
+    why = fly_get_last_error();
+    return false;
+  }
+  TORCH_CHECK(false, "flykernels attention: ", fly_status_string(st), ": ", fly_get_last_error());
+}
+
+// The philox seed / offset tensors the stock ops return (dtype and shape as their meta functions
+// say, so compiled graphs see the same); without dropout nothing reads them.
+at::Tensor no_rng(c10::IntArrayRef sizes, at::ScalarType dtype = at::kUInt64) { return empty_unfilled(sizes, dtype); }
+
+std::optional<double> opt_double(const c10::IValue& v) {
+  return v.isNone() ? std::nullopt : std::optional<double>(v.toDouble());
+}
+
+// _scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, return_debug_mask, *, scale)
+//   -> (out, logsumexp [B,H,Sq], cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused, debug_mask)
+void sdpa_flash_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b = s.size() - 7;
+  const at::Tensor& q = s[b].toTensor();
+  const at::Tensor& k = s[b + 1].toTensor();
+  const at::Tensor& v = s[b + 2].toTensor();
+  const double dropout_p = s[b + 3].toDouble();
+  const bool causal = s[b + 4].toBool();
+  const char* why = s[b + 5].toBool() ? "debug mask requested" : sdpa_ineligible(q, k, v, dropout_p, true);
+  // SDPA never sends these (its causal mask is top-left, flash's own bottom-right); a direct call
+  // keeps the stock op's meaning.
+  if (why == nullptr && causal && q.size(2) != k.size(2)) why = "causal with Sq != Sk (flash's own rule)";
+  if (why == nullptr) {
+    at::Tensor out = at::empty_like(q);  // the query's layout, as the stock op
+    at::Tensor lse = empty_unfilled({q.size(0), q.size(1), q.size(2)}, at::kFloat);
+    std::string lib_why;
+    if (sdpa_run(q, k, v, causal, opt_double(s[b + 6]), out, lse, lib_why)) {
+      note_ours(kSdpaFlash);
+      const int64_t max_q = q.size(2), max_k = k.size(2);
+      at::Tensor rng = no_rng({2}), unused = no_rng({}), debug = at::empty({0}, q.options());
+      torch::jit::drop(s, 7);
+      torch::jit::push(s, std::move(out), std::move(lse), at::Tensor(), at::Tensor(), c10::SymInt(max_q),
+                       c10::SymInt(max_k), std::move(rng), std::move(unused), std::move(debug));
+      return;
+    }
+    note_fallback(kSdpaFlash, lib_why.c_str());
+  } else {
+    note_fallback(kSdpaFlash, why);
+  }
+  g_prev_sdpa_flash->callBoxed(op, ks, stack);
+}
+
+// _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p,
+//   is_causal, *, scale) -> (out [B,Sq,H,D] transposed, log_sumexp [B,H,ceil(Sq/32)*32] or
+//   [B,H,0], philox_seed, philox_offset)
+void sdpa_efficient_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b = s.size() - 8;
+  const at::Tensor& q = s[b].toTensor();
+  const at::Tensor& k = s[b + 1].toTensor();
+  const at::Tensor& v = s[b + 2].toTensor();
+  const bool with_lse = s[b + 4].toBool();
+  const double dropout_p = s[b + 5].toDouble();
+  const bool causal = s[b + 6].toBool();
+  const char* why = !s[b + 3].isNone() ? "attention bias" : sdpa_ineligible(q, k, v, dropout_p, true);
+  if (why == nullptr) {
+    const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3);
+    at::Tensor out = empty_unfilled({B, Sq, H, D}, q.scalar_type()).transpose(1, 2);
+    const int64_t padded = with_lse ? (Sq + 31) / 32 * 32 : 0;
+    at::Tensor lse_all = with_lse ? at::full({B, H, padded}, std::numeric_limits<float>::infinity(),
+                                             q.options().dtype(at::kFloat))
+                                  : at::empty({B, H, 0}, q.options().dtype(at::kFloat));
+    at::Tensor lse = with_lse ? lse_all.narrow(2, 0, Sq) : at::Tensor();
+    std::string lib_why;
+    if (sdpa_run(q, k, v, causal, opt_double(s[b + 7]), out, lse, lib_why)) {
+      note_ours(kSdpaEfficient);
+      at::Tensor seed = no_rng({}, at::kLong), offset = no_rng({}, at::kLong);
+      torch::jit::drop(s, 8);
+      torch::jit::push(s, std::move(out), std::move(lse_all), std::move(seed), std::move(offset));
+      return;
+    }
+    note_fallback(kSdpaEfficient, lib_why.c_str());
+  } else {
+    note_fallback(kSdpaEfficient, why);
+  }
+  g_prev_sdpa_efficient->callBoxed(op, ks, stack);
+}
+
+// _scaled_dot_product_cudnn_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal,
+//   return_debug_mask, *, scale) -> (out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+//   philox_seed, philox_offset, debug_mask). Taken only when no log-sum-exp is asked for (no
+//   gradient): cuDNN's own backward reads its own statistics, so training stays with cuDNN.
+void sdpa_cudnn_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b = s.size() - 9;
+  const at::Tensor& q = s[b].toTensor();
+  const at::Tensor& k = s[b + 1].toTensor();
+  const at::Tensor& v = s[b + 2].toTensor();
+  const double dropout_p = s[b + 5].toDouble();
+  const bool causal = s[b + 6].toBool();
+  const char* why = !s[b + 3].isNone() ? "attention bias"
+                    : s[b + 4].toBool() ? "log-sum-exp for cuDNN's backward requested (training)"
+                    : s[b + 7].toBool() ? "debug mask requested"
+                                        : sdpa_ineligible(q, k, v, dropout_p, true);
+  if (why == nullptr) {
+    at::Tensor out = at::empty_like(q);
+    std::string lib_why;
+    if (sdpa_run(q, k, v, causal, opt_double(s[b + 8]), out, at::Tensor(), lib_why)) {
+      note_ours(kSdpaCudnn);
+      const int64_t max_q = q.size(2), max_k = k.size(2);
+      // as the meta function: [B, H, Sq, 1] statistics (not computed: nothing reads them), no mask
+      at::Tensor lse = empty_unfilled({q.size(0), q.size(1), q.size(2), 1}, at::kFloat);
+      at::Tensor seed = no_rng({}, at::kLong), offset = no_rng({}, at::kLong);
+      torch::jit::drop(s, 9);
+      torch::jit::push(s, std::move(out), std::move(lse), at::Tensor(), at::Tensor(), c10::SymInt(max_q),
+                       c10::SymInt(max_k), std::move(seed), std::move(offset), at::Tensor());
+      return;
+    }
+    note_fallback(kSdpaCudnn, lib_why.c_str());
+  } else {
+    note_fallback(kSdpaCudnn, why);
+  }
+  g_prev_sdpa_cudnn->callBoxed(op, ks, stack);
+}
+
+// ---- SDPA backward: aten::_scaled_dot_product_{flash,efficient}_attention_backward ------------
+// fly_attention_bwd from the forward's output and natural-log LSE, whoever ran the forward (the
+// stock ops' LSE has the same meaning: flash [B, H, Sq], memory-efficient padded [B, H, >= Sq]).
+std::optional<c10::SafeKernelFunction> g_prev_sdpa_flash_bwd;
+std::optional<c10::SafeKernelFunction> g_prev_sdpa_efficient_bwd;
+
+const char* sdpa_bwd_ineligible(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                double dropout_p) {
+  const char* why = sdpa_ineligible(q, k, v, dropout_p, true);
+  if (why != nullptr) return why;
+  for (const at::Tensor* t : {&dout, &out}) {
+    if (!t->defined() || !t->is_cuda() || t->scalar_type() != q.scalar_type()) return "grad_out or out dtype/device";
+    if (t->sizes() != q.sizes() || t->stride(3) != 1) return "grad_out or out shape or layout";
+  }
+  if (!lse.defined() || lse.scalar_type() != at::kFloat || lse.dim() != 3 || lse.size(0) != q.size(0) ||
+      lse.size(1) != q.size(1) || lse.size(2) < q.size(2))
+    return "log-sum-exp not FP32 [B, H, >= Sq]";
+  return nullptr;
+}
+
+bool sdpa_bwd_run(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& out, const at::Tensor& lse, bool causal, std::optional<double> scale,
+                  at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, std::string& why) {
+  if (scale.has_value() && !(std::isfinite(*scale) && *scale != 0.0)) {
+    why = "softmax scale zero or not finite";
+    return false;
+  }
+  c10::DeviceGuard guard(q.device());
+  const at::Tensor l = lse.narrow(2, 0, q.size(2));
+  fly_tensor qd = desc_nd(q), kd = desc_nd(k), vd = desc_nd(v), od = desc_nd(out), gd = desc_nd(dout);
+  fly_tensor dqd = desc_nd(dq), dkd = desc_nd(dk), dvd = desc_nd(dv), ld{};
+  ld.data = l.data_ptr();
+  ld.dtype = FLY_F32;
+  ld.rank = 3;
+  for (int i = 0; i < 3; ++i) {
+    ld.sizes[i] = l.size(i);
+    ld.strides[i] = l.stride(i);
+  }
+  fly_attention_bwd_params prm{};
+  prm.struct_size = sizeof(prm);
+  prm.q = &qd;
+  prm.k = &kd;
+  prm.v = &vd;
+  prm.o = &od;
+  prm.dout = &gd;
+  prm.lse = &ld;
+  prm.dq = &dqd;
+  prm.dk = &dkd;
+  prm.dv = &dvd;
+  prm.softmax_scale = scale.has_value() ? *scale : 0.0;
+  prm.causal = causal ? 1 : 0;
+  size_t ws_bytes = 0;
+  fly_status st = fly_attention_bwd_workspace_size(&prm, &ws_bytes);
+  c10::DataPtr ws;
+  if (st == FLY_SUCCESS && ws_bytes > 0) {
+    ws = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(ws_bytes);
+    prm.workspace = ws.get();
+    prm.workspace_bytes = ws_bytes;
+  }
+  if (st == FLY_SUCCESS) st = fly_attention_bwd(&prm, current_stream(q.device()));
+  if (st == FLY_SUCCESS) return true;
+  if (status_means_fallback(st)) {
+    why = fly_get_last_error();
+    return false;
+  }
+  TORCH_CHECK(false, "flykernels attention backward: ", fly_status_string(st), ": ", fly_get_last_error());
+}
+
+// (grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+//  philox_seed, philox_offset, *, scale) -> (dq, dk, dv), each empty_like its input (meta).
+void sdpa_flash_bwd_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b = s.size() - 15;
+  const at::Tensor& dout = s[b].toTensor();
+  const at::Tensor& q = s[b + 1].toTensor();
+  const at::Tensor& k = s[b + 2].toTensor();
+  const at::Tensor& v = s[b + 3].toTensor();
+  const at::Tensor& out = s[b + 4].toTensor();
+  const at::Tensor& lse = s[b + 5].toTensor();
+  const bool causal = s[b + 11].toBool();
+  const char* why = sdpa_bwd_ineligible(dout, q, k, v, out, lse, s[b + 10].toDouble());
+  if (why == nullptr && q.size(2) != k.size(2) && causal) why = "causal with Sq != Sk (flash's own rule)";
+  if (why == nullptr) {
+    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    std::string lib_why;
+    if (sdpa_bwd_run(dout, q, k, v, out, lse, causal, opt_double(s[b + 14]), dq, dk, dv, lib_why)) {
+      note_ours(kSdpaFlashBwd);
+      torch::jit::drop(s, 15);
+      torch::jit::push(s, std::move(dq), std::move(dk), std::move(dv));
+      return;
+    }
+    note_fallback(kSdpaFlashBwd, lib_why.c_str());
+  } else {
+    note_fallback(kSdpaFlashBwd, why);
+  }
+  g_prev_sdpa_flash_bwd->callBoxed(op, ks, stack);
+}
+
+// (grad_out, q, k, v, attn_bias, out, logsumexp, philox_seed, philox_offset, dropout_p,
+//  grad_input_mask[4], is_causal, *, scale) -> (dq, dk, dv, dbias); grads [B, S, H, D] transposed
+//  (meta), no bias gradient (we take no bias).
+void sdpa_efficient_bwd_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b = s.size() - 13;
+  const at::Tensor& dout = s[b].toTensor();
+  const at::Tensor& q = s[b + 1].toTensor();
+  const at::Tensor& k = s[b + 2].toTensor();
+  const at::Tensor& v = s[b + 3].toTensor();
+  const bool has_bias = !s[b + 4].isNone() && s[b + 4].toTensor().defined();
+  const at::Tensor& out = s[b + 5].toTensor();
+  const at::Tensor& lse = s[b + 6].toTensor();
+  const bool causal = s[b + 11].toBool();
+  const char* why = has_bias ? "attention bias" : sdpa_bwd_ineligible(dout, q, k, v, out, lse, s[b + 9].toDouble());
+  if (why == nullptr && k.size(1) != q.size(1)) why = "grouped-query heads (the memory-efficient op has none)";
+  if (why == nullptr) {
+    auto bshd = [](const at::Tensor& t) {
+      return empty_unfilled({t.size(0), t.size(2), t.size(1), t.size(3)}, t.scalar_type()).transpose(1, 2);
+    };
+    at::Tensor dq = bshd(q), dk = bshd(k), dv = bshd(v);
+    std::string lib_why;
+    if (sdpa_bwd_run(dout, q, k, v, out, lse, causal, opt_double(s[b + 12]), dq, dk, dv, lib_why)) {
+      note_ours(kSdpaEfficientBwd);
+      torch::jit::drop(s, 13);
+      torch::jit::push(s, std::move(dq), std::move(dk), std::move(dv), at::Tensor());
+      return;
+    }
+    note_fallback(kSdpaEfficientBwd, lib_why.c_str());
+  } else {
+    note_fallback(kSdpaEfficientBwd, why);
+  }
+  g_prev_sdpa_efficient_bwd->callBoxed(op, ks, stack);
+}
+
+// ---- grouped GEMM: aten::_grouped_mm (self, mat2, offs?, bias?, out_dtype?) -> Tensor ----------
+// Ours: the 2-D x 3-D forward form (A [T, K] row-major, B [G, K, N] N- or K-contiguous, int32 offs
+// [G] on the same device, no bias, out dtype = input dtype, N a multiple of 8 so the output is the
+// plain row-major [T, N] the stock op allocates). Autograd's dA (dC @ B^T) is this form again. Other forms (2-D x 2-D ragged K,
+// 3-D x 3-D, 3-D x 2-D) run the stock kernel.
+std::optional<c10::SafeKernelFunction> g_prev_grouped_mm;
+
+const char* grouped_mm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::Tensor* offs,
+                                  const at::Tensor* bias, std::optional<at::ScalarType> out_dtype, bool check_device) {
+  if (check_device && !(a.is_cuda() && b.is_cuda())) return "inputs are not CUDA tensors";
+  if (a.scalar_type() != at::kHalf && a.scalar_type() != at::kBFloat16) return "dtype not covered (fp16, bf16)";
+  if (b.scalar_type() != a.scalar_type()) return "mixed dtypes";
+  if (out_dtype.has_value() && *out_dtype != a.scalar_type()) return "out_dtype differs from the inputs'";
+  if (a.dim() != 2 || b.dim() != 3) return "not the 2-D x 3-D form";
+  if (offs == nullptr || !offs->defined()) return "no offsets";
+  if (offs->scalar_type() != at::kInt || offs->dim() != 1 || offs->size(0) != b.size(0)) return "offs not int32 [G]";
+  if (offs->stride(0) != 1 && offs->size(0) > 1) return "offs not contiguous";
+  if (a.size(1) != b.size(1)) return "K of A and B differ";
+  if (a.stride(1) != 1) return "A not row-major";
+  if (b.stride(2) != 1 && b.stride(1) != 1) return "B neither N- nor K-contiguous";
+  if (b.size(2) % 8 != 0) return "N not a multiple of 8";
+  // The stock op's own rules for a bias (it refuses one in 2.11) stay the stock op's.
+  if (bias != nullptr && bias->defined()) return "bias (left to the stock op)";
+  if (check_device) {
+    if (b.device() != a.device() || offs->device() != a.device()) return "inputs on different devices";
+    return device_unsupported(a.device());
+  }
+  return nullptr;
+}
+
+void grouped_mm_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b0 = s.size() - 5;
+  const at::Tensor& a = s[b0].toTensor();
+  const at::Tensor& b = s[b0 + 1].toTensor();
+  const at::Tensor* offs = s[b0 + 2].isNone() ? nullptr : &s[b0 + 2].toTensor();
+  const at::Tensor* bias = s[b0 + 3].isNone() ? nullptr : &s[b0 + 3].toTensor();
+  const std::optional<at::ScalarType> out_dtype =
+      s[b0 + 4].isNone() ? std::nullopt : std::optional<at::ScalarType>(s[b0 + 4].toScalarType());
+  const char* why = grouped_mm_ineligible(a, b, offs, bias, out_dtype, true);
+  if (why == nullptr) {
+    c10::DeviceGuard guard(a.device());
+    at::Tensor c = empty_unfilled({a.size(0), b.size(2)}, a.scalar_type());
+    fly_tensor ad = desc_nd(a), bd = desc_nd(b), od = desc_nd(*offs), cd = desc_nd(c);
+    fly_status st = fly_grouped_gemm(&ad, &bd, &od, nullptr, &cd, nullptr, 0, current_stream(a.device()));
+    if (st == FLY_SUCCESS) {
+      note_ours(kGroupedMm);
+      torch::jit::drop(s, 5);
+      torch::jit::push(s, std::move(c));
+      return;
+    }
+    TORCH_CHECK(status_means_fallback(st), "flykernels grouped_mm: ", fly_status_string(st), ": ",
+                fly_get_last_error());
+    note_fallback(kGroupedMm, fly_get_last_error());
+  } else {
+    note_fallback(kGroupedMm, why);
+  }
+  g_prev_grouped_mm->callBoxed(op, ks, stack);
+}
+
 // ---- registration: one torch::Library per op, reset to restore the stock kernel --------------
 // The dispatcher warns once per process when a kernel is overridden; we override on purpose, so
 // that one message is dropped and any other warning goes to the handler that was in place.
@@ -372,8 +770,37 @@ bool enable_op(const std::string& op) {
     lib = new_cuda_impl_library();
     lib->impl("topk", torch::CppFunction::makeFromBoxedFunction<&topk_boxed<false>>());
     lib->impl("topk.values", torch::CppFunction::makeFromBoxedFunction<&topk_boxed<true>>());
+  } else if (op == "sdpa") {  // flash and memory-efficient forward
+    g_prev_sdpa_flash.emplace(find_op("aten::_scaled_dot_product_flash_attention", "")
+                                  .getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    g_prev_sdpa_efficient.emplace(find_op("aten::_scaled_dot_product_efficient_attention", "")
+                                      .getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    lib = new_cuda_impl_library();
+    lib->impl("_scaled_dot_product_flash_attention", torch::CppFunction::makeFromBoxedFunction<&sdpa_flash_boxed>());
+    lib->impl("_scaled_dot_product_efficient_attention",
+              torch::CppFunction::makeFromBoxedFunction<&sdpa_efficient_boxed>());
+  } else if (op == "sdpa_cudnn") {  // cuDNN forward without log-sum-exp (inference)
+    g_prev_sdpa_cudnn.emplace(find_op("aten::_scaled_dot_product_cudnn_attention", "")
+                                  .getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    lib = new_cuda_impl_library();
+    lib->impl("_scaled_dot_product_cudnn_attention", torch::CppFunction::makeFromBoxedFunction<&sdpa_cudnn_boxed>());
+  } else if (op == "sdpa_bwd") {  // flash and memory-efficient backward
+    g_prev_sdpa_flash_bwd.emplace(find_op("aten::_scaled_dot_product_flash_attention_backward", "")
+                                      .getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    g_prev_sdpa_efficient_bwd.emplace(find_op("aten::_scaled_dot_product_efficient_attention_backward", "")
+                                          .getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    lib = new_cuda_impl_library();
+    lib->impl("_scaled_dot_product_flash_attention_backward",
+              torch::CppFunction::makeFromBoxedFunction<&sdpa_flash_bwd_boxed>());
+    lib->impl("_scaled_dot_product_efficient_attention_backward",
+              torch::CppFunction::makeFromBoxedFunction<&sdpa_efficient_bwd_boxed>());
+  } else if (op == "grouped_mm") {
+    g_prev_grouped_mm.emplace(find_op("aten::_grouped_mm", "").getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    lib = new_cuda_impl_library();
+    lib->impl("_grouped_mm", torch::CppFunction::makeFromBoxedFunction<&grouped_mm_boxed>());
   } else {
-    TORCH_CHECK_VALUE(false, "flykernels: no eager override named '", op, "' (rms_norm, topk)");
+    TORCH_CHECK_VALUE(false, "flykernels: no eager override named '", op,
+                      "' (rms_norm, topk, sdpa, sdpa_cudnn, sdpa_bwd, grouped_mm)");
   }
   g_overrides[op] = std::move(lib);
   return true;
@@ -497,6 +924,19 @@ std::string explain_topk(const at::Tensor& x, int64_t k, int64_t dim, bool check
   return why ? why : "";
 }
 
+std::string explain_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                         bool check_device) {
+  const char* why = sdpa_ineligible(q, k, v, dropout_p, check_device);
+  return why ? why : "";
+}
+
+std::string explain_grouped_mm(const at::Tensor& a, const at::Tensor& b, std::optional<at::Tensor> offs,
+                               std::optional<at::Tensor> bias, bool check_device) {
+  const char* why = grouped_mm_ineligible(a, b, offs ? &*offs : nullptr, bias ? &*bias : nullptr, std::nullopt,
+                                          check_device);
+  return why ? why : "";
+}
+
 py::dict counts() {
   py::dict d;
   for (int i = 0; i < kOpCount; ++i)
@@ -555,13 +995,17 @@ py::tuple device_status(int64_t index) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "FlyKernels' PyTorch extension (calls libflykernels through its C ABI only)";
-  m.def("enable_op", &enable_op, "install the CUDA-key override named op (rms_norm, topk)");
+  m.def("enable_op", &enable_op, "install the CUDA-key override named op (rms_norm, topk, sdpa, sdpa_cudnn, sdpa_bwd, grouped_mm)");
   m.def("disable_op", &disable_op, "remove the override named op; the stock kernel is current again");
   m.def("op_enabled", &op_enabled);
   m.def("explain_rms_norm", &explain_rms_norm, py::arg("x"), py::arg("normalized_shape"), py::arg("weight"),
         py::arg("eps"), py::arg("check_device") = true, "'' when our RMSNorm takes the call, else why not");
   m.def("explain_topk", &explain_topk, py::arg("x"), py::arg("k"), py::arg("dim") = -1,
         py::arg("check_device") = true, "'' when our TopK takes the call, else why not");
+  m.def("explain_sdpa", &explain_sdpa, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dropout_p") = 0.0,
+        py::arg("check_device") = true);
+  m.def("explain_grouped_mm", &explain_grouped_mm, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("bias"),
+        py::arg("check_device") = true);
   m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("workspace") = py::none());
   m.def("addmm_out", &addmm_out, py::arg("bias"), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("beta") = 1.0,
         py::arg("alpha") = 1.0, py::arg("workspace") = py::none());

@@ -6,8 +6,11 @@
     with flykernels.torch.disabled(): ... # stock PyTorch inside, the previous state after
     flykernels.torch.active()             # names of the installed families
 
-Families (flykernels._ops.REGISTRY): "rms_norm", "topk" (eager CUDA-key overrides) and "gemm"
-(torch.compile max-autotune candidates). FLYKERNELS_TORCH=0 keeps them off at import.
+Families (flykernels._ops.REGISTRY): "rms_norm", "topk" (eager CUDA-key overrides), "gemm"
+(torch.compile max-autotune candidates), "sdpa" (SDPA's flash and memory-efficient forward, as the
+flash-attention impl "FLY"), "sdpa_cudnn" (SDPA's cuDNN forward without gradients), and, off
+until enabled by name, "sdpa_bwd" (SDPA's flash / memory-efficient backward) and "grouped_mm"
+(F.grouped_mm's 2-D x 3-D form). FLYKERNELS_TORCH=0 keeps them off at import.
 Compiled graphs keep the kernels they were compiled with: call torch._dynamo.reset() after a switch.
 """
 import contextlib
@@ -25,9 +28,9 @@ def families():
     return {name: fam.kind for name, fam in _ops.REGISTRY.items()}
 
 
-def _select(ops):
+def _select(ops, defaults_only=False):
     if ops is None:
-        return list(_ops.REGISTRY)
+        return [n for n, f in _ops.REGISTRY.items() if not defaults_only or getattr(f, "default_on", True)]
     if isinstance(ops, str):
         ops = [ops]
     unknown = [o for o in ops if o not in _ops.REGISTRY]
@@ -37,11 +40,12 @@ def _select(ops):
 
 
 def enable(ops=None):
-    """Installs the named families (all when None) and returns the names now active. Works
+    """Installs the named families (when None: every family that is on by default, which is all
+    but "sdpa_bwd" and "grouped_mm" today) and returns the names now active. Works
     whenever the extension loaded; where `available` is False the overrides only pass calls on
     to the stock kernels. Families this torch cannot take are skipped (see why_not)."""
     with _lock:
-        for name in _select(ops):
+        for name in _select(ops, defaults_only=True):
             fam = _ops.REGISTRY[name]
             if not fam.supported() and not fam.installed():
                 fam.install()
@@ -82,7 +86,8 @@ def disabled(ops=None):
 
 def dispatch_counts():
     """{op: (ours, stock)} calls our overrides took or passed to the stock kernel since the last
-    reset_counts() (ops: rms_norm, topk, topk.values, mm, addmm)."""
+    reset_counts() (ops: rms_norm, topk, topk.values, mm, addmm, sdpa_flash, sdpa_efficient,
+    sdpa_cudnn, sdpa_flash_bwd, sdpa_efficient_bwd, grouped_mm)."""
     return _loader.ext.counts() if _loader.ext is not None else {}
 
 
@@ -105,3 +110,14 @@ def explain_rms_norm(x, normalized_shape, weight=None, eps=None, check_device=Tr
 def explain_topk(x, k, dim=-1, check_device=True):
     """'' when our TopK would take torch.topk(x, k, dim), else why not."""
     return _loader.ext.explain_topk(x, int(k), int(dim), check_device)
+
+
+def explain_sdpa(q, k, v, dropout_p=0.0, check_device=True):
+    """'' when our attention would take SDPA's call on (q, k, v) [B, H, S, D] as far as the shapes,
+    dtypes and layout say (the library may still decline a head dim or stride), else why not."""
+    return _loader.ext.explain_sdpa(q, k, v, float(dropout_p), check_device)
+
+
+def explain_grouped_mm(a, b, offs, bias=None, check_device=True):
+    """'' when our grouped GEMM would take F.grouped_mm(a, b, offs=offs), else why not."""
+    return _loader.ext.explain_grouped_mm(a, b, offs, bias, check_device)

@@ -54,7 +54,7 @@ def test_switches(fly):
     fly.disable("rms_norm")
     assert fly.active() == ["topk"]
     fly.enable()
-    assert set(fly.active()) == {"rms_norm", "topk", "gemm"}
+    assert set(fly.active()) == {"rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn"}
     with pytest.raises(ValueError, match="unknown op"):
         fly.enable(ops=["no_such_op"])
 
@@ -88,6 +88,85 @@ def test_override_is_the_registered_cuda_kernel_and_disable_restores_stock(fly):
     assert dispatch_file("aten::topk") == stock_topk
     fly.enable(["topk"])  # re-enabling works
     assert "flykernels_torch.cpp" in dispatch_file("aten::topk")
+
+
+SDPA_OPS = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+            "aten::_scaled_dot_product_cudnn_attention")
+
+
+def test_sdpa_overrides_are_registered_and_disable_restores_stock(fly):
+    from torch.nn.attention import _registry
+    fly.disable()
+    stock = {op: dispatch_file(op) for op in SDPA_OPS}
+    assert all("flykernels_torch.cpp" not in line for line in stock.values())
+    fly.enable(["sdpa"])
+    assert _registry.current_flash_attention_impl() == "FLY"  # through torch's impl registry
+    assert "flykernels_torch.cpp" in dispatch_file(SDPA_OPS[0])
+    assert "flykernels_torch.cpp" in dispatch_file(SDPA_OPS[1])
+    assert dispatch_file(SDPA_OPS[2]) == stock[SDPA_OPS[2]]  # cuDNN is its own switch
+    fly.enable(["sdpa_cudnn"])
+    assert "flykernels_torch.cpp" in dispatch_file(SDPA_OPS[2])
+    fly.disable(["sdpa", "sdpa_cudnn"])
+    assert _registry.current_flash_attention_impl() is None
+    assert {op: dispatch_file(op) for op in SDPA_OPS} == stock
+    fly.enable(["sdpa"])  # again, after the registry restored the default once
+    assert fly.active() == ["sdpa"] and "flykernels_torch.cpp" in dispatch_file(SDPA_OPS[0])
+
+
+def test_sdpa_eligibility():
+    why = lambda q, k, v, p=0.0: flykernels.torch.explain_sdpa(q, k, v, p, check_device=False)  # noqa: E731
+    q = torch.randn(2, 8, 33, 64, dtype=torch.bfloat16)
+    kv = torch.randn(2, 2, 40, 64, dtype=torch.bfloat16)
+    assert why(q, kv, kv) == ""  # grouped-query heads, Sq != Sk
+    assert why(q.transpose(1, 2).contiguous().transpose(1, 2), kv, kv) == ""  # BSHD strides
+    assert why(q.half(), kv.half(), kv.half()) == ""
+    assert "dtype" in why(q.float(), kv.float(), kv.float())
+    assert "mixed" in why(q, kv.half(), kv)
+    assert "dropout" in why(q, kv, kv, 0.1)
+    assert "[B, H, S, D]" in why(q[0], kv[0], kv[0])
+    assert "head dim" in why(q, kv, torch.randn(2, 2, 40, 32, dtype=torch.bfloat16))
+    assert "multiple" in why(torch.randn(2, 3, 33, 64, dtype=torch.bfloat16), kv, kv)
+    assert "innermost" in why(q.transpose(2, 3).contiguous().transpose(2, 3), kv, kv)
+    assert "CUDA" in flykernels.torch.explain_sdpa(q, kv, kv)  # with the device checks: CPU tensors
+
+
+def test_opt_in_families_are_off_by_default_and_register_when_named(fly):
+    bwd_ops = ("aten::_scaled_dot_product_flash_attention_backward",
+               "aten::_scaled_dot_product_efficient_attention_backward")
+    fly.disable()
+    stock = {op: dispatch_file(op) for op in bwd_ops + ("aten::_grouped_mm",)}
+    fly.enable()
+    assert "sdpa_bwd" not in fly.active() and "grouped_mm" not in fly.active()
+    assert {op: dispatch_file(op) for op in stock} == stock
+    fly.enable(["sdpa_bwd", "grouped_mm"])
+    assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())
+    assert all("flykernels_torch.cpp" in dispatch_file(op) for op in stock)
+    with fly.disabled():
+        assert {op: dispatch_file(op) for op in stock} == stock
+    assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())  # the previous state, opt-ins included
+    fly.disable(["sdpa_bwd", "grouped_mm"])
+    assert {op: dispatch_file(op) for op in stock} == stock
+
+
+def test_grouped_mm_eligibility():
+    why = lambda a, b, offs, bias=None: flykernels.torch.explain_grouped_mm(a, b, offs, bias, check_device=False)  # noqa: E731
+    a = torch.randn(100, 64, dtype=torch.bfloat16)
+    w = torch.randn(4, 64, 128, dtype=torch.bfloat16)
+    offs = torch.tensor([10, 10, 60, 100], dtype=torch.int32)
+    assert why(a, w, offs) == ""
+    assert why(a, w.transpose(-2, -1).contiguous().transpose(-2, -1), offs) == ""  # K-contiguous B
+    assert why(a.half(), w.half(), offs) == ""
+    assert "dtype" in why(a.float(), w.float(), offs)
+    assert "mixed" in why(a, w.half(), offs)
+    assert "2-D x 3-D" in why(a, w[0], offs)
+    assert "offsets" in why(a, w, None)
+    assert "int32" in why(a, w, offs.long())
+    assert "int32" in why(a, w, offs[:3])
+    assert "K of A" in why(a[:, :32], w, offs)
+    assert "row-major" in why(a.t().contiguous().t(), w, offs)
+    assert "multiple of 8" in why(a, w[:, :, :100], offs)
+    assert "bias" in why(a, w, offs, torch.randn(4, 128, dtype=torch.bfloat16))
+    assert "CUDA" in flykernels.torch.explain_grouped_mm(a, w, offs)
 
 
 def test_cpu_tensors_reach_the_stock_kernels(fly):
@@ -126,7 +205,7 @@ def test_env_off_at_import():
 def test_on_at_import_where_available():
     r = run_py("import flykernels; print('ACTIVE', sorted(flykernels.torch.active()), flykernels.available)")
     assert r.returncode == 0, r.stderr
-    expected = "['gemm', 'rms_norm', 'topk'] True" if flykernels.available else "[] False"
+    expected = "['gemm', 'rms_norm', 'sdpa', 'sdpa_cudnn', 'topk'] True" if flykernels.available else "[] False"
     assert f"ACTIVE {expected}" in r.stdout
 
 
@@ -155,7 +234,7 @@ def test_python_m_flykernels():
     assert r.returncode == 0, r.stderr
     assert "libflykernels 0.1.0" in r.stdout
     assert "available:" in r.stdout
-    for name in ("rms_norm", "topk", "gemm"):
+    for name in ("rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn", "sdpa_bwd", "grouped_mm"):
         assert name in r.stdout
 
 
@@ -282,5 +361,5 @@ def test_gemm_family_does_not_import_inductor_until_torch_does():
         print("RESTORED", not hasattr(mm.autotune_select_algorithm, "__wrapped__"))
     """)
     assert r.returncode == 0, r.stderr
-    assert "ACTIVE ['rms_norm', 'topk', 'gemm'] False" in r.stdout
+    assert "ACTIVE ['rms_norm', 'topk', 'gemm', 'sdpa', 'sdpa_cudnn'] False" in r.stdout
     assert "WRAPPED True" in r.stdout and "RESTORED True" in r.stdout

@@ -343,3 +343,164 @@ def test_compiled_mm_autotunes_beside_aten_and_is_right(on):
     with on.disabled():
         _, stock_code = _compile_code(lambda x, y: x @ y, a, b, max_autotune_gemm_backends="ATEN")
     assert "flykernels" not in stock_code
+
+
+# ---- SDPA forward ------------------------------------------------------------------------------
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+
+def attn_ref(q, k, v, causal, scale=None):
+    """float64 attention with grouped-query heads expanded, top-left causal mask."""
+    g = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double(), k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+    s = qd @ kd.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1) @ vd
+
+
+def qkv(B, Hq, Hkv, Sq, Sk, D, dtype=torch.bfloat16, bshd=False, grad=False):
+    def t(H, S):
+        x = torch.randn(B, S, H, D, device=DEV, dtype=dtype).transpose(1, 2) if bshd else \
+            torch.randn(B, H, S, D, device=DEV, dtype=dtype)
+        return x.requires_grad_(grad)
+    return t(Hq, Sq), t(Hkv, Sk), t(Hkv, Sk)
+
+
+def test_plain_sdpa_reaches_ours_for_inference(on):
+    q, k, v = qkv(2, 8, 8, 1000, 1000, 128)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # SDPA's own pick (cuDNN on H200)
+    ours = sum(on.dispatch_counts()[n][0] for n in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn"))
+    assert ours == 1, on.dispatch_counts()
+    assert rel_err(out, attn_ref(q, k, v, True)) < 1e-2
+
+
+@pytest.mark.parametrize("backend,op", [(SDPBackend.FLASH_ATTENTION, "sdpa_flash"),
+                                        (SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_training_step_matches_stock(on, backend, op, causal):
+    """Our forward, the stock backward on its output and log-sum-exp: gradients as stock's."""
+    # Sq != Sk without causal (SDPA's flash rejects causal with Sq != Sk before any kernel)
+    q, k, v = qkv(2, 4, 4, 300, 300 if causal else 417, 64, grad=True)
+    dout = torch.randn(2, 4, 300, 64, device=DEV, dtype=torch.bfloat16)
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert on.dispatch_counts()[op][0] == 1, on.dispatch_counts()
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        with on.disabled():
+            sout = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            sgrads = torch.autograd.grad(sout, (q, k, v), dout)
+    assert out.shape == sout.shape and out.dtype == sout.dtype
+    assert rel_err(out, attn_ref(q, k, v, causal)) < 1e-2
+    for g, sg in zip(grads, sgrads):
+        assert rel_err(g, sg) < 2e-2
+
+
+@pytest.mark.parametrize("D", [32, 40, 64, 72, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sdpa_flash_head_dims_gqa_bshd(on, D, dtype):
+    q, k, v = qkv(1, 8, 2, 77, 130, D, dtype=dtype, bshd=True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True, scale=0.3)
+    assert on.dispatch_counts()["sdpa_flash"][0] == 1, on.dispatch_counts()
+    assert rel_err(out, attn_ref(q, k, v, False, 0.3)) < 1e-2
+
+
+def test_sdpa_decode_shape(on):
+    q, k, v = qkv(2, 8, 8, 1, 8192, 128)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = F.scaled_dot_product_attention(q, k, v)
+    assert on.dispatch_counts()["sdpa_flash"][0] == 1
+    assert rel_err(out, attn_ref(q, k, v, False)) < 1e-2
+
+
+@pytest.mark.parametrize("case", ["dropout", "mask", "fp32", "d512"])
+def test_sdpa_ineligible_reaches_stock(on, case):
+    D = 512 if case == "d512" else 64
+    q, k, v = qkv(1, 2, 2, 64, 64, D, dtype=torch.float32 if case == "fp32" else torch.bfloat16)
+    kw = {}
+    if case == "dropout":
+        kw["dropout_p"] = 0.5
+    if case == "mask":
+        kw["attn_mask"] = torch.randn(64, 64, device=DEV, dtype=torch.bfloat16)
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
+    counts = on.dispatch_counts()
+    assert sum(counts[n][0] for n in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")) == 0, counts
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    if case in ("mask", "d512"):
+        mask = kw["attn_mask"].double() if case == "mask" else None
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+        assert rel_err(out, ref) < 2e-2
+
+
+# ---- opt-in families: SDPA backward, F.grouped_mm ---------------------------------------------
+@pytest.mark.parametrize("backend,op", [(SDPBackend.FLASH_ATTENTION, "sdpa_flash_bwd"),
+                                        (SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient_bwd")])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128, 72])
+def test_sdpa_backward_ours_matches_reference(fly, backend, op, causal, D):
+    fly.enable()
+    fly.enable(["sdpa_bwd"])
+    fly.reset_counts()
+    Hkv = 2 if backend == SDPBackend.FLASH_ATTENTION else 4  # memory-efficient takes no GQA
+    q, k, v = qkv(2, 4, Hkv, 200, 200 if causal else 333, D, grad=True)
+    dout = torch.randn(2, 4, 200, D, device=DEV, dtype=torch.bfloat16)
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != 4)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert fly.dispatch_counts()[op][0] == 1, fly.dispatch_counts()
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attn_ref(qd, kd, vd, causal)
+    rgrads = torch.autograd.grad(ref, (qd, kd, vd), dout.double())
+    for g, rg in zip(grads, rgrads):
+        assert g.shape == rg.shape and rel_err(g, rg) < 2e-2
+
+
+def test_sdpa_backward_is_deterministic(fly):
+    fly.enable(["sdpa", "sdpa_bwd"])
+    q, k, v = qkv(1, 8, 2, 500, 500, 128, grad=True)
+    dout = torch.randn_like(q)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        runs = [torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                                    (q, k, v), dout) for _ in range(3)]
+    for r in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
+
+
+@pytest.mark.parametrize("sizes", [[64, 64, 64, 64], [0, 300, 1, 7], [0, 0, 0, 0], [513, 0, 0, 0]])
+@pytest.mark.parametrize("k_contig", [False, True])
+def test_grouped_mm_ours_matches_reference(fly, sizes, k_contig):
+    fly.enable(["grouped_mm"])
+    fly.reset_counts()
+    G, K, N = len(sizes), 256, 384
+    T = sum(sizes)
+    a = torch.randn(T, K, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(G, N, K, device=DEV, dtype=torch.bfloat16).transpose(-2, -1) if k_contig else \
+        torch.randn(G, K, N, device=DEV, dtype=torch.bfloat16)
+    offs = torch.tensor(sizes, device=DEV, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    out = F.grouped_mm(a, w, offs=offs)
+    assert fly.dispatch_counts()["grouped_mm"][0] == 1, fly.dispatch_counts()
+    with fly.disabled():
+        stock = F.grouped_mm(a, w, offs=offs)
+    assert out.shape == stock.shape and out.stride() == stock.stride()
+    ends = offs.tolist()
+    for g in range(G):
+        r0 = ends[g - 1] if g else 0
+        if ends[g] > r0:
+            ref = a[r0:ends[g]].double() @ w[g].double()
+            assert rel_err(out[r0:ends[g]], ref) < 1e-2
+
+
+def test_grouped_mm_autograd_runs_ours_forward_and_matches_stock(fly):
+    fly.enable(["grouped_mm"])
+    a = torch.randn(300, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(3, 128, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.tensor([100, 100, 300], device=DEV, dtype=torch.int32)
+    dout = torch.randn(300, 256, device=DEV, dtype=torch.bfloat16)
+    grads = torch.autograd.grad(F.grouped_mm(a, w, offs=offs), (a, w), dout)
+    assert fly.dispatch_counts()["grouped_mm"][0] >= 1
+    with fly.disabled():
+        sgrads = torch.autograd.grad(F.grouped_mm(a, w, offs=offs), (a, w), dout)
+    for g, sg in zip(grads, sgrads):
+        assert rel_err(g, sg) < 1e-2

@@ -105,3 +105,37 @@ TEST_CASE("grouped decomposition: decreasing offsets end the walk", "[gemm][grou
   const int32_t offs[2] = {128, 256};
   CHECK_FALSE(fly::gemm::grouped_unit(offs, 2, 128, 0, 0, c, &u));  // no columns: no units
 }
+
+TEST_CASE("grouped decomposition: group ends clamped to the rows of A and C", "[gemm][grouped]") {
+  // Offsets past T (bad device data) end their group at T; every later group is empty, so no
+  // unit reaches a row >= T and the work does not grow with the bad value.
+  const int32_t T = 300;
+  for (const std::vector<int32_t>& offs :
+       {std::vector<int32_t>{100, 100000, 200}, std::vector<int32_t>{-7, 2147483647, 5}, std::vector<int32_t>{T, T + 1}}) {
+    for (int ctas : {1, 3, 132}) {
+      int64_t units = 0;
+      for (int b = 0; b < ctas; ++b) {
+        GroupedCursor c;
+        GroupedUnit u;
+        for (int64_t t = b; fly::gemm::grouped_unit(offs.data(), int32_t(offs.size()), T, 64, 2, t, c, &u); t += ctas) {
+          ++units;
+          CHECK(u.row0 >= 0);
+          CHECK(u.row0 < u.row_end);
+          CHECK(u.row_end <= T);
+        }
+      }
+      // rows [0, T) in total, split at the (clamped) ends: at most T / 64 + groups tile rows
+      CHECK(units <= int64_t(T / 64 + int64_t(offs.size())) * 2);
+      CHECK(units >= int64_t((T + 63) / 64) * 2 - 2 * 2);
+    }
+  }
+  // {100, 100000, 200}: group 0 rows [0, 100) = 2 tile rows, group 1 [100, 300) = 4, group 2 empty
+  GroupedCursor c;
+  GroupedUnit u;
+  const int32_t offs[3] = {100, 100000, 200};
+  int64_t n = 0;
+  int last_group = -1;
+  for (int64_t t = 0; fly::gemm::grouped_unit(offs, 3, T, 64, 1, t, c, &u); ++t, ++n) last_group = u.group;
+  CHECK(n == 2 + 4);
+  CHECK(last_group == 1);
+}

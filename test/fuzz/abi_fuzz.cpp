@@ -189,7 +189,7 @@ void fly_fuzz_summary(FILE* out) {
   std::fprintf(out, "  calls that launched (stand-in driver) %llu\n", (unsigned long long)g_launching_calls);
 }
 
-// The MX entries (fly_mx_quantize, fly_scaled_gemm): part of entry 10's draws.
+// The MX entries (fly_mx_quantize, fly_scaled_gemm): entry 14.
 void fuzz_mx(Input& in) {
   const bool fp4 = in.byte() & 1;
   const int32_t et = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
@@ -218,7 +218,7 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
   Buffers& b = buffers();
   if (b.clear_records && b.launch_count() > 1000) b.clear_records();  // records are 4 KiB each
   const int launches_before = b.launch_count ? b.launch_count() : 0;
-  const uint8_t entry = in.byte() % 11;
+  const uint8_t entry = in.byte() % 15;
   in.tame = in.byte() >= 160;
   switch (entry) {
     case 0: {  // rms_norm
@@ -339,9 +339,90 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
       check("fly_set_tuning_db(NULL)", s2);
       break;
     }
-    case 10:
-      if (in.byte() < 96) { fuzz_mx(in); break; }
-      [[fallthrough]];
+    case 11:
+    case 12: {  // attention backward and its size query
+      const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
+      fly_tensor q = tensor(in, 4, dt), k = tensor(in, 4, dt), v = tensor(in, 4, dt), o = tensor(in, 4, dt);
+      fly_tensor dout = tensor(in, 4, dt), lse = tensor(in, 3, FLY_F32), dq = tensor(in, 4, dt), dk = tensor(in, 4, dt),
+                 dv = tensor(in, 4, dt);
+      if (in.byte() < 180) {  // agreeing shapes, D a multiple of 8, contiguous
+        const int64_t B = 1 + q.sizes[0] % 2, Hkv = 1 + k.sizes[1] % 2, Hq = Hkv * (1 + q.sizes[1] % 2);
+        const int64_t Sq = q.sizes[2] % 70, Sk = k.sizes[2] % 70, D = 8 * (1 + q.sizes[3] % 40);
+        auto shape = [](fly_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d) {
+          t.rank = 4;
+          t.sizes[0] = b, t.sizes[1] = h, t.sizes[2] = s, t.sizes[3] = d;
+          t.strides[3] = 1, t.strides[2] = d, t.strides[1] = s * d, t.strides[0] = h * s * d;
+        };
+        for (fly_tensor* t : {&q, &o, &dout, &dq}) shape(*t, B, Hq, Sq, D);
+        for (fly_tensor* t : {&k, &v, &dk, &dv}) shape(*t, B, Hkv, Sk, D);
+        lse.rank = 3;
+        lse.sizes[0] = B, lse.sizes[1] = Hq, lse.sizes[2] = Sq;
+        lse.strides[2] = 1, lse.strides[1] = Sq, lse.strides[0] = Hq * Sq;
+      }
+      fly_attention_bwd_params p;
+      std::memset(&p, 0, sizeof p);
+      p.struct_size = in.byte() < 240 ? sizeof p : size_t(in.i64());
+      p.q = maybe(in, &q), p.k = maybe(in, &k), p.v = maybe(in, &v), p.o = maybe(in, &o), p.dout = maybe(in, &dout);
+      p.lse = maybe(in, &lse), p.dq = maybe(in, &dq), p.dk = maybe(in, &dk), p.dv = maybe(in, &dv);
+      p.softmax_scale = in.tame ? 0.0 : in.real();
+      p.causal = in.byte() < 240 ? in.byte() & 1 : int32_t(in.i64());
+      p.nondeterministic = in.byte() < 240 ? in.byte() & 1 : int32_t(in.i64());
+      if (entry == 11) {
+        size_t bytes = 12345;
+        const fly_status s = fly_attention_bwd_workspace_size(&p, in.byte() < 10 ? nullptr : &bytes);
+        check("fly_attention_bwd_workspace_size", s);
+        if (s != FLY_SUCCESS && bytes != 12345 && bytes != 0) broken("fly_attention_bwd_workspace_size", s, "wrote a size on failure");
+        if (s == FLY_SUCCESS && bytes >= (size_t(1) << 50)) broken("fly_attention_bwd_workspace_size", s, "absurd size");
+      } else {
+        p.workspace = in.byte() < 40 ? nullptr : pointer(in);
+        p.workspace_bytes = in.byte() < 128 ? size_t(1) << 20 : size_t(in.i64());
+        const fly_status s = fly_attention_bwd(&p, stream(in));
+        check("fly_attention_bwd", s);
+        if (s == FLY_SUCCESS && b.launch_count && q.sizes[0] > 0 && q.sizes[1] > 0 && q.sizes[2] > 0 &&
+            b.launch_count() == launches_before)
+          broken("fly_attention_bwd", s, "succeeded without a launch");
+      }
+      break;
+    }
+    case 13: {  // grouped gemm (and its size query): offs int32 [G], b [G, K, N], bias [G, N]
+      const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
+      fly_tensor a = tensor(in, 2, dt), bg = tensor(in, 3, dt), offs = tensor(in, 1, FLY_I32), c = tensor(in, 2, dt),
+                 bias = tensor(in, 2, dt);
+      if (in.byte() < 180) {  // agreeing shapes, TMA-friendly multiples of 8
+        const int64_t T = 8 * (a.sizes[0] % 16), K = 8 * (a.sizes[1] % 16 + 1), N = 8 * (bg.sizes[2] % 16 + 1),
+                      G = 1 + bg.sizes[0] % 4;
+        a.sizes[0] = c.sizes[0] = T;
+        a.sizes[1] = bg.sizes[1] = K;
+        bg.sizes[0] = offs.sizes[0] = bias.sizes[0] = G;
+        bg.sizes[2] = c.sizes[1] = bias.sizes[1] = N;
+        a.strides[0] = K;
+        c.strides[0] = bias.strides[0] = N;
+        a.strides[1] = c.strides[1] = bias.strides[1] = offs.strides[0] = 1;
+        const bool km = in.byte() & 1;
+        bg.strides[0] = K * N;
+        bg.strides[1] = km ? 1 : N;
+        bg.strides[2] = km ? K : 1;
+      }
+      if (in.byte() < 64) {
+        size_t bytes = 12345;
+        const fly_status s = fly_grouped_gemm_workspace_size(maybe(in, &a), maybe(in, &bg), maybe(in, &offs), maybe(in, &c),
+                                                             in.byte() < 10 ? nullptr : &bytes);
+        check("fly_grouped_gemm_workspace_size", s);
+        if (s == FLY_SUCCESS && bytes != 0) broken("fly_grouped_gemm_workspace_size", s, "nonzero size");
+      } else {
+        void* ws = in.byte() < 200 ? nullptr : pointer(in);
+        const size_t ws_bytes = ws ? size_t(in.i64()) : 0;
+        const fly_status s = fly_grouped_gemm(maybe(in, &a), maybe(in, &bg), maybe(in, &offs), maybe(in, &bias),
+                                              maybe(in, &c), ws, ws_bytes, stream(in));
+        check("fly_grouped_gemm", s);
+        if (s == FLY_SUCCESS && b.launch_count && a.sizes[0] > 0 && bg.sizes[2] > 0 && b.launch_count() == launches_before)
+          broken("fly_grouped_gemm", s, "succeeded without a launch");
+      }
+      break;
+    }
+    case 14:  // the MX entries
+      fuzz_mx(in);
+      break;
     default: {
       const int i = int(int32_t(in.u64()));
       const char* v = fly_variant_name(i);

@@ -25,4 +25,4 @@ def register(family):
     return family
 
 
-from . import eager, gemm  # noqa: E402,F401  (each registers its families)
+from . import eager, gemm, attention  # noqa: E402,F401,I001  (each registers its families)

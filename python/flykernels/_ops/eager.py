@@ -6,10 +6,11 @@ from . import register
 class EagerOverride:
     kind = "eager"
 
-    def __init__(self, name, aten_ops, ext_getter):
+    def __init__(self, name, aten_ops, ext_getter, default_on=True):
         self.name = name
         self.aten_ops = aten_ops
         self._ext = ext_getter
+        self.default_on = default_on  # False: only enable(["name"]) installs it
 
     def supported(self):
         return "" if self._ext() is not None else "the extension did not load"
@@ -32,3 +33,5 @@ def _ext():
 
 register(EagerOverride("rms_norm", ["aten::_fused_rms_norm"], _ext))
 register(EagerOverride("topk", ["aten::topk", "aten::topk.values"], _ext))
+# F.grouped_mm's 2-D x 3-D form through fly_grouped_gemm; off until its GPU tests have run.
+register(EagerOverride("grouped_mm", ["aten::_grouped_mm"], _ext, default_on=False))

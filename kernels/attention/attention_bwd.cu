@@ -1,0 +1,388 @@
+// Attention backward for sm_90a (one variant per compile unit; constants from tools/flygen). See
+// attention_bwd_params.h for the three kernels. Both main kernels follow the forward's structure
+// (attention_fwd.cu): warpgroup 0 is the producer (one thread issues TMA loads through an
+// mbarrier ring), the other warpgroups compute with wgmma through the forward's fragments
+// (attention_tiles.cuh: mma_qk = SS product contracting the head dim, mma_pv = RS product with a
+// register A operand and an MN-major B tile, pack_p = accumulator -> A fragment regroup).
+//
+// dK/dV kernel, transposed (a warpgroup's 64 rows are keys, the columns are the QM queries):
+//   S^T = K Q^T, dP^T = V dO^T (mma_qk), P^T = exp2(S^T scale_log2 - LSE2[col]) (0 where causal
+//   hides it or the query is padding), dV += P^T dO, dS^T = P^T (dP^T - Delta[col]),
+//   dK += dS^T Q (mma_pv: dO and Q tiles as MN-major B operands). Wide heads (192, 256) split the
+//   dK/dV columns over DS warpgroups that each recompute S^T and dP^T of the same 64 keys.
+// dQ kernel (forward orientation): S = Q K^T, dP = dO V^T, dS = P (dP - Delta[row]), dQ += dS K.
+#include <type_traits>
+
+#include "attention/attention_bwd_params.h"
+#include "attention/attention_tiles.cuh"
+
+#ifndef FLY_HD  // a standalone compile (ptxas -v checks): one bf16 head-dim-128 variant
+#define FLY_HD 128
+#define FLY_KN 128
+#define FLY_QM 64
+#define FLY_MQ 128
+#define FLY_NQ 128
+#define FLY_DTYPE_IS_BF16 1
+#endif
+#ifndef FLY_DTYPE_IS_BF16
+#define FLY_DTYPE_IS_BF16 0
+#endif
+
+namespace fly::attn {
+namespace {
+
+constexpr bool kBF16 = FLY_DTYPE_IS_BF16 != 0;
+constexpr int HD = FLY_HD;
+constexpr int KN = FLY_KN, QM = FLY_QM, MQ = FLY_MQ, NQ = FLY_NQ;
+constexpr int ST = 2;
+constexpr int DS = bwd_dsplit(HD);
+constexpr int PW = HD / DS;         // dK/dV columns per warpgroup
+constexpr int KG = KN / 64;         // key groups of the dK/dV kernel
+constexpr int NWG_KV = KG * DS;     // its consumer warpgroups
+constexpr int NWG_Q = MQ / 64;      // consumer warpgroups of the dQ kernel
+using Elem = typename std::conditional<kBF16, __nv_bfloat16, __half>::type;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Fragment shapes reused from the forward: MathS contracts HD against QM columns; MathD is an
+// RS product of PW output columns over QM rows of k; QCfg is the dQ kernel's tile.
+using MathS = AttnConfig<HD, 1, QM, 1, kBF16>;
+using MathD = AttnConfig<PW, 1, QM, 1, kBF16>;
+using QCfg = AttnConfig<HD, NWG_Q, NQ, ST, kBF16>;
+static_assert(KN == 64 || KN == 128, "dK/dV key block: 64 or 128");
+static_assert(QM == 64 || QM == 128, "dK/dV query tile: 64 or 128");
+static_assert(QM <= kBwdRowPad && MQ <= kBwdRowPad, "workspace rows padded for every tile");
+static_assert(NWG_KV <= 3, "at most three consumer warpgroups");
+
+constexpr int kKBytes = KN * HD * 2;    // resident K (and V)
+constexpr int kQTBytes = QM * HD * 2;   // one streamed Q (and dO) tile
+constexpr int kKvRing = 2 * kKBytes;    // offset of the Q/dO ring
+constexpr int kKvBars = kKvRing + ST * 2 * kQTBytes;
+constexpr int kKvSmem = kKvBars + 256 + 1024;
+static_assert(kKvSmem == bwd_dkdv_smem_bytes(HD, KN, QM, ST), "host and device smem sizes (dK/dV)");
+static_assert(kKvSmem <= 232448, "dK/dV shared memory over 227 KiB");
+constexpr int kQBytesQ = MQ * HD * 2;   // resident Q (and dO) of the dQ kernel
+constexpr int kQKVBytes = NQ * HD * 2;  // one streamed K (or V) tile
+constexpr int kQRing = 2 * kQBytesQ;
+constexpr int kQBars = kQRing + ST * 2 * kQKVBytes;
+constexpr int kQSmem = kQBars + 256 + 1024;
+static_assert(kQSmem == bwd_dq_smem_bytes(HD, MQ, NQ, ST), "host and device smem sizes (dQ)");
+static_assert(kQSmem <= 232448, "dQ shared memory over 227 KiB");
+
+__device__ __forceinline__ uint8_t* align_smem(uint8_t* raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) a[i] = 0.f;
+}
+
+// Stores a 64-row accumulator block (fragment layout, N columns from col0) scaled by f into a
+// [rows][D] tensor slice with strides (guards: row < nrows, column < D).
+template <int N>
+__device__ __forceinline__ void store_block(Elem* base, int64_t row_stride, int row0, int nrows, int col0, int D,
+                                            const float (&acc)[N / 2], float f) {
+  const int tid = threadIdx.x % 128;
+  const int lane = tid % 32;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + (tid / 32) * 16 + lane / 4 + 8 * i;
+    if (row >= nrows) continue;
+    Elem* dst = base + row * row_stride;
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+      const int col = col0 + 8 * j + 2 * (lane % 4);
+      if (col < D) dst[col] = Elem(acc[4 * j + 2 * i] * f);
+      if (col + 1 < D) dst[col + 1] = Elem(acc[4 * j + 2 * i + 1] * f);
+    }
+  }
+}
+
+// ---- dK / dV ----------------------------------------------------------------------------------
+struct KvRing {
+  uint64_t* kv_full;
+  uint64_t* full;   // [ST]: Q, dO, LSE2, Delta of a stage
+  uint64_t* empty;  // [ST]: every consumer warp arrives once done with the stage
+};
+
+// Query blocks a key block meets: causal skips the blocks whose queries all precede its first key.
+__device__ __forceinline__ void kv_query_range(const AttnBwdParams& p, int n0, int& mb_begin, int& mb_end) {
+  mb_end = (p.Sq + QM - 1) / QM;
+  mb_begin = p.causal ? min(mb_end, n0 / QM) : 0;
+}
+
+__device__ __forceinline__ void dkdv_producer(const AttnBwdParams& p, uint8_t* smem, const KvRing& r, int n0, int kvh,
+                                              int b) {
+  sm90::tma_prefetch_desc(&p.tm_q_kv);
+  sm90::tma_prefetch_desc(&p.tm_do_kv);
+  sm90::mbar_arrive_expect_tx(r.kv_full, 2 * kKBytes);
+  load_tile<HD>(smem, &p.tm_k_kv, r.kv_full, KN, n0, kvh, b);
+  load_tile<HD>(smem + kKBytes, &p.tm_v_kv, r.kv_full, KN, n0, kvh, b);
+  int mb_begin, mb_end;
+  kv_query_range(p, n0, mb_begin, mb_end);
+  int it = 0;
+  for (int g = 0; g < p.group; ++g) {
+    const int h = kvh * p.group + g;
+    for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
+      const int stage = it % ST;
+      const uint32_t phase = (it / ST) & 1;
+      sm90::mbar_wait(&r.empty[stage], phase ^ 1);
+      uint8_t* sq = smem + kKvRing + stage * 2 * kQTBytes;
+      sm90::mbar_arrive_expect_tx(&r.full[stage], 2 * kQTBytes);
+      load_tile<HD>(sq, &p.tm_q_kv, &r.full[stage], QM, mb * QM, h, b);
+      load_tile<HD>(sq + kQTBytes, &p.tm_do_kv, &r.full[stage], QM, mb * QM, h, b);
+    }
+  }
+}
+
+__device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* smem, const KvRing& r, int n0, int kvh,
+                                              int b, int w) {
+  const int kg = w / DS, part = w % DS;
+  const uint32_t base = sm90::smem_u32(smem);
+  const uint32_t sk = base + kg * 64 * 128;            // this warpgroup's 64 keys of each K chunk
+  const uint32_t sv = base + kKBytes + kg * 64 * 128;
+  const int tid = threadIdx.x % 128, lane = tid % 32;
+  const int key0 = n0 + kg * 64;
+  int key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) key[i] = key0 + (tid / 32) * 16 + lane / 4 + 8 * i;
+
+  float dk[PW / 2], dv[PW / 2];
+  zero(dk);
+  zero(dv);
+  int mb_begin, mb_end;
+  kv_query_range(p, n0, mb_begin, mb_end);
+  const int per_head = mb_end - mb_begin;
+  const int iters = per_head * p.group;
+  sm90::mbar_wait(r.kv_full, 0);
+  for (int it = 0; it < iters; ++it) {
+    const int stage = it % ST;
+    const uint32_t phase = (it / ST) & 1;
+    const int m0 = (mb_begin + it % per_head) * QM;
+    const uint32_t sq = base + kKvRing + stage * 2 * kQTBytes;
+    const uint32_t sdo = sq + kQTBytes;
+    // LSE2 and Delta of the tile's queries, read by each thread from the (L2-resident) workspace
+    // while the two products run: plain loads of memory the previous kernel wrote.
+    const int64_t rb = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
+    const float2* lg = reinterpret_cast<const float2*>(p.ws_lse2 + rb) + lane % 4;
+    const float2* dg = reinterpret_cast<const float2*>(p.ws_delta + rb) + lane % 4;
+    float s[QM / 2], dp[QM / 2];
+    sm90::mbar_wait(&r.full[stage], phase);
+    mma_qk<MathS>(s, sk, KN, sq);
+    mma_qk<MathS>(dp, sv, KN, sdo);
+    float2 l2s[QM / 8], dls[QM / 8];
+#pragma unroll
+    for (int j = 0; j < QM / 8; ++j) {
+      l2s[j] = __ldg(lg + 4 * j);  // columns 8 j + 2 (lane % 4) + {0, 1}
+      dls[j] = __ldg(dg + 4 * j);
+    }
+    sm90::wgmma_wait<0>();
+    fence_regs(s);
+    fence_regs(dp);
+    // P^T: column c of the tile is query m0 + c.
+    const bool mask = p.causal && m0 < key0 + 63;
+#pragma unroll
+    for (int j = 0; j < QM / 8; ++j) {
+      const int c = 8 * j + 2 * (lane % 4);
+      const float2 l2 = l2s[j], dl = dls[j];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lse2 = (e & 1) ? l2.y : l2.x;
+        const float delta = (e & 1) ? dl.y : dl.x;
+        float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2));
+        if (mask && key[e >> 1] > m0 + c + (e & 1)) pr = 0.f;
+        s[4 * j + e] = pr;
+        dp[4 * j + e] = pr * (dp[4 * j + e] - delta);
+      }
+    }
+    uint32_t pf[QM / 16][4], df[QM / 16][4];
+    pack_p<MathS>(s, pf);
+    pack_p<MathS>(dp, df);
+    mma_pv<MathD>(dv, pf, sdo + part * (PW / 64) * QM * 128);
+    mma_pv<MathD>(dk, df, sq + part * (PW / 64) * QM * 128);
+    sm90::wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
+    if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
+  }
+  Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
+  Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
+  store_block<PW>(gdk, p.dk_s[2], key0, p.Sk, part * PW, p.D, dk, p.scale);
+  store_block<PW>(gdv, p.dv_s[2], key0, p.Sk, part * PW, p.D, dv, 1.f);
+}
+
+// ---- dQ -----------------------------------------------------------------------------------------
+struct QRing {
+  uint64_t* q_full;
+  uint64_t* k_full;  // [ST]
+  uint64_t* v_full;  // [ST]
+  uint64_t* empty;   // [ST]
+};
+
+__device__ __forceinline__ int dq_key_tiles(const AttnBwdParams& p, int m0) {
+  const int last = min(m0 + MQ, p.Sq) - 1;
+  const int kv_end = p.causal ? min(p.Sk, last + 1) : p.Sk;
+  return (kv_end + NQ - 1) / NQ;
+}
+
+__device__ __forceinline__ void dq_producer(const AttnBwdParams& p, uint8_t* smem, const QRing& r, int m0, int h,
+                                            int b) {
+  const int kvh = h / p.group;
+  sm90::tma_prefetch_desc(&p.tm_k_dq);
+  sm90::tma_prefetch_desc(&p.tm_v_dq);
+  sm90::mbar_arrive_expect_tx(r.q_full, 2 * kQBytesQ);
+  load_tile<HD>(smem, &p.tm_q_dq, r.q_full, MQ, m0, h, b);
+  load_tile<HD>(smem + kQBytesQ, &p.tm_do_dq, r.q_full, MQ, m0, h, b);
+  const int n_tiles = dq_key_tiles(p, m0);
+  for (int n = 0; n < n_tiles; ++n) {
+    const int stage = n % ST;
+    const uint32_t phase = (n / ST) & 1;
+    sm90::mbar_wait(&r.empty[stage], phase ^ 1);
+    uint8_t* sk = smem + kQRing + stage * 2 * kQKVBytes;
+    sm90::mbar_arrive_expect_tx(&r.k_full[stage], kQKVBytes);
+    load_tile<HD>(sk, &p.tm_k_dq, &r.k_full[stage], NQ, n * NQ, kvh, b);
+    sm90::mbar_arrive_expect_tx(&r.v_full[stage], kQKVBytes);
+    load_tile<HD>(sk + kQKVBytes, &p.tm_v_dq, &r.v_full[stage], NQ, n * NQ, kvh, b);
+  }
+}
+
+__device__ __forceinline__ void dq_consumer(const AttnBwdParams& p, uint8_t* smem, const QRing& r, int m0, int h,
+                                            int b, int w) {
+  const uint32_t base = sm90::smem_u32(smem);
+  const uint32_t sq = base + w * 64 * 128;
+  const uint32_t sdo = base + kQBytesQ + w * 64 * 128;
+  const int tid = threadIdx.x % 128, lane = tid % 32;
+  const int row0 = m0 + w * 64;
+  int pos[2];
+  float lse2[2], delta[2];
+  const int64_t row_base = (int64_t(b) * p.Hq + h) * p.sq_pad;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    pos[i] = row0 + (tid / 32) * 16 + lane / 4 + 8 * i;  // < sq_pad: the workspace is padded
+    lse2[i] = p.ws_lse2[row_base + pos[i]];
+    delta[i] = p.ws_delta[row_base + pos[i]];
+  }
+  float dq[HD / 2];
+  zero(dq);
+  const int n_tiles = dq_key_tiles(p, m0);
+  sm90::mbar_wait(r.q_full, 0);
+  for (int n = 0; n < n_tiles; ++n) {
+    const int stage = n % ST;
+    const uint32_t phase = (n / ST) & 1;
+    const uint32_t sk = base + kQRing + stage * 2 * kQKVBytes;
+    const uint32_t sv = sk + kQKVBytes;
+    const int n0 = n * NQ;
+    float s[NQ / 2], dp[NQ / 2];
+    sm90::mbar_wait(&r.k_full[stage], phase);
+    mma_qk<QCfg>(s, sq, MQ, sk);
+    sm90::mbar_wait(&r.v_full[stage], phase);
+    mma_qk<QCfg>(dp, sdo, MQ, sv);
+    sm90::wgmma_wait<0>();
+    fence_regs(s);
+    fence_regs(dp);
+    if (n0 + NQ > p.Sk || (p.causal && n0 + NQ - 1 > row0)) mask_tile<NQ>(s, n0, p.Sk, p.causal, pos);
+#pragma unroll
+    for (int j = 0; j < NQ / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2[e >> 1]));
+        dp[4 * j + e] = pr * (dp[4 * j + e] - delta[e >> 1]);
+      }
+    uint32_t df[NQ / 16][4];
+    pack_p<QCfg>(dp, df);
+    mma_pv<QCfg>(dq, df, sk);  // K as the MN-major B operand (as V in the forward's P V)
+    sm90::wgmma_wait<0>();
+    fence_regs(dq);
+    if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
+  }
+  Elem* gdq = static_cast<Elem*>(p.dq) + b * p.dq_s[0] + h * p.dq_s[1];
+  store_block<HD>(gdq, p.dq_s[2], row0, p.Sq, 0, p.D, dq, p.scale);
+}
+
+}  // namespace
+}  // namespace fly::attn
+
+using namespace fly::attn;
+
+// One warp per padded row: Delta = sum_d dO O (fp32), LSE2 = LSE log2(e); padding rows and rows
+// without a visible key (LSE -inf) get LSE2 = +inf, so every P of theirs is 0.
+extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_pre(const __grid_constant__ AttnBwdParams p) {
+  const int64_t rows = int64_t(p.B) * p.Hq * p.sq_pad;
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int s = int(row % p.sq_pad);
+  const int h = int((row / p.sq_pad) % p.Hq);
+  const int b = int(row / (int64_t(p.sq_pad) * p.Hq));
+  float acc = 0.f, l2 = INFINITY;
+  if (s < p.Sq) {
+    const Elem* o = static_cast<const Elem*>(p.o) + b * p.o_s[0] + h * p.o_s[1] + s * p.o_s[2];
+    const Elem* d = static_cast<const Elem*>(p.dout) + b * p.do_s[0] + h * p.do_s[1] + s * p.do_s[2];
+    for (int c = lane; c < p.D; c += 32) acc += float(o[c]) * float(d[c]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    const float l = p.lse[b * p.lse_s[0] + h * p.lse_s[1] + s * p.lse_s[2]];
+    l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+  }
+  if (lane == 0) {
+    p.ws_delta[row] = acc;
+    p.ws_lse2[row] = l2;
+  }
+}
+
+// blockIdx.x: key block, y: kv head, z: batch.
+extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
+    fly_attn_bwd_dkdv(const __grid_constant__ AttnBwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = align_smem(smem_raw);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kKvBars);
+  KvRing r{bars, bars + 1, bars + 1 + ST};
+  if (threadIdx.x == 0) {
+    fly::sm90::mbar_init(r.kv_full, 1);
+    for (int s = 0; s < ST; ++s) {
+      fly::sm90::mbar_init(&r.full[s], 1);
+      fly::sm90::mbar_init(&r.empty[s], 4 * NWG_KV);
+    }
+    fly::sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int n0 = int(blockIdx.x) * KN, kvh = int(blockIdx.y), b = int(blockIdx.z);
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    fly::sm90::setmaxnreg_dec<NWG_KV == 3 ? 32 : 24>();
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) dkdv_producer(p, smem, r, n0, kvh, b);
+  } else {
+    fly::sm90::setmaxnreg_inc<NWG_KV == 3 ? 160 : NWG_KV == 2 ? 240 : 256>();
+    dkdv_consumer(p, smem, r, n0, kvh, b, wg - 1);
+  }
+}
+
+// blockIdx.x: query block (causal: the longest, last blocks first), y: query head, z: batch.
+extern "C" __global__ void __launch_bounds__(128 * (NWG_Q + 1), 1) fly_attn_bwd_dq(const __grid_constant__ AttnBwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = align_smem(smem_raw);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kQBars);
+  QRing r{bars, bars + 1, bars + 1 + ST, bars + 1 + 2 * ST};
+  if (threadIdx.x == 0) {
+    fly::sm90::mbar_init(r.q_full, 1);
+    for (int s = 0; s < ST; ++s) {
+      fly::sm90::mbar_init(&r.k_full[s], 1);
+      fly::sm90::mbar_init(&r.v_full[s], 1);
+      fly::sm90::mbar_init(&r.empty[s], 4 * NWG_Q);
+    }
+    fly::sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  int mb = int(blockIdx.x);
+  if (p.causal) mb = int(gridDim.x) - 1 - mb;
+  const int m0 = mb * MQ, h = int(blockIdx.y), b = int(blockIdx.z);
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    fly::sm90::setmaxnreg_dec<NWG_Q == 2 ? 24 : 56>();
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) dq_producer(p, smem, r, m0, h, b);
+  } else {
+    fly::sm90::setmaxnreg_inc<NWG_Q == 2 ? 240 : 256>();
+    dq_consumer(p, smem, r, m0, h, b, wg - 1);
+  }
+}

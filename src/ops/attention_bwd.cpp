@@ -1,0 +1,382 @@
+// fly_attention_bwd / fly_attention_bwd_workspace_size: validation, dispatch and launch of the
+// attention backward family (kernels/attention/attention_bwd.cu, parameters and sizes in
+// attention/attention_bwd_params.h): preprocess (Delta, LSE rows), dK/dV, dQ on one stream.
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+#include "attention/attention_bwd_params.h"
+#include "attention/attention_plan.h"
+#include "core.hpp"
+
+namespace fly {
+namespace {
+
+constexpr const char* kFamily = "attention_bwd";
+constexpr size_t kBwdParamsV1Size = offsetof(fly_attention_bwd_params, workspace_bytes) + sizeof(size_t);
+constexpr int kMaxBwdHeadDim = 256;  // compiled head dims of the backward (D = 512 not yet)
+
+struct BwdCall {
+  attn::Shape s{};
+  fly_dtype dt = FLY_DTYPE_INVALID;
+  double scale = 0;
+  int hd = 0;
+  const fly_attention_bwd_params* prm = nullptr;
+  bool empty = false;
+};
+
+// No two in-range index tuples reach the same element.
+bool no_overlap(const fly_tensor& t) {
+  int idx[FLY_MAX_RANK];
+  int n = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.sizes[i] == 0) return true;
+    if (t.sizes[i] > 1) idx[n++] = i;
+  }
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0 && t.strides[idx[j]] < t.strides[idx[j - 1]]; --j) std::swap(idx[j], idx[j - 1]);
+  int64_t span = 1;
+  for (int i = 0; i < n; ++i) {
+    if (t.strides[idx[i]] < span) return false;
+    span = t.strides[idx[i]] * (t.sizes[idx[i]] - 1) + span;
+  }
+  return true;
+}
+
+// Byte ranges [lo, hi) two tensors' elements can reach; disjoint ranges cannot alias.
+bool ranges_overlap(const fly_tensor& a, const fly_tensor& b) {
+  auto range = [](const fly_tensor& t, uintptr_t* lo, uintptr_t* hi) {
+    const uintptr_t elem = t.dtype == FLY_F32 ? 4 : 2;
+    int64_t last = 0;
+    for (int i = 0; i < t.rank; ++i) {
+      if (t.sizes[i] == 0) return false;
+      last += (t.sizes[i] - 1) * t.strides[i];
+    }
+    *lo = reinterpret_cast<uintptr_t>(t.data);
+    *hi = *lo + uintptr_t(last + 1) * elem;
+    return true;
+  };
+  uintptr_t alo, ahi, blo, bhi;
+  if (!range(a, &alo, &ahi) || !range(b, &blo, &bhi)) return false;
+  return alo < bhi && blo < ahi;
+}
+
+fly_status check_tma(const fly_tensor& t, const char* what) {
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "%s: base address is not 16-byte aligned (TMA loads need it)", what);
+  static const char* kDim[3] = {"batch", "head", "sequence"};
+  for (int i = 0; i < 3; ++i)
+    if (t.sizes[i] > 1 && t.strides[i] % 8 != 0)
+      return fail(FLY_ERROR_UNSUPPORTED,
+                  "%s: %s stride %" PRId64 " elements is not a multiple of 8 (16 bytes, a TMA rule; pad the head dim "
+                  "to a multiple of 8 as SDPA does)",
+                  what, kDim[i], t.strides[i]);
+  return FLY_SUCCESS;
+}
+
+fly_status check_same_shape(const fly_tensor& t, const fly_tensor& ref, const char* what, const char* ref_name) {
+  for (int i = 0; i < 4; ++i)
+    if (t.sizes[i] != ref.sizes[i])
+      return fail(FLY_ERROR_INVALID_ARGUMENT,
+                  "%s: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match %s [%" PRId64 ", %" PRId64
+                  ", %" PRId64 ", %" PRId64 "]",
+                  what, t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3], ref_name, ref.sizes[0], ref.sizes[1], ref.sizes[2],
+                  ref.sizes[3]);
+  return FLY_SUCCESS;
+}
+
+fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
+  if (!prm) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
+  if (prm->struct_size < kBwdParamsV1Size)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "params: struct_size %zu is smaller than the first version of fly_attention_bwd_params (%zu bytes); "
+                "set struct_size = sizeof(fly_attention_bwd_params)",
+                prm->struct_size, kBwdParamsV1Size);
+  if (prm->struct_size > sizeof(fly_attention_bwd_params))
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "params: struct_size %zu is larger than this library's fly_attention_bwd_params (%zu bytes): the "
+                "caller was built against a newer header",
+                prm->struct_size, sizeof(fly_attention_bwd_params));
+  FLY_TRY(check_tensor(prm->q, "q", 4));
+  FLY_TRY(check_tensor(prm->k, "k", 4));
+  FLY_TRY(check_tensor(prm->v, "v", 4));
+  FLY_TRY(check_tensor(prm->o, "o", 4));
+  FLY_TRY(check_tensor(prm->dout, "dout", 4));
+  FLY_TRY(check_tensor(prm->lse, "lse", 3));
+  FLY_TRY(check_tensor(prm->dq, "dq", 4));
+  FLY_TRY(check_tensor(prm->dk, "dk", 4));
+  FLY_TRY(check_tensor(prm->dv, "dv", 4));
+  const fly_tensor &q = *prm->q, &k = *prm->k, &v = *prm->v, &o = *prm->o, &dout = *prm->dout, &lse = *prm->lse;
+  const fly_tensor &dq = *prm->dq, &dk = *prm->dk, &dv = *prm->dv;
+  const fly_dtype dt = q.dtype;
+  if (dt != FLY_F16 && dt != FLY_BF16)
+    return fail(FLY_ERROR_UNSUPPORTED, "q: dtype %s is not supported (fp16, bf16)", dtype_name(dt));
+  const fly_tensor* same[] = {&k, &v, &o, &dout, &dq, &dk, &dv};
+  const char* same_names[] = {"k", "v", "o", "dout", "dq", "dk", "dv"};
+  for (int i = 0; i < 7; ++i)
+    if (same[i]->dtype != dt)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s does not match q (%s)", same_names[i],
+                  dtype_name(same[i]->dtype), dtype_name(dt));
+  const int64_t B = q.sizes[0], Hq = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3];
+  const int64_t Hkv = k.sizes[1], Sk = k.sizes[2];
+  if (k.sizes[0] != B || k.sizes[3] != D)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "k: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match q [%" PRId64 ", %" PRId64
+                ", %" PRId64 ", %" PRId64 "] (k must be [B, Hkv, Sk, D])",
+                k.sizes[0], k.sizes[1], k.sizes[2], k.sizes[3], B, Hq, Sq, D);
+  FLY_TRY(check_same_shape(v, k, "v", "k"));
+  FLY_TRY(check_same_shape(dk, k, "dk", "k"));
+  FLY_TRY(check_same_shape(dv, k, "dv", "k"));
+  FLY_TRY(check_same_shape(o, q, "o", "q"));
+  FLY_TRY(check_same_shape(dout, q, "dout", "q"));
+  FLY_TRY(check_same_shape(dq, q, "dq", "q"));
+  if (lse.dtype != FLY_F32) return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: dtype %s, expected fp32", dtype_name(lse.dtype));
+  if (lse.sizes[0] != B || lse.sizes[1] != Hq || lse.sizes[2] != Sq)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "lse: shape [%" PRId64 ", %" PRId64 ", %" PRId64 "], expected [B, Hq, Sq] = [%" PRId64 ", %" PRId64
+                ", %" PRId64 "]",
+                lse.sizes[0], lse.sizes[1], lse.sizes[2], B, Hq, Sq);
+  if (prm->causal != 0 && prm->causal != 1)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "causal: %d, expected 0 or 1", int(prm->causal));
+  if (prm->nondeterministic != 0 && prm->nondeterministic != 1)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "nondeterministic: %d, expected 0 or 1", int(prm->nondeterministic));
+  if (!std::isfinite(prm->softmax_scale))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "softmax_scale: must be finite, got %g", prm->softmax_scale);
+  if (prm->softmax_scale < 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "softmax_scale: negative scales (%g) are not supported", prm->softmax_scale);
+  if (!prm->workspace && prm->workspace_bytes > 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", prm->workspace_bytes);
+  if (prm->workspace && reinterpret_cast<uintptr_t>(prm->workspace) % 256 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", prm->workspace);
+  for (int i = 0; i < 8; ++i) {
+    const fly_tensor* t = i < 7 ? same[i] : &q;
+    const char* name = i < 7 ? same_names[i] : "q";
+    if (t->sizes[3] > 1 && t->strides[3] != 1)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: the head dim must be innermost (stride 1), got stride %" PRId64, name,
+                  t->strides[3]);
+  }
+  const fly_tensor* outs[] = {&dq, &dk, &dv};
+  const char* out_names[] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; ++i)
+    if (!no_overlap(*outs[i])) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: strides make elements overlap", out_names[i]);
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 3; ++j)
+      if (ranges_overlap(*outs[i], *outs[j]))
+        return fail(FLY_ERROR_INVALID_ARGUMENT, "%s and %s: the outputs share memory", out_names[i], out_names[j]);
+  const fly_tensor* ins[] = {&q, &k, &v, &o, &dout, &lse};
+  const char* in_names[] = {"q", "k", "v", "o", "dout", "lse"};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 6; ++j)
+      if (ranges_overlap(*outs[i], *ins[j]))
+        return fail(FLY_ERROR_INVALID_ARGUMENT, "%s and %s: an output shares memory with an input (in-place is not supported)",
+                    out_names[i], in_names[j]);
+  out->dt = dt;
+  out->prm = prm;
+  out->s = attn::Shape{B, Hq, Hkv, Sq, Sk, D, prm->causal == 1};
+  out->empty = B == 0 || Hq == 0 || Sq == 0;
+  if (out->empty) return FLY_SUCCESS;
+  if (Hkv == 0 || Hq % Hkv != 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "k: Hq = %" PRId64 " query heads is not a multiple of Hkv = %" PRId64 " kv heads",
+                Hq, Hkv);
+  if (D == 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "q: head dim D = 0");
+  if (D > attn::kMaxHeadDim)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "q: head dim D = %" PRId64 " exceeds the maximum %d", D, attn::kMaxHeadDim);
+  if (D > kMaxBwdHeadDim)
+    return fail(FLY_ERROR_UNSUPPORTED, "q: head dim D = %" PRId64 " is above the backward's largest compiled head dim (%d)",
+                D, kMaxBwdHeadDim);
+  out->scale = prm->softmax_scale != 0 ? prm->softmax_scale : 1.0 / std::sqrt(double(D));
+  out->hd = attn::padded_head_dim(D);
+  const int64_t lim = int64_t(1) << 30;
+  if (Sq >= lim || Sk >= lim || B > 65535 || Hq > 65535)
+    return fail(FLY_ERROR_UNSUPPORTED, "q/k: B = %" PRId64 ", Hq = %" PRId64 ", Sq = %" PRId64 ", Sk = %" PRId64
+                " exceed the kernels' grid limits (B, H <= 65535, S < 2^30)", B, Hq, Sq, Sk);
+  if (B * Hq * Sq > (int64_t(1) << 36))  // the workspace size stays far from overflow
+    return fail(FLY_ERROR_UNSUPPORTED, "q: B * Hq * Sq = %" PRId64 " query rows exceed the backward's limit 2^36", B * Hq * Sq);
+  FLY_TRY(check_tma(q, "q"));
+  FLY_TRY(check_tma(dout, "dout"));
+  if (Sk > 0) {
+    FLY_TRY(check_tma(k, "k"));
+    FLY_TRY(check_tma(v, "v"));
+  }
+  const int64_t need = attn::bwd_ws_bytes(B, Hq, Sq);
+  if (!prm->workspace || int64_t(prm->workspace_bytes) < need)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "workspace: %zu bytes, the backward needs %" PRId64 " (fly_attention_bwd_workspace_size)",
+                prm->workspace ? prm->workspace_bytes : size_t(0), need);
+  return FLY_SUCCESS;
+}
+
+std::string key_layout(const BwdCall& c) {
+  return "d" + std::to_string(c.hd) + (c.s.causal ? "_causal" : "_full") + "_g" + std::to_string(c.s.Hq / c.s.Hkv);
+}
+
+// Family defaults (tuning/attention_bwd.json "defaults").
+std::string default_variant(const BwdCall& c) {
+  const std::string d = dtype_name(c.dt);
+  switch (c.hd) {
+    case 64: return "attention_bwd_" + d + "_hd64_kn128_qm64_mq128_nq128";
+    case 128: return "attention_bwd_" + d + "_hd128_kn128_qm64_mq128_nq128";
+    case 192: return "attention_bwd_" + d + "_hd192_kn64_qm64_mq128_nq64";
+    default: return "attention_bwd_" + d + "_hd256_kn64_qm64_mq64_nq64";
+  }
+}
+
+CUresult encode(const Driver& d, CUtensorMap* map, const fly_tensor& t, bool bf16, int box_rows) {
+  cuuint64_t dims[4] = {cuuint64_t(t.sizes[3]), cuuint64_t(std::max<int64_t>(t.sizes[2], 1)),
+                        cuuint64_t(std::max<int64_t>(t.sizes[1], 1)), cuuint64_t(std::max<int64_t>(t.sizes[0], 1))};
+  cuuint64_t strides[3];
+  const int64_t legal = (t.sizes[3] * 2 + 15) / 16 * 16;
+  for (int i = 0; i < 3; ++i) {
+    const int dim = 2 - i;
+    strides[i] = cuuint64_t(t.sizes[dim] > 1 ? t.strides[dim] * 2 : legal);
+  }
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  return d.cuTensorMapEncodeTiled(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                                  t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+void strides3(const fly_tensor& t, int64_t (&s)[3]) {
+  for (int i = 0; i < 3; ++i) s[i] = t.strides[i];
+}
+
+}  // namespace
+}  // namespace fly
+
+extern "C" FLY_API fly_status fly_attention_bwd_workspace_size(const fly_attention_bwd_params* params, size_t* bytes) {
+  using namespace fly;
+  clear_error();
+  if (!bytes) return fail(FLY_ERROR_INVALID_ARGUMENT, "bytes: NULL pointer");
+  *bytes = 0;
+  if (!params) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
+  // The size depends only on the shapes: validate everything but the workspace itself.
+  fly_attention_bwd_params p = *params;
+  if (p.struct_size >= kBwdParamsV1Size && p.struct_size <= sizeof(fly_attention_bwd_params) && p.q &&
+      p.q->rank == 4 && p.q->sizes[0] >= 0 && p.q->sizes[1] >= 0 && p.q->sizes[2] >= 0) {
+    p.workspace = reinterpret_cast<void*>(uintptr_t(256));  // a placeholder, never dereferenced
+    p.workspace_bytes = size_t(attn::bwd_ws_bytes(p.q->sizes[0], p.q->sizes[1], p.q->sizes[2]));
+  }
+  BwdCall c;
+  FLY_TRY(validate(&p, &c));
+  if (!c.empty) *bytes = size_t(attn::bwd_ws_bytes(c.s.B, c.s.Hq, c.s.Sq));
+  return FLY_SUCCESS;
+}
+
+extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* params, void* stream) {
+  using namespace fly;
+  clear_error();
+  BwdCall c;
+  FLY_TRY(validate(params, &c));
+  if (c.empty) return FLY_SUCCESS;
+  const attn::Shape& s = c.s;
+  const fly_attention_bwd_params& prm = *params;
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_device_pointer(*prm.q, "q"));
+  FLY_TRY(check_device_pointer(*prm.k, "k"));
+  FLY_TRY(check_device_pointer(*prm.v, "v"));
+  FLY_TRY(check_device_pointer(*prm.o, "o"));
+  FLY_TRY(check_device_pointer(*prm.dout, "dout"));
+  FLY_TRY(check_device_pointer(*prm.lse, "lse"));
+  FLY_TRY(check_device_pointer(*prm.dq, "dq"));
+  FLY_TRY(check_device_pointer(*prm.dk, "dk"));
+  FLY_TRY(check_device_pointer(*prm.dv, "dv"));
+  FLY_TRY(check_device_bytes(prm.workspace, attn::bwd_ws_bytes(s.B, s.Hq, s.Sq), "workspace"));
+
+  DispatchRequest req = make_request(kFamily, "attention_bwd", dtype_name(c.dt), key_layout(c).c_str(),
+                                     {{"Sk", s.Sk}, {"Sq", s.Sq}, {"BH", s.B * s.Hq}});
+  const fly_dtype dt = c.dt;
+  const int hd = c.hd;
+  const int smem_max = dc->max_smem_optin;
+  req.supports = [dt, hd, smem_max](const Variant& v) {
+    return v.get("dtype") == dtype_name(dt) && v.get_int("hd") == hd &&
+           attn::bwd_dkdv_smem_bytes(hd, int(v.get_int("kn")), int(v.get_int("qm")), 2) <= smem_max &&
+           attn::bwd_dq_smem_bytes(hd, int(v.get_int("mq")), int(v.get_int("nq")), 2) <= smem_max;
+  };
+  req.cache_tag = "smem=" + std::to_string(smem_max);
+  const BwdCall cc = c;
+  req.fallback = [cc] { return default_variant(cc); };
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "fly_attn_bwd_dkdv", &rk));
+  const Variant* v = rk.v;
+  const Driver* d = rk.d;
+  const int kn = int(v->get_int("kn")), qm = int(v->get_int("qm")), mq = int(v->get_int("mq")), nq = int(v->get_int("nq"));
+  CUfunction f_pre = nullptr, f_dq = nullptr;
+  FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_pre", &f_pre));
+  FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_dq", &f_dq));
+
+  attn::AttnBwdParams p{};
+  const bool bf16 = dt == FLY_BF16;
+  CUresult r = encode(*d, &p.tm_q_kv, *prm.q, bf16, qm);
+  if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_do_kv, *prm.dout, bf16, qm);
+  if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_q_dq, *prm.q, bf16, mq);
+  if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_do_dq, *prm.dout, bf16, mq);
+  if (s.Sk > 0) {
+    if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_k_kv, *prm.k, bf16, kn);
+    if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_v_kv, *prm.v, bf16, kn);
+    if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_k_dq, *prm.k, bf16, nq);
+    if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_v_dq, *prm.v, bf16, nq);
+  }
+  if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
+  p.o = prm.o->data;
+  p.dout = prm.dout->data;
+  p.lse = static_cast<const float*>(prm.lse->data);
+  p.dq = prm.dq->data;
+  p.dk = prm.dk->data;
+  p.dv = prm.dv->data;
+  p.ws_lse2 = static_cast<float*>(prm.workspace);
+  p.ws_delta = reinterpret_cast<float*>(static_cast<char*>(prm.workspace) + attn::bwd_ws_part_bytes(s.B, s.Hq, s.Sq));
+  strides3(*prm.o, p.o_s);
+  strides3(*prm.dout, p.do_s);
+  strides3(*prm.lse, p.lse_s);
+  strides3(*prm.dq, p.dq_s);
+  strides3(*prm.dk, p.dk_s);
+  strides3(*prm.dv, p.dv_s);
+  p.B = int32_t(s.B);
+  p.Hq = int32_t(s.Hq);
+  p.Hkv = int32_t(s.Hkv);
+  p.Sq = int32_t(s.Sq);
+  p.Sk = int32_t(s.Sk);
+  p.D = int32_t(s.D);
+  p.group = int32_t(s.Hq / s.Hkv);
+  p.sq_pad = int32_t(attn::bwd_pad_rows(s.Sq));
+  p.causal = s.causal ? 1 : 0;
+  p.scale = float(c.scale);
+  p.scale_log2 = float(c.scale * 1.4426950408889634);
+
+  const unsigned smem_kv = unsigned(attn::bwd_dkdv_smem_bytes(hd, kn, qm, 2));
+  const unsigned smem_q = unsigned(attn::bwd_dq_smem_bytes(hd, mq, nq, 2));
+  if (int64_t(std::max(smem_kv, smem_q)) > dc->max_smem_optin)
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d", v->name.c_str(),
+                std::max(smem_kv, smem_q), dc->max_smem_optin);
+  if (log_level() >= LogLevel::kDebug)
+    log(LogLevel::kDebug, "attention_bwd %s: dkdv grid %" PRId64 "x%" PRId64 "x%" PRId64 ", dq grid %" PRId64, v->name.c_str(),
+        (s.Sk + kn - 1) / kn, s.Hkv, s.B, (s.Sq + mq - 1) / mq);
+
+  LaunchConfig pre;
+  pre.grid[0] = unsigned((s.B * s.Hq * p.sq_pad + 7) / 8);
+  pre.block[0] = 256;
+  FLY_TRY(launch1(f_pre, pre, stream, p));
+  if (s.Sk > 0) {
+    LaunchConfig kv;
+    kv.grid[0] = unsigned((s.Sk + kn - 1) / kn);
+    kv.grid[1] = unsigned(s.Hkv);
+    kv.grid[2] = unsigned(s.B);
+    kv.block[0] = unsigned(attn::bwd_dkdv_threads(hd, kn));
+    kv.smem = smem_kv;
+    FLY_TRY(launch1(rk.f, kv, stream, p));
+  }
+  LaunchConfig q;
+  q.grid[0] = unsigned((s.Sq + mq - 1) / mq);
+  q.grid[1] = unsigned(s.Hq);
+  q.grid[2] = unsigned(s.B);
+  q.block[0] = unsigned(attn::bwd_dq_threads(mq));
+  q.smem = smem_q;
+  return launch1(f_dq, q, stream, p);
+}

@@ -1,0 +1,317 @@
+// fly_grouped_gemm / fly_grouped_gemm_workspace_size: validation, dispatch and launch of the
+// grouped_gemm family (kernels/gemm/gemm_grouped_sm90.cu; docs/grouped_gemm.md).
+#include <algorithm>
+#include <cinttypes>
+#include <cstring>
+#include <string>
+
+#include "core.hpp"
+#include "gemm/gemm_grouped_params.h"
+#include "gemm/gemm_plan.h"
+
+namespace fly {
+namespace {
+
+constexpr const char* kFamily = "grouped_gemm";
+
+struct GroupedCall {
+  fly_dtype dt = FLY_DTYPE_INVALID;
+  int64_t T = 0, K = 0, N = 0, G = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  bool b_kmajor = false;          // B's K contiguous ([G, N, K] in memory: w.transpose(-2, -1))
+  int64_t b_ld = 0;               // K-major: stride of n; MN-major: stride of k (elements)
+  int64_t b_gs = 0;               // stride of g (elements)
+  const int32_t* offs = nullptr;
+  const void* bias = nullptr;
+  int64_t bias_gs = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+};
+
+// Mean rows per group, rounded up to a power of two: the dispatch key's M bucket.
+int64_t mean_m_bucket(int64_t T, int64_t G) {
+  const int64_t mean = G > 0 ? (T + G - 1) / G : 0;
+  int64_t b = 1;
+  while (b < mean && b < (int64_t(1) << 30)) b <<= 1;
+  return b;
+}
+
+fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs, const fly_tensor* bias,
+                    const fly_tensor* c, GroupedCall* out) {
+  FLY_TRY(check_tensor(a, "a", 2));
+  FLY_TRY(check_tensor(b, "b", 3));
+  FLY_TRY(check_tensor(offs, "offs", 1));
+  FLY_TRY(check_tensor(c, "c", 2));
+  if (bias) FLY_TRY(check_tensor(bias, "bias", 2));
+  const fly_dtype dt = a->dtype;
+  if (dt != FLY_F16 && dt != FLY_BF16)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (fp16, bf16)", dtype_name(dt));
+  if (b->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(dt));
+  if (c->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: dtype %s does not match a (%s)", dtype_name(c->dtype), dtype_name(dt));
+  if (bias && bias->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: dtype %s does not match a (%s)", dtype_name(bias->dtype),
+                dtype_name(dt));
+  if (offs->dtype != FLY_I32)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "offs: dtype %s, expected int32 (cumulative group end rows)",
+                dtype_name(offs->dtype));
+  const int64_t T = a->sizes[0], K = a->sizes[1], G = b->sizes[0], N = b->sizes[2];
+  if (b->sizes[1] != K)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "b: shape [%" PRId64 ", %" PRId64 ", %" PRId64 "] does not match a [%" PRId64 ", %" PRId64
+                "] (b must be [G, K, N])", G, b->sizes[1], N, T, K);
+  if (offs->sizes[0] != G)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "offs: %" PRId64 " entries, expected G = %" PRId64 " (b's first dimension)",
+                offs->sizes[0], G);
+  if (c->sizes[0] != T || c->sizes[1] != N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
+                c->sizes[0], c->sizes[1], T, N);
+  if (bias && (bias->sizes[0] != G || bias->sizes[1] != N))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: shape [%" PRId64 ", %" PRId64 "], expected [G, N] = [%" PRId64
+                ", %" PRId64 "]", bias->sizes[0], bias->sizes[1], G, N);
+  if (G == 0 && T > 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: G = 0 groups for T = %" PRId64 " rows of a", T);
+  const int64_t lim = int64_t(1) << 31;
+  if (T >= lim || N >= lim || K >= lim || G >= lim)
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "a/b: dimensions T=%" PRId64 " K=%" PRId64 " N=%" PRId64 " G=%" PRId64 " exceed the kernel's 2^31 limit",
+                T, K, N, G);
+  // Strides: A and C row-major, offs and bias rows unit stride.
+  if (K > 1 && a->strides[1] != 1)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: inner stride must be 1 (row-major [T, K]), got %" PRId64, a->strides[1]);
+  if (T > 1 && a->strides[0] < K)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: row stride %" PRId64 " is smaller than K = %" PRId64 " (rows overlap)",
+                a->strides[0], K);
+  if (N > 1 && c->strides[1] != 1)
+    return fail(FLY_ERROR_UNSUPPORTED, "c: inner stride must be 1 (row-major [T, N]), got %" PRId64, c->strides[1]);
+  if (T > 1 && c->strides[0] < N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: row stride %" PRId64 " is smaller than N = %" PRId64 " (rows overlap)",
+                c->strides[0], N);
+  if (G > 1 && offs->strides[0] != 1)
+    return fail(FLY_ERROR_UNSUPPORTED, "offs: stride must be 1, got %" PRId64, offs->strides[0]);
+  if (bias && N > 1 && bias->strides[1] != 1)
+    return fail(FLY_ERROR_UNSUPPORTED, "bias: inner stride must be 1 ([G, N] rows), got %" PRId64, bias->strides[1]);
+  if (bias && G > 1 && bias->strides[0] < N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: row stride %" PRId64 " is smaller than N = %" PRId64,
+                bias->strides[0], N);
+  // B [G, K, N]: N contiguous (w) or K contiguous (w.transpose(-2, -1)); groups must not overlap.
+  const int64_t sg = b->strides[0], sk = b->strides[1], sn = b->strides[2];
+  bool kmajor;
+  if ((N <= 1 || sn == 1) && (K <= 1 || sk >= N)) kmajor = false;
+  else if ((K <= 1 || sk == 1) && (N <= 1 || sn >= K)) kmajor = true;
+  else
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "b: strides {%" PRId64 ", %" PRId64 ", %" PRId64 "} of [G, K, N] have neither N nor K contiguous "
+                "(with non-overlapping lines)", sg, sk, sn);
+  // N == 1 or K == 1: a single line; take the order whose line stride is never used.
+  if (N <= 1) kmajor = true;
+  else if (K <= 1) kmajor = false;
+  const int64_t ld = kmajor ? (N > 1 ? sn : K) : (K > 1 ? sk : N);
+  const int64_t group_extent = kmajor ? (N - 1) * ld + K : (K - 1) * ld + N;
+  if (G > 1 && K > 0 && N > 0 && sg < group_extent)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: group stride %" PRId64 " is smaller than one group's extent %" PRId64
+                " (groups overlap)", sg, group_extent);
+  out->dt = dt;
+  out->T = T;
+  out->K = K;
+  out->N = N;
+  out->G = G;
+  out->a = a->data;
+  out->lda = T > 1 ? a->strides[0] : K;
+  out->b = b->data;
+  out->b_kmajor = kmajor;
+  out->b_ld = ld;
+  out->b_gs = G > 1 ? sg : group_extent;
+  out->offs = static_cast<const int32_t*>(offs->data);
+  out->bias = bias ? bias->data : nullptr;
+  out->bias_gs = bias ? (G > 1 ? bias->strides[0] : N) : 0;
+  out->c = c->data;
+  out->ldc = T > 1 ? c->strides[0] : N;
+  if (T == 0 || N == 0) return FLY_SUCCESS;  // no-op: nothing to check further
+  if (K == 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported: C would be just the bias");
+  // TMA's 16-byte rules (base address, strides of the outer dimensions).
+  const int eb = 2;
+  if (reinterpret_cast<uintptr_t>(out->a) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: base address is not 16-byte aligned (TMA)");
+  if (T > 1 && (out->lda * eb) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: row stride %" PRId64 " * 2 bytes is not a multiple of 16 (TMA)", out->lda);
+  if (reinterpret_cast<uintptr_t>(out->b) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: base address is not 16-byte aligned (TMA)");
+  if ((kmajor ? N : K) > 1 && (ld * eb) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: stride %" PRId64 " of its %s * 2 bytes is not a multiple of 16 (TMA)", ld,
+                kmajor ? "n lines" : "k lines");
+  if (G > 1 && (sg * eb) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: group stride %" PRId64 " * 2 bytes is not a multiple of 16 (TMA)", sg);
+  return FLY_SUCCESS;
+}
+
+struct TileOf {
+  int bm, bn, stages, epi;
+};
+TileOf tile_of(const Variant& v) {
+  return {int(v.get_int("bm", 128)), int(v.get_int("bn", 128)), int(v.get_int("stages", 4)), int(v.get_int("epi", 0))};
+}
+
+// MN-major B comes in 64-wide chunks per warpgroup's columns (the dense kernel's layout_fits).
+bool variant_fits(const Variant& v, const GroupedCall& call) {
+  const TileOf t = tile_of(v);
+  if (v.get("dtype") != dtype_name(call.dt)) return false;
+  const int q_cols = t.bm == 128 ? t.bn : t.bn / 2;
+  return call.b_kmajor || q_cols % 64 == 0;
+}
+
+// Family default (names from tuning/grouped_gemm.json "defaults"): 64-row tiles when the groups
+// average at most 64 rows (128-row tiles would be half padding), 128 x 128 for narrow N, else
+// 128 x 256. BF16: the TMA-store epilogue (epi 2), which the H200 tuning picked on most keys;
+// FP16: the staged one (epi 1), its epi 2 forms not yet run on the GPU.
+std::string default_variant(const GroupedCall& call) {
+  const std::string d = dtype_name(call.dt);
+  const int64_t mean = call.G > 0 ? call.T / call.G : 0;
+  const bool bf16 = call.dt == FLY_BF16;
+  if (mean <= 64) return "grouped_gemm_" + d + "_bm64_bn128_st8_e0";
+  if (call.N <= 2048 || mean <= 128) return "grouped_gemm_" + d + (bf16 ? "_bm128_bn128_st6_e2" : "_bm128_bn128_st5_e1");
+  return "grouped_gemm_" + d + (bf16 ? "_bm128_bn256_st4_e2" : "_bm128_bn256_st4_e1");
+}
+
+// 3-D map of B: K-major dims {K, N, G}, box {64, BN, 1}; MN-major dims {N, K, G}, box {64, 64, 1}.
+template <class Encode>
+CUresult encode_b(Encode encode, CUtensorMap* map, const GroupedCall& call, int bn, gemm::Dtype dt) {
+  const int eb = 2;
+  const int64_t inner = call.b_kmajor ? call.K : call.N, outer = call.b_kmajor ? call.N : call.K;
+  const cuuint64_t dims[3] = {cuuint64_t(inner), cuuint64_t(outer), cuuint64_t(std::max<int64_t>(call.G, 1))};
+  const cuuint64_t line = gemm::map_row_stride(outer, call.b_ld, inner, eb);
+  // One group: its stride is never followed; keep it TMA-legal (16-byte multiple).
+  const cuuint64_t gs = call.G > 1 ? cuuint64_t(call.b_gs * eb) : line * outer;
+  const cuuint64_t strides[2] = {line, gs};
+  const cuuint32_t box[3] = {64, cuuint32_t(call.b_kmajor ? bn : 64), 1};
+  return gemm::encode_sw128(encode, map, 3, call.b, dims, strides, box, dt, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+}
+
+}  // namespace
+}  // namespace fly
+
+extern "C" FLY_API fly_status fly_grouped_gemm_check_offsets(const int32_t* offs, int64_t groups, int64_t rows) {
+  using namespace fly;
+  clear_error();
+  if (groups < 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "groups: %" PRId64 " is negative", groups);
+  if (rows < 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "rows: %" PRId64 " is negative", rows);
+  if (groups > 0 && !offs) return fail(FLY_ERROR_INVALID_ARGUMENT, "offs: null pointer with %" PRId64 " groups", groups);
+  int64_t prev = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t o = offs[g];
+    if (o < prev)
+      return fail(FLY_ERROR_INVALID_ARGUMENT,
+                  "offs[%" PRId64 "] = %" PRId64 " is smaller than %s = %" PRId64 " (offsets are cumulative group ends)",
+                  g, o, g ? "the entry before" : "0", prev);
+    if (o > rows)
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "offs[%" PRId64 "] = %" PRId64 " exceeds the rows of a, T = %" PRId64, g, o,
+                  rows);
+    prev = o;
+  }
+  return FLY_SUCCESS;
+}
+
+extern "C" FLY_API fly_status fly_grouped_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
+                                                              const fly_tensor* offs, const fly_tensor* c,
+                                                              size_t* bytes) {
+  using namespace fly;
+  clear_error();
+  if (!bytes) return fail(FLY_ERROR_INVALID_ARGUMENT, "bytes: null pointer");
+  *bytes = 0;
+  GroupedCall call;
+  FLY_TRY(validate(a, b, offs, nullptr, c, &call));
+  return FLY_SUCCESS;  // the kernels need none today (the argument is kept for split variants)
+}
+
+extern "C" FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs,
+                                               const fly_tensor* bias, const fly_tensor* c, void* workspace,
+                                               size_t workspace_bytes, void* stream) {
+  using namespace fly;
+  clear_error();
+  GroupedCall call;
+  FLY_TRY(validate(a, b, offs, bias, c, &call));
+  if (!workspace && workspace_bytes > 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", workspace_bytes);
+  if (workspace_bytes >= (size_t(1) << 47))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace_bytes: %zu is larger than any allocation", workspace_bytes);
+  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", workspace);
+  if (call.T == 0 || call.N == 0) return FLY_SUCCESS;
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_device_pointer(*a, "a"));
+  FLY_TRY(check_device_pointer(*b, "b"));
+  FLY_TRY(check_device_pointer(*offs, "offs"));
+  FLY_TRY(check_device_pointer(*c, "c"));
+  if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
+  if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
+
+  // Key: (dtype, B order and G, N, K, mean-M bucket). G goes into the layout string (the key has
+  // three dimensions): nearest-bucket lookups stay among rows of the same G.
+  const std::string layout = std::string(call.b_kmajor ? "nt" : "nn") + "_g" + std::to_string(call.G);
+  DispatchRequest req = make_request(kFamily, "grouped_gemm", dtype_name(call.dt), layout.c_str(),
+                                     {{"N", call.N}, {"K", call.K}, {"M", mean_m_bucket(call.T, call.G)}});
+  const GroupedCall cc = call;
+  req.supports = [cc](const Variant& v) { return variant_fits(v, cc); };
+  req.fallback = [cc] { return default_variant(cc); };
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "fly_grouped_gemm_sm90", &rk));
+  const TileOf t = tile_of(*rk.v);
+  const gemm::Dtype gdt = call.dt == FLY_BF16 ? gemm::Dtype::kBf16 : gemm::Dtype::kFp16;
+
+  gemm::GroupedGemmParams gp;
+  std::memset(&gp, 0, sizeof(gp));
+  gemm::GemmParams& p = gp.core;
+  const gemm::Operand A{call.a, call.T, call.lda, true};
+  CUresult r = gemm::encode_operand(rk.d->cuTensorMapEncodeTiled, &p.tm_p, A, call.K, t.bm, gdt);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled (a)");
+  r = encode_b(rk.d->cuTensorMapEncodeTiled, &p.tm_q, call, t.bn, gdt);
+  if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled (b)");
+  p.c = call.c;
+  p.bias = call.bias;
+  p.ldc = call.ldc;
+  p.rows = int32_t(call.T);
+  p.cols = int32_t(call.N);
+  p.k = int32_t(call.K);
+  p.p_kmajor = 1;
+  p.q_kmajor = call.b_kmajor ? 1 : 0;
+  p.tiles_n = int32_t((call.N + t.bn - 1) / t.bn);
+  p.tiles_m = int32_t((call.T + t.bm - 1) / t.bm);
+  p.strip_m = 1;
+  p.split = 1;
+  p.kb_per_split = int32_t((call.K + gemm::kBK - 1) / gemm::kBK);
+  p.c_vec = (reinterpret_cast<uintptr_t>(call.c) % 8 == 0) && (call.ldc % 4 == 0);
+  // epi = 2: C through a tensor map (dims {N, T}, box {64, 16}: one warp's rows) when TMA can
+  // address it; otherwise those variants store from the registers (p.c_tma = 0).
+  if (t.epi == 2 && reinterpret_cast<uintptr_t>(call.c) % 16 == 0 && (call.T <= 1 || (call.ldc * 2) % 16 == 0)) {
+    const cuuint64_t dims[2] = {cuuint64_t(call.N), cuuint64_t(call.T)};
+    const cuuint64_t strides[1] = {gemm::map_row_stride(call.T, call.ldc, call.N, 2)};
+    const cuuint32_t box[2] = {64, gemm::kEpiWarpRows};
+    p.c_tma = gemm::encode_sw128(rk.d->cuTensorMapEncodeTiled, &p.tm_c, 2, call.c, dims, strides, box, gdt,
+                                 CU_TENSOR_MAP_L2_PROMOTION_NONE) == CUDA_SUCCESS;
+  }
+  p.mc = 1;
+  gp.tail.offs = call.offs;
+  gp.tail.groups = int32_t(call.G);
+  gp.tail.rows = int32_t(call.T);
+  gp.tail.b_group_stride = call.b_gs;
+  gp.tail.bias_group_stride = call.bias_gs;
+  // Units: at most sum_g ceil(M_g / BM) <= T / BM + G tile rows, times the tile columns (the
+  // offsets are device data, so the grid is sized for the worst case, at most one CTA per SM).
+  const int64_t units = (call.T / t.bm + call.G) * int64_t(p.tiles_n);
+  const unsigned smem = unsigned(gemm::smem_bytes(t.bn, t.stages, t.epi, t.bm));
+  if (int64_t(smem) > dc->max_smem_optin)
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d",
+                rk.v->name.c_str(), smem, dc->max_smem_optin);
+  LaunchConfig cfg;
+  cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(units, dc->sm_count)));
+  cfg.block[0] = gemm::kThreads;
+  cfg.smem = smem;
+  return launch1(rk.f, cfg, stream, gp);
+}

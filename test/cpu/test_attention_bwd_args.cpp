@@ -1,0 +1,276 @@
+// fly_attention_bwd on bad input: a status and a message naming the argument, never a crash; the
+// versioned struct; the workspace query and its size formula. Runs without a GPU: validation
+// happens before any device query, so valid input reports FLY_ERROR_NO_DEVICE here.
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "attention/attention_bwd_params.h"
+#include "catch_compat.hpp"
+#include "flykernels/flykernels.h"
+#include "test_tensors.hpp"
+
+namespace {
+
+using fly_test::mentions;
+
+void* const kQ = reinterpret_cast<void*>(0x100000);
+void* const kK = reinterpret_cast<void*>(0x200000);
+void* const kV = reinterpret_cast<void*>(0x300000);
+void* const kO = reinterpret_cast<void*>(0x400000);
+void* const kDO = reinterpret_cast<void*>(0x500000);
+void* const kL = reinterpret_cast<void*>(0x600000);
+void* const kDQ = reinterpret_cast<void*>(0x700000);
+void* const kDK = reinterpret_cast<void*>(0x800000);
+void* const kDV = reinterpret_cast<void*>(0x900000);
+void* const kWS = reinterpret_cast<void*>(0xa00000);
+
+fly_tensor bhsd(void* p, fly_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d) {
+  return flykernels::tensor(p, dt, {b, h, s, d});
+}
+
+struct Call {
+  fly_tensor q, k, v, o, dout, lse, dq, dk, dv;
+  fly_attention_bwd_params p{};
+  explicit Call(int64_t B = 2, int64_t Hq = 8, int64_t Hkv = 2, int64_t Sq = 100, int64_t Sk = 300, int64_t D = 128,
+                fly_dtype dt = FLY_BF16) {
+    q = bhsd(kQ, dt, B, Hq, Sq, D);
+    k = bhsd(kK, dt, B, Hkv, Sk, D);
+    v = bhsd(kV, dt, B, Hkv, Sk, D);
+    o = bhsd(kO, dt, B, Hq, Sq, D);
+    dout = bhsd(kDO, dt, B, Hq, Sq, D);
+    lse = flykernels::tensor(kL, FLY_F32, {B, Hq, Sq});
+    dq = bhsd(kDQ, dt, B, Hq, Sq, D);
+    dk = bhsd(kDK, dt, B, Hkv, Sk, D);
+    dv = bhsd(kDV, dt, B, Hkv, Sk, D);
+    p.struct_size = sizeof(p);
+    p.q = &q;
+    p.k = &k;
+    p.v = &v;
+    p.o = &o;
+    p.dout = &dout;
+    p.lse = &lse;
+    p.dq = &dq;
+    p.dk = &dk;
+    p.dv = &dv;
+    p.workspace = kWS;
+    p.workspace_bytes = size_t(fly::attn::bwd_ws_bytes(B, Hq, Sq));
+  }
+  fly_status run() { return fly_attention_bwd(&p, nullptr); }
+};
+
+bool passes_validation(fly_status s) {
+  return s == FLY_ERROR_NO_DEVICE || (s == FLY_ERROR_INVALID_ARGUMENT && mentions("is not device memory"));
+}
+
+}  // namespace
+
+TEST_CASE("attention_bwd: the versioned params struct", "[attention_bwd][args]") {
+  Call c;
+  CHECK(fly_attention_bwd(nullptr, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("params: NULL"));
+  c.p.struct_size = 0;
+  CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("struct_size 0"));
+  c.p.struct_size = sizeof(fly_attention_bwd_params) + 8;
+  CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("newer header"));
+  c.p.struct_size = sizeof(fly_attention_bwd_params);
+  c.p.nondeterministic = 2;
+  CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("nondeterministic"));
+  c.p.nondeterministic = 1;
+  CHECK(passes_validation(c.run()));
+}
+
+TEST_CASE("attention_bwd rejects bad descriptors with a status and a message", "[attention_bwd][args]") {
+  Call c;
+  SECTION("valid input passes validation, fp16 and bf16, causal") {
+    CHECK(passes_validation(c.run()));
+    c.p.causal = 1;
+    CHECK(passes_validation(c.run()));
+    Call h(1, 4, 4, 17, 1000, 40, FLY_F16);
+    CHECK(passes_validation(h.run()));
+  }
+  SECTION("null descriptors, each named") {
+    const fly_tensor** slots[] = {&c.p.q, &c.p.k, &c.p.v, &c.p.o, &c.p.dout, &c.p.lse, &c.p.dq, &c.p.dk, &c.p.dv};
+    const char* names[] = {"q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 9; ++i) {
+      const fly_tensor* keep = *slots[i];
+      *slots[i] = nullptr;
+      CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+      CHECK(mentions((std::string(names[i]) + ": descriptor is NULL").c_str()));
+      *slots[i] = keep;
+    }
+  }
+  SECTION("dtypes") {
+    c.q.dtype = FLY_F32;
+    CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("q: dtype"));
+    c.q.dtype = FLY_BF16;
+    fly_tensor* ts[] = {&c.k, &c.v, &c.o, &c.dout, &c.dq, &c.dk, &c.dv};
+    const char* names[] = {"k", "v", "o", "dout", "dq", "dk", "dv"};
+    for (int i = 0; i < 7; ++i) {
+      ts[i]->dtype = FLY_F16;
+      CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+      CHECK(mentions((std::string(names[i]) + ": dtype fp16 does not match q").c_str()));
+      ts[i]->dtype = FLY_BF16;
+    }
+    c.lse.dtype = FLY_BF16;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("lse: dtype"));
+  }
+  SECTION("shapes") {
+    c.k.sizes[3] = 64;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("k: shape"));
+    c.k.sizes[3] = 128;
+    fly_tensor* ts[] = {&c.v, &c.dk, &c.dv, &c.o, &c.dout, &c.dq};
+    const char* names[] = {"v: shape", "dk: shape", "dv: shape", "o: shape", "dout: shape", "dq: shape"};
+    for (int i = 0; i < 6; ++i) {
+      ts[i]->sizes[2] += 1;
+      CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+      CHECK(mentions(names[i]));
+      ts[i]->sizes[2] -= 1;
+    }
+    c.lse.sizes[2] = 99;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("lse: shape"));
+    c.lse.sizes[2] = 100;
+    c.lse.rank = 4;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+  }
+  SECTION("grouped-query ratio, head dims") {
+    Call g(2, 8, 3, 100, 300, 128);
+    CHECK(g.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("not a multiple of Hkv"));
+    Call z(2, 8, 2, 100, 300, 0);
+    CHECK(z.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("D = 0"));
+    Call w(1, 2, 2, 16, 16, 320);
+    CHECK(w.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("head dim D = 320"));
+    Call r(1024, 1024, 1024, int64_t(1) << 17, 16, 8);  // 2^37 rows (the descriptors pass: 2^40 elements)
+    r.dq.data = reinterpret_cast<void*>(uintptr_t(1) << 44);  // outputs far apart: no overlap
+    r.dk.data = reinterpret_cast<void*>(uintptr_t(2) << 44);
+    r.dv.data = reinterpret_cast<void*>(uintptr_t(3) << 44);
+    CHECK(r.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("query rows"));
+    size_t rb = 1;
+    CHECK(fly_attention_bwd_workspace_size(&r.p, &rb) == FLY_ERROR_UNSUPPORTED);
+    CHECK(rb == 0);
+    Call x(1, 2, 2, 16, 16, 1024);
+    CHECK(x.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("exceeds the maximum"));
+  }
+  SECTION("scalars") {
+    c.p.causal = 2;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("causal: 2"));
+    c.p.causal = 0;
+    c.p.softmax_scale = INFINITY;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("softmax_scale"));
+    c.p.softmax_scale = NAN;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    c.p.softmax_scale = -0.5;
+    CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("negative"));
+  }
+  SECTION("strides") {
+    c.q.strides[3] = 2;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("q: the head dim must be innermost"));
+    c.q.strides[3] = 1;
+    c.dv.strides[3] = 2;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("dv: the head dim must be innermost"));
+    c.dv.strides[3] = 1;
+    c.dout.strides[2] = 129;  // TMA: multiples of 8 elements
+    CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("dout: sequence stride 129"));
+    c.dout.strides[2] = 128;
+    c.k.data = reinterpret_cast<void*>(0x200008);
+    CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("k: base address"));
+    c.k.data = kK;
+    c.dq.strides[1] = 64;  // heads overlap rows
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("dq: strides make elements overlap"));
+    c.dq.strides[1] = 100 * 128;
+    c.dk.data = kDV;  // dk and dv the same memory
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("dk and dv: the outputs share memory"));
+    c.dk.data = kK;  // dk in place of k
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("dk and k: an output shares memory with an input"));
+    c.dk.data = kDK;
+    c.dq.data = reinterpret_cast<void*>(0x600000 + 256);  // inside lse's bytes
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("dq and lse"));
+    c.dq.data = kDQ;
+    CHECK(passes_validation(c.run()));
+  }
+  SECTION("workspace") {
+    c.p.workspace_bytes -= 1;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("workspace:"));
+    c.p.workspace = nullptr;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("workspace: NULL"));
+    c.p.workspace_bytes = 0;
+    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("the backward needs"));
+    c.p.workspace = reinterpret_cast<void*>(0xa00010);
+    c.p.workspace_bytes = 1 << 20;
+    CHECK(c.run() == FLY_ERROR_MISALIGNED);
+  }
+  SECTION("empty problems are no-ops without a device or workspace") {
+    Call e(0, 8, 2, 100, 300, 128);
+    e.p.workspace = nullptr;
+    e.p.workspace_bytes = 0;
+    CHECK(e.run() == FLY_SUCCESS);
+    Call s(2, 8, 2, 0, 300, 128);
+    s.p.workspace = nullptr;
+    s.p.workspace_bytes = 0;
+    CHECK(s.run() == FLY_SUCCESS);
+  }
+}
+
+TEST_CASE("attention_bwd_workspace_size: shape-only formula, validated input", "[attention_bwd][args]") {
+  Call c(2, 8, 2, 100, 300, 128);
+  c.p.workspace = nullptr;  // the query needs no buffer
+  c.p.workspace_bytes = 0;
+  size_t bytes = 1;
+  REQUIRE(fly_attention_bwd_workspace_size(&c.p, &bytes) == FLY_SUCCESS);
+  CHECK(bytes == 2 * 2 * 8 * 128 * 4);  // 2 arrays x B Hq x Sq rounded up to 128 x fp32
+  CHECK(bytes == size_t(fly::attn::bwd_ws_bytes(2, 8, 100)));
+  Call d(1, 1, 1, 129, 5, 64);
+  REQUIRE(fly_attention_bwd_workspace_size(&d.p, &bytes) == FLY_SUCCESS);
+  CHECK(bytes == 2 * 256 * 4);
+  CHECK(fly_attention_bwd_workspace_size(&c.p, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(fly_attention_bwd_workspace_size(nullptr, &bytes) == FLY_ERROR_INVALID_ARGUMENT);
+  c.k.sizes[3] = 64;
+  CHECK(fly_attention_bwd_workspace_size(&c.p, &bytes) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(bytes == 0);
+  Call e(0, 8, 2, 100, 300, 128);
+  REQUIRE(fly_attention_bwd_workspace_size(&e.p, &bytes) == FLY_SUCCESS);
+  CHECK(bytes == 0);
+}
+
+TEST_CASE("flykernels.hpp: attention_bwd_workspace_size answers as the C entry; errors throw", "[attention_bwd][args]") {
+  Call c(2, 8, 2, 100, 300, 128);
+  const flykernels::AttentionBwdTensors t{&c.q, &c.k, &c.v, &c.o, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv};
+  size_t bytes = 0;
+  REQUIRE(fly_attention_bwd_workspace_size(&c.p, &bytes) == FLY_SUCCESS);
+  CHECK(flykernels::attention_bwd_workspace_size(t) == bytes);
+  c.dk.sizes[2] = 5;
+  bool threw = false;
+  try {
+    flykernels::attention_bwd_workspace_size(t);
+  } catch (const std::exception&) {
+    threw = true;
+  }
+  CHECK(threw);
+}

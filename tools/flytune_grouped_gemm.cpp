@@ -1,0 +1,108 @@
+// flytune grouped_gemm: for the suite cases (suites/grouped_gemm.json), runs every bundled
+// grouped_gemm variant of the dtype that can take the shape (fly_force_variant), spot-checks it
+// against a double reference, times it (median, L2 flushed) and writes the fastest per dispatch
+// key to the tuning database. Key (src/ops/grouped_gemm.cpp): op grouped_gemm, dtype, layout
+// "<nt|nn>_g<G>", k0 = N, k1 = K, k2 = mean rows per group rounded up to a power of two. Cases
+// sharing a key (the suite's G = 8, 4096 x 4096 uniform and ragged cases) get the variant with the
+// smallest total time over them.
+//   flytune grouped_gemm [--suite FILE] [--layouts nt,nn] [--dtype bf16] [--quick] [--db F] [--dump F] [--times F]
+#include <algorithm>
+#include <map>
+
+#include "grouped_gemm_check.hpp"
+
+namespace fly::tools {
+
+int tune_grouped_gemm(const Args& args) {
+  nlohmann::json suite = load_suite(args.get("suite", data_file("suites/grouped_gemm.json")));
+  const fly_dtype dt = parse_dtype(args.get("dtype", suite.value("dtype", std::string("bf16"))));
+  const std::string dts = dt == FLY_BF16 ? "bf16" : "fp16";
+  const std::vector<std::string> layouts = split_csv(args.get("layouts", "nt"));
+  const bool quick = args.has("quick");
+  std::vector<std::string> variants;
+  for (const auto& v : bundled_variants("grouped_gemm"))
+    if (v.find("_" + dts + "_") != std::string::npos) variants.push_back(v);
+  if (variants.empty()) {
+    std::fprintf(stderr, "flytune grouped_gemm: no %s grouped_gemm variants in this build\n", dts.c_str());
+    return 1;
+  }
+  cudaStream_t s = 0;
+  struct KeyTimes {
+    TuneRow key;
+    std::map<std::string, double> total;  // variant -> summed time over the key's cases
+    std::map<std::string, int> runs;      // variant -> cases it ran
+    int cases = 0;
+  };
+  std::map<std::string, KeyTimes> keys;
+  Progress bar(layouts.size() * suite["cases"].size() * variants.size(), "flytune grouped_gemm");
+  int rejected = 0, idx = 0;
+  for (const auto& layout : layouts) {
+    if (layout != "nt" && layout != "nn") throw UsageError("--layouts: nt or nn, got '" + layout + "'");
+    for (auto& c : suite["cases"]) {
+      const std::vector<int64_t> sizes = c["M"].get<std::vector<int64_t>>();
+      const int64_t K = c["K"], N = c["N"], G = int64_t(sizes.size());
+      GroupedProblem p(dt, sizes, K, N, layout == "nt", 777 + uint64_t(idx++));
+      int64_t bucket = 1;
+      const int64_t mean = (p.T + G - 1) / G;
+      while (bucket < mean) bucket <<= 1;
+      const std::string layout_key = layout + "_g" + std::to_string(G);
+      const std::string key = layout_key + " " + std::to_string(N) + " " + std::to_string(K) + " " + std::to_string(bucket);
+      KeyTimes& kt = keys[key];
+      kt.key.op = "grouped_gemm";
+      kt.key.dtype = dts;
+      kt.key.layout = layout_key;
+      kt.key.k0 = N;
+      kt.key.k1 = K;
+      kt.key.k2 = bucket;
+      ++kt.cases;
+      std::vector<std::pair<double, std::string>> timed;
+      for (const auto& name : variants) {
+        bar.step(key + " " + name);
+        TOOL_FLY(fly_force_variant(name.c_str()));
+        double err = 0;
+        try {
+          err = p.check(s, 5);
+        } catch (const std::runtime_error& e) {
+          if (std::string(e.what()).find("FLY_ERROR_UNSUPPORTED") != std::string::npos) continue;  // cannot take it
+          throw;
+        }
+        if (!(err <= 1.0)) {
+          std::fprintf(stderr, "\nflytune: %s rejected on %s: spot check %.3g tolerances off\n", name.c_str(),
+                       key.c_str(), err);
+          ++rejected;
+          continue;
+        }
+        const double us = time_median_us([&] { TOOL_FLY(p.run(s)); }, s, 2, quick ? 7 : 15);
+        timed.emplace_back(us, name);
+        kt.total[name] += us;
+        ++kt.runs[name];
+      }
+      TOOL_FLY(fly_force_variant(nullptr));
+      std::sort(timed.begin(), timed.end());
+      append_times(args, dts + " " + key + " case " + std::to_string(idx - 1), timed);
+    }
+  }
+  bar.done();
+  std::vector<TuneRow> rows;
+  for (auto& kv : keys) {
+    std::vector<std::pair<double, std::string>> ranked;
+    for (auto& t : kv.second.total)
+      if (kv.second.runs[t.first] == kv.second.cases) ranked.emplace_back(t.second, t.first);  // ran every case
+    if (ranked.empty()) continue;
+    std::sort(ranked.begin(), ranked.end());
+    TuneRow r = kv.second.key;
+    r.variant = ranked[0].second;
+    r.time_us = ranked[0].first / kv.second.cases;
+    if (ranked.size() > 1) {
+      r.runner_up = ranked[1].second;
+      r.runner_up_us = ranked[1].first / kv.second.cases;
+    }
+    std::printf("%s %-28s %-36s %10.1f us  (runner-up %s %.1f us)\n", dts.c_str(), kv.first.c_str(), r.variant.c_str(),
+                r.time_us, r.runner_up.c_str(), r.runner_up_us);
+    rows.push_back(r);
+  }
+  const std::string db = args.get("db", "flykernels_tuning.sqlite");
+  return finish_tuning(args, "grouped_gemm", db, rows, rejected);
+}
+
+}  // namespace fly::tools
