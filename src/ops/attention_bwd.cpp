@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "attention/attention_bwd_params.h"
@@ -258,7 +259,11 @@ extern "C" FLY_API fly_status fly_attention_bwd_workspace_size(const fly_attenti
   if (p.struct_size >= kBwdParamsV1Size && p.struct_size <= sizeof(fly_attention_bwd_params) && p.q &&
       p.q->rank == 4 && p.q->sizes[0] >= 0 && p.q->sizes[1] >= 0 && p.q->sizes[2] >= 0) {
     p.workspace = reinterpret_cast<void*>(uintptr_t(256));  // a placeholder, never dereferenced
-    p.workspace_bytes = size_t(attn::bwd_ws_bytes(p.q->sizes[0], p.q->sizes[1], p.q->sizes[2]));
+    // Only shapes inside validate()'s limits have a size that fits; for the others any size does,
+    // since validate() refuses them before it looks at the workspace.
+    const int64_t B = p.q->sizes[0], Hq = p.q->sizes[1], Sq = p.q->sizes[2];
+    const bool in_limits = B <= 65535 && Hq <= 65535 && Sq < (int64_t(1) << 30) && B * Hq * Sq <= (int64_t(1) << 36);
+    p.workspace_bytes = in_limits ? size_t(attn::bwd_ws_bytes(B, Hq, Sq)) : SIZE_MAX;
   }
   BwdCall c;
   FLY_TRY(validate(&p, &c));

@@ -207,7 +207,10 @@ void fuzz_mx(Input& in) {
     check("fly_mx_quantize", fly_mx_quantize(maybe(in, &x), fmt, maybe(in, &q), maybe(in, &sc), stream(in)));
   } else {
     fly_tensor a = tensor(in, 2, et), bm = tensor(in, 2, et), sa = tensor(in, 2, FLY_E8M0), sb = tensor(in, 2, FLY_E8M0);
-    fly_tensor c = tensor(in, 2, in.byte() & 1 ? FLY_BF16 : FLY_F16), bias = tensor(in, 1, c.dtype);
+    // The hint as an int: tensor() may store any value in .dtype, which C++ must not read back as
+    // the enum (the library reads it as an integer).
+    const int32_t out_dt = in.byte() & 1 ? FLY_BF16 : FLY_F16;
+    fly_tensor c = tensor(in, 2, out_dt), bias = tensor(in, 1, out_dt);
     check("fly_scaled_gemm", fly_scaled_gemm(maybe(in, &a), maybe(in, &sa), maybe(in, &bm), maybe(in, &sb), maybe(in, &bias),
                                              maybe(in, &c), nullptr, 0, stream(in)));
   }
