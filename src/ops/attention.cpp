@@ -9,6 +9,7 @@
 #include "attention/attention_params.h"
 #include "attention/attention_plan.h"
 #include "core.hpp"
+#include "ops/attention_checks.hpp"
 
 namespace fly {
 namespace {
@@ -26,50 +27,10 @@ struct AttnCall {
   bool empty = false;  // B, Hq or Sq of 0: nothing to do
 };
 
-// No two in-range index tuples reach the same element (outputs must not alias themselves).
-bool non_overlapping(const fly_tensor& t) {
-  int idx[FLY_MAX_RANK];
-  int n = 0;
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.sizes[i] == 0) return true;  // no elements
-    if (t.sizes[i] > 1) idx[n++] = i;
-  }
-  for (int i = 1; i < n; ++i)  // insertion sort by stride (at most FLY_MAX_RANK dims)
-    for (int j = i; j > 0 && t.strides[idx[j]] < t.strides[idx[j - 1]]; --j) std::swap(idx[j], idx[j - 1]);
-  int64_t span = 1;  // elements covered by the inner dims
-  for (int i = 0; i < n; ++i) {
-    if (t.strides[idx[i]] < span) return false;
-    span = t.strides[idx[i]] * (t.sizes[idx[i]] - 1) + span;
-  }
-  return true;
-}
-
-// TMA's rules for Q, K, V: 16-byte aligned base, strides of the non-inner dims multiples of 16 bytes.
-fly_status check_tma_operand(const fly_tensor& t, const char* what) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "%s: base address is not 16-byte aligned (TMA loads need it)", what);
-  static const char* kDim[3] = {"batch", "head", "sequence"};
-  for (int i = 0; i < 3; ++i)
-    if (t.sizes[i] > 1 && t.strides[i] % 8 != 0)
-      return fail(FLY_ERROR_UNSUPPORTED,
-                  "%s: %s stride %" PRId64 " elements is not a multiple of 8 (16 bytes, a TMA rule; pad the head dim "
-                  "to a multiple of 8 as SDPA does)",
-                  what, kDim[i], t.strides[i]);
-  return FLY_SUCCESS;
-}
-
 fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
   if (!prm) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
-  if (prm->struct_size < kParamsV1Size)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "params: struct_size %zu is smaller than the first version of fly_attention_fwd_params (%zu bytes); "
-                "set struct_size = sizeof(fly_attention_fwd_params)",
-                prm->struct_size, kParamsV1Size);
-  if (prm->struct_size > sizeof(fly_attention_fwd_params))
-    return fail(FLY_ERROR_UNSUPPORTED,
-                "params: struct_size %zu is larger than this library's fly_attention_fwd_params (%zu bytes): the "
-                "caller was built against a newer header",
-                prm->struct_size, sizeof(fly_attention_fwd_params));
+  FLY_TRY(attn_check::check_struct_size(prm->struct_size, kParamsV1Size, sizeof(fly_attention_fwd_params),
+                                        "fly_attention_fwd_params"));
   FLY_TRY(check_tensor(prm->q, "q", 4));
   FLY_TRY(check_tensor(prm->k, "k", 4));
   FLY_TRY(check_tensor(prm->v, "v", 4));
@@ -85,23 +46,9 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
   }
   const int64_t B = q.sizes[0], Hq = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3];
   const int64_t Hkv = k.sizes[1], Sk = k.sizes[2];
-  if (k.sizes[0] != B || k.sizes[3] != D)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "k: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match q [%" PRId64 ", %" PRId64
-                ", %" PRId64 ", %" PRId64 "] (k must be [B, Hkv, Sk, D])",
-                k.sizes[0], k.sizes[1], k.sizes[2], k.sizes[3], B, Hq, Sq, D);
-  for (int i = 0; i < 4; ++i)
-    if (v.sizes[i] != k.sizes[i])
-      return fail(FLY_ERROR_INVALID_ARGUMENT,
-                  "v: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match k [%" PRId64 ", %" PRId64
-                  ", %" PRId64 ", %" PRId64 "]",
-                  v.sizes[0], v.sizes[1], v.sizes[2], v.sizes[3], k.sizes[0], k.sizes[1], k.sizes[2], k.sizes[3]);
-  for (int i = 0; i < 4; ++i)
-    if (o.sizes[i] != q.sizes[i])
-      return fail(FLY_ERROR_INVALID_ARGUMENT,
-                  "o: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match q [%" PRId64 ", %" PRId64
-                  ", %" PRId64 ", %" PRId64 "]",
-                  o.sizes[0], o.sizes[1], o.sizes[2], o.sizes[3], B, Hq, Sq, D);
+  FLY_TRY(attn_check::check_kv_of_q(k, q));
+  FLY_TRY(attn_check::check_same_shape(v, k, "v", "k"));
+  FLY_TRY(attn_check::check_same_shape(o, q, "o", "q"));
   if (prm->lse) {
     FLY_TRY(check_tensor(prm->lse, "lse", 3));
     const fly_tensor& l = *prm->lse;
@@ -112,7 +59,7 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
                   "lse: shape [%" PRId64 ", %" PRId64 ", %" PRId64 "], expected [B, Hq, Sq] = [%" PRId64 ", %" PRId64
                   ", %" PRId64 "]",
                   l.sizes[0], l.sizes[1], l.sizes[2], B, Hq, Sq);
-    if (!non_overlapping(l)) return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: strides make elements overlap");
+    if (!attn_check::non_overlapping(l)) return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: strides make elements overlap");
   }
   if (prm->causal != 0 && prm->causal != 1)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "causal: %d, expected 0 or 1", int(prm->causal));
@@ -132,7 +79,7 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
       return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: the head dim must be innermost (stride 1), got stride %" PRId64, which,
                   t->strides[3]);
     }
-  if (!non_overlapping(o)) return fail(FLY_ERROR_INVALID_ARGUMENT, "o: strides make elements overlap");
+  if (!attn_check::non_overlapping(o)) return fail(FLY_ERROR_INVALID_ARGUMENT, "o: strides make elements overlap");
   out->dt = dt;
   out->q = prm->q;
   out->k = prm->k;
@@ -157,10 +104,10 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
   if (Sq >= lim || Sk >= lim || B > 65535 || Hq > 65535)
     return fail(FLY_ERROR_UNSUPPORTED, "q/k: B = %" PRId64 ", Hq = %" PRId64 ", Sq = %" PRId64 ", Sk = %" PRId64
                 " exceed the kernels' grid limits (B, H <= 65535, S < 2^31)", B, Hq, Sq, Sk);
-  FLY_TRY(check_tma_operand(q, "q"));
+  FLY_TRY(attn_check::check_tma_operand(q, "q"));
   if (Sk > 0) {
-    FLY_TRY(check_tma_operand(k, "k"));
-    FLY_TRY(check_tma_operand(v, "v"));
+    FLY_TRY(attn_check::check_tma_operand(k, "k"));
+    FLY_TRY(attn_check::check_tma_operand(v, "v"));
   }
   return FLY_SUCCESS;
 }

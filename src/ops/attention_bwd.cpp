@@ -11,6 +11,7 @@
 #include "attention/attention_bwd_params.h"
 #include "attention/attention_plan.h"
 #include "core.hpp"
+#include "ops/attention_checks.hpp"
 
 namespace fly {
 namespace {
@@ -27,24 +28,6 @@ struct BwdCall {
   const fly_attention_bwd_params* prm = nullptr;
   bool empty = false;
 };
-
-// No two in-range index tuples reach the same element.
-bool no_overlap(const fly_tensor& t) {
-  int idx[FLY_MAX_RANK];
-  int n = 0;
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.sizes[i] == 0) return true;
-    if (t.sizes[i] > 1) idx[n++] = i;
-  }
-  for (int i = 1; i < n; ++i)
-    for (int j = i; j > 0 && t.strides[idx[j]] < t.strides[idx[j - 1]]; --j) std::swap(idx[j], idx[j - 1]);
-  int64_t span = 1;
-  for (int i = 0; i < n; ++i) {
-    if (t.strides[idx[i]] < span) return false;
-    span = t.strides[idx[i]] * (t.sizes[idx[i]] - 1) + span;
-  }
-  return true;
-}
 
 // Byte ranges [lo, hi) two tensors' elements can reach; disjoint ranges cannot alias.
 bool ranges_overlap(const fly_tensor& a, const fly_tensor& b) {
@@ -64,42 +47,10 @@ bool ranges_overlap(const fly_tensor& a, const fly_tensor& b) {
   return alo < bhi && blo < ahi;
 }
 
-fly_status check_tma(const fly_tensor& t, const char* what) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "%s: base address is not 16-byte aligned (TMA loads need it)", what);
-  static const char* kDim[3] = {"batch", "head", "sequence"};
-  for (int i = 0; i < 3; ++i)
-    if (t.sizes[i] > 1 && t.strides[i] % 8 != 0)
-      return fail(FLY_ERROR_UNSUPPORTED,
-                  "%s: %s stride %" PRId64 " elements is not a multiple of 8 (16 bytes, a TMA rule; pad the head dim "
-                  "to a multiple of 8 as SDPA does)",
-                  what, kDim[i], t.strides[i]);
-  return FLY_SUCCESS;
-}
-
-fly_status check_same_shape(const fly_tensor& t, const fly_tensor& ref, const char* what, const char* ref_name) {
-  for (int i = 0; i < 4; ++i)
-    if (t.sizes[i] != ref.sizes[i])
-      return fail(FLY_ERROR_INVALID_ARGUMENT,
-                  "%s: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match %s [%" PRId64 ", %" PRId64
-                  ", %" PRId64 ", %" PRId64 "]",
-                  what, t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3], ref_name, ref.sizes[0], ref.sizes[1], ref.sizes[2],
-                  ref.sizes[3]);
-  return FLY_SUCCESS;
-}
-
 fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
   if (!prm) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
-  if (prm->struct_size < kBwdParamsV1Size)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "params: struct_size %zu is smaller than the first version of fly_attention_bwd_params (%zu bytes); "
-                "set struct_size = sizeof(fly_attention_bwd_params)",
-                prm->struct_size, kBwdParamsV1Size);
-  if (prm->struct_size > sizeof(fly_attention_bwd_params))
-    return fail(FLY_ERROR_UNSUPPORTED,
-                "params: struct_size %zu is larger than this library's fly_attention_bwd_params (%zu bytes): the "
-                "caller was built against a newer header",
-                prm->struct_size, sizeof(fly_attention_bwd_params));
+  FLY_TRY(attn_check::check_struct_size(prm->struct_size, kBwdParamsV1Size, sizeof(fly_attention_bwd_params),
+                                        "fly_attention_bwd_params"));
   FLY_TRY(check_tensor(prm->q, "q", 4));
   FLY_TRY(check_tensor(prm->k, "k", 4));
   FLY_TRY(check_tensor(prm->v, "v", 4));
@@ -122,17 +73,13 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
                   dtype_name(same[i]->dtype), dtype_name(dt));
   const int64_t B = q.sizes[0], Hq = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3];
   const int64_t Hkv = k.sizes[1], Sk = k.sizes[2];
-  if (k.sizes[0] != B || k.sizes[3] != D)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "k: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match q [%" PRId64 ", %" PRId64
-                ", %" PRId64 ", %" PRId64 "] (k must be [B, Hkv, Sk, D])",
-                k.sizes[0], k.sizes[1], k.sizes[2], k.sizes[3], B, Hq, Sq, D);
-  FLY_TRY(check_same_shape(v, k, "v", "k"));
-  FLY_TRY(check_same_shape(dk, k, "dk", "k"));
-  FLY_TRY(check_same_shape(dv, k, "dv", "k"));
-  FLY_TRY(check_same_shape(o, q, "o", "q"));
-  FLY_TRY(check_same_shape(dout, q, "dout", "q"));
-  FLY_TRY(check_same_shape(dq, q, "dq", "q"));
+  FLY_TRY(attn_check::check_kv_of_q(k, q));
+  FLY_TRY(attn_check::check_same_shape(v, k, "v", "k"));
+  FLY_TRY(attn_check::check_same_shape(dk, k, "dk", "k"));
+  FLY_TRY(attn_check::check_same_shape(dv, k, "dv", "k"));
+  FLY_TRY(attn_check::check_same_shape(o, q, "o", "q"));
+  FLY_TRY(attn_check::check_same_shape(dout, q, "dout", "q"));
+  FLY_TRY(attn_check::check_same_shape(dq, q, "dq", "q"));
   if (lse.dtype != FLY_F32) return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: dtype %s, expected fp32", dtype_name(lse.dtype));
   if (lse.sizes[0] != B || lse.sizes[1] != Hq || lse.sizes[2] != Sq)
     return fail(FLY_ERROR_INVALID_ARGUMENT,
@@ -161,7 +108,7 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
   const fly_tensor* outs[] = {&dq, &dk, &dv};
   const char* out_names[] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; ++i)
-    if (!no_overlap(*outs[i])) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: strides make elements overlap", out_names[i]);
+    if (!attn_check::non_overlapping(*outs[i])) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: strides make elements overlap", out_names[i]);
   for (int i = 0; i < 3; ++i)
     for (int j = i + 1; j < 3; ++j)
       if (ranges_overlap(*outs[i], *outs[j]))
@@ -195,11 +142,11 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
                 " exceed the kernels' grid limits (B, H <= 65535, S < 2^30)", B, Hq, Sq, Sk);
   if (B * Hq * Sq > (int64_t(1) << 36))  // the workspace size stays far from overflow
     return fail(FLY_ERROR_UNSUPPORTED, "q: B * Hq * Sq = %" PRId64 " query rows exceed the backward's limit 2^36", B * Hq * Sq);
-  FLY_TRY(check_tma(q, "q"));
-  FLY_TRY(check_tma(dout, "dout"));
+  FLY_TRY(attn_check::check_tma_operand(q, "q"));
+  FLY_TRY(attn_check::check_tma_operand(dout, "dout"));
   if (Sk > 0) {
-    FLY_TRY(check_tma(k, "k"));
-    FLY_TRY(check_tma(v, "v"));
+    FLY_TRY(attn_check::check_tma_operand(k, "k"));
+    FLY_TRY(attn_check::check_tma_operand(v, "v"));
   }
   const int64_t need = attn::bwd_ws_bytes(B, Hq, Sq);
   if (!prm->workspace || int64_t(prm->workspace_bytes) < need)

@@ -1,0 +1,83 @@
+// Argument checks shared by the attention forward and backward launchers (src/ops/attention.cpp,
+// attention_bwd.cpp): the same rules give the same messages in both.
+#pragma once
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstddef>
+
+#include "core.hpp"
+
+namespace fly::attn_check {
+
+// No two in-range index tuples reach the same element (an output must not alias itself).
+inline bool non_overlapping(const fly_tensor& t) {
+  int idx[FLY_MAX_RANK];
+  int n = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.sizes[i] == 0) return true;  // no elements
+    if (t.sizes[i] > 1) idx[n++] = i;
+  }
+  for (int i = 1; i < n; ++i)  // insertion sort by stride (at most FLY_MAX_RANK dims)
+    for (int j = i; j > 0 && t.strides[idx[j]] < t.strides[idx[j - 1]]; --j) std::swap(idx[j], idx[j - 1]);
+  int64_t span = 1;  // elements covered by the inner dims
+  for (int i = 0; i < n; ++i) {
+    if (t.strides[idx[i]] < span) return false;
+    span = t.strides[idx[i]] * (t.sizes[idx[i]] - 1) + span;
+  }
+  return true;
+}
+
+// A versioned params struct: at least its first version, at most what this library knows.
+inline fly_status check_struct_size(size_t got, size_t v1, size_t known, const char* type) {
+  if (got < v1)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "params: struct_size %zu is smaller than the first version of %s (%zu bytes); set struct_size = "
+                "sizeof(%s)",
+                got, type, v1, type);
+  if (got > known)
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "params: struct_size %zu is larger than this library's %s (%zu bytes): the caller was built against "
+                "a newer header",
+                got, type, known);
+  return FLY_SUCCESS;
+}
+
+// TMA's rules for a [B, H, S, D] operand: 16-byte aligned base, batch/head/sequence strides
+// multiples of 16 bytes.
+inline fly_status check_tma_operand(const fly_tensor& t, const char* what) {
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "%s: base address is not 16-byte aligned (TMA loads need it)", what);
+  static const char* kDim[3] = {"batch", "head", "sequence"};
+  for (int i = 0; i < 3; ++i)
+    if (t.sizes[i] > 1 && t.strides[i] % 8 != 0)
+      return fail(FLY_ERROR_UNSUPPORTED,
+                  "%s: %s stride %" PRId64 " elements is not a multiple of 8 (16 bytes, a TMA rule; pad the head dim "
+                  "to a multiple of 8 as SDPA does)",
+                  what, kDim[i], t.strides[i]);
+  return FLY_SUCCESS;
+}
+
+// t has exactly ref's four sizes.
+inline fly_status check_same_shape(const fly_tensor& t, const fly_tensor& ref, const char* what, const char* ref_name) {
+  for (int i = 0; i < 4; ++i)
+    if (t.sizes[i] != ref.sizes[i])
+      return fail(FLY_ERROR_INVALID_ARGUMENT,
+                  "%s: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match %s [%" PRId64 ", %" PRId64
+                  ", %" PRId64 ", %" PRId64 "]",
+                  what, t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3], ref_name, ref.sizes[0], ref.sizes[1], ref.sizes[2],
+                  ref.sizes[3]);
+  return FLY_SUCCESS;
+}
+
+// k is [B, Hkv, Sk, D] for q [B, Hq, Sq, D].
+inline fly_status check_kv_of_q(const fly_tensor& k, const fly_tensor& q) {
+  if (k.sizes[0] != q.sizes[0] || k.sizes[3] != q.sizes[3])
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "k: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] does not match q [%" PRId64 ", %" PRId64
+                ", %" PRId64 ", %" PRId64 "] (k must be [B, Hkv, Sk, D])",
+                k.sizes[0], k.sizes[1], k.sizes[2], k.sizes[3], q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
+  return FLY_SUCCESS;
+}
+
+}  // namespace fly::attn_check
