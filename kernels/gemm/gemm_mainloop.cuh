@@ -36,6 +36,15 @@ struct Ring {
                     // (STAGE_READERS * CLUSTER)
   __device__ uint8_t* p_tile(int s) const { return base + s * Config::STAGE_BYTES; }
   __device__ uint8_t* q_tile(int s) const { return p_tile(s) + Config::P_BYTES; }
+  // The ring in the kernel's dynamic shared memory: stages from the first 1024-byte boundary
+  // (128-byte swizzle atoms), then the full and the empty barriers, one each per stage.
+  __device__ __forceinline__ static Ring at(uint8_t* smem_raw) {
+    Ring r;
+    r.base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+    r.full = reinterpret_cast<uint64_t*>(r.base + Config::RING_BYTES);
+    r.empty = r.full + Config::STAGES;
+    return r;
+  }
 };
 
 // ---- producer ----------------------------------------------------------------------------------

@@ -140,12 +140,7 @@ using namespace fly::gemm;
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     fly_gemm_sm90(const __grid_constant__ GemmParams p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-  Ring ring;
-  ring.base = base;
-  ring.full = reinterpret_cast<uint64_t*>(base + Config::RING_BYTES);
-  ring.empty = ring.full + Config::STAGES;
+  const Ring ring = Ring::at(smem_raw);
 
   const int wg = fly::sm90::warp_uniform(threadIdx.x / 128);
   if (threadIdx.x == 0) {
