@@ -9,7 +9,7 @@
 #include "attention/attention_params.h"
 #include "attention/attention_plan.h"
 #include "core.hpp"
-#include "ops/attention_checks.hpp"
+#include "ops/attention_common.hpp"
 
 namespace fly {
 namespace {
@@ -29,7 +29,7 @@ struct AttnCall {
 
 fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
   if (!prm) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
-  FLY_TRY(attn_check::check_struct_size(prm->struct_size, kParamsV1Size, sizeof(fly_attention_fwd_params),
+  FLY_TRY(attn_common::check_struct_size(prm->struct_size, kParamsV1Size, sizeof(fly_attention_fwd_params),
                                         "fly_attention_fwd_params"));
   FLY_TRY(check_tensor(prm->q, "q", 4));
   FLY_TRY(check_tensor(prm->k, "k", 4));
@@ -46,9 +46,9 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
   }
   const int64_t B = q.sizes[0], Hq = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3];
   const int64_t Hkv = k.sizes[1], Sk = k.sizes[2];
-  FLY_TRY(attn_check::check_kv_of_q(k, q));
-  FLY_TRY(attn_check::check_same_shape(v, k, "v", "k"));
-  FLY_TRY(attn_check::check_same_shape(o, q, "o", "q"));
+  FLY_TRY(attn_common::check_kv_of_q(k, q));
+  FLY_TRY(attn_common::check_same_shape(v, k, "v", "k"));
+  FLY_TRY(attn_common::check_same_shape(o, q, "o", "q"));
   if (prm->lse) {
     FLY_TRY(check_tensor(prm->lse, "lse", 3));
     const fly_tensor& l = *prm->lse;
@@ -59,7 +59,7 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
                   "lse: shape [%" PRId64 ", %" PRId64 ", %" PRId64 "], expected [B, Hq, Sq] = [%" PRId64 ", %" PRId64
                   ", %" PRId64 "]",
                   l.sizes[0], l.sizes[1], l.sizes[2], B, Hq, Sq);
-    if (!attn_check::non_overlapping(l)) return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: strides make elements overlap");
+    if (!attn_common::non_overlapping(l)) return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: strides make elements overlap");
   }
   if (prm->causal != 0 && prm->causal != 1)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "causal: %d, expected 0 or 1", int(prm->causal));
@@ -79,7 +79,7 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
       return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: the head dim must be innermost (stride 1), got stride %" PRId64, which,
                   t->strides[3]);
     }
-  if (!attn_check::non_overlapping(o)) return fail(FLY_ERROR_INVALID_ARGUMENT, "o: strides make elements overlap");
+  if (!attn_common::non_overlapping(o)) return fail(FLY_ERROR_INVALID_ARGUMENT, "o: strides make elements overlap");
   out->dt = dt;
   out->q = prm->q;
   out->k = prm->k;
@@ -104,17 +104,12 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
   if (Sq >= lim || Sk >= lim || B > 65535 || Hq > 65535)
     return fail(FLY_ERROR_UNSUPPORTED, "q/k: B = %" PRId64 ", Hq = %" PRId64 ", Sq = %" PRId64 ", Sk = %" PRId64
                 " exceed the kernels' grid limits (B, H <= 65535, S < 2^31)", B, Hq, Sq, Sk);
-  FLY_TRY(attn_check::check_tma_operand(q, "q"));
+  FLY_TRY(attn_common::check_tma_operand(q, "q"));
   if (Sk > 0) {
-    FLY_TRY(attn_check::check_tma_operand(k, "k"));
-    FLY_TRY(attn_check::check_tma_operand(v, "v"));
+    FLY_TRY(attn_common::check_tma_operand(k, "k"));
+    FLY_TRY(attn_common::check_tma_operand(v, "v"));
   }
   return FLY_SUCCESS;
-}
-
-// Layout field of the dispatch key: compiled head dim, causal, GQA ratio ("d128_causal_g4").
-std::string key_layout(const AttnCall& c) {
-  return "d" + std::to_string(c.hd) + (c.s.causal ? "_causal" : "_full") + "_g" + std::to_string(c.s.Hq / c.s.Hkv);
 }
 
 // Family default (names listed in tuning/attention.json "defaults").
@@ -126,25 +121,6 @@ std::string default_variant(const AttnCall& c) {
     case 192: return "attention_fwd_" + d + "_hd192_m128_n112_st2_ov0";
     default: return "attention_fwd_" + d + "_hd256_m128_n64_st2_ov0";
   }
-}
-
-// A [dims...] TMA map over one operand ({D, S, H, B}); a size-1 dim's stride is irrelevant and
-// replaced by a legal one (TMA wants multiples of 16 bytes).
-CUresult encode_operand(const Driver& d, CUtensorMap* map, const fly_tensor& t, bool bf16, int box_rows, int box_heads) {
-  cuuint64_t dims[4] = {cuuint64_t(t.sizes[3]), cuuint64_t(std::max<int64_t>(t.sizes[2], 1)),
-                        cuuint64_t(std::max<int64_t>(t.sizes[1], 1)), cuuint64_t(std::max<int64_t>(t.sizes[0], 1))};
-  cuuint64_t strides[3];
-  const int64_t legal = (t.sizes[3] * 2 + 15) / 16 * 16;
-  for (int i = 0; i < 3; ++i) {
-    const int dim = 2 - i;  // S, H, B
-    strides[i] = cuuint64_t(t.sizes[dim] > 1 ? t.strides[dim] * 2 : legal);
-  }
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), cuuint32_t(box_heads), 1};
-  const cuuint32_t estr[4] = {1, 1, 1, 1};
-  return d.cuTensorMapEncodeTiled(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                                  t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 }  // namespace
@@ -180,7 +156,8 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   if (params->workspace && params->workspace_bytes > 0)
     FLY_TRY(check_device_bytes(params->workspace, int64_t(params->workspace_bytes), "workspace"));
 
-  DispatchRequest req = make_request(kFamily, "attention_fwd", dtype_name(c.dt), key_layout(c).c_str(),
+  const std::string layout = attn_common::key_layout(c.hd, c.s.causal, c.s.Hq, c.s.Hkv);
+  DispatchRequest req = make_request(kFamily, "attention_fwd", dtype_name(c.dt), layout.c_str(),
                                      {{"Sk", s.Sk}, {"Sq", s.Sq}, {"BH", s.B * s.Hq}});
   const fly_dtype dt = c.dt;
   const int hd = c.hd;
@@ -203,10 +180,10 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   const bool pack = attn::use_pack_gqa(s, bm);
   const attn::Grid g = attn::tile_grid(s, bm);
   const int64_t group = s.Hq / s.Hkv;
-  CUresult r = pack ? encode_operand(*d, &p.tm_q, *c.q, bf16, int(s.Sq), int(group))
-                    : encode_operand(*d, &p.tm_q, *c.q, bf16, bm, 1);
-  if (r == CUDA_SUCCESS && s.Sk > 0) r = encode_operand(*d, &p.tm_k, *c.k, bf16, bn, 1);
-  if (r == CUDA_SUCCESS && s.Sk > 0) r = encode_operand(*d, &p.tm_v, *c.v, bf16, bn, 1);
+  CUresult r = pack ? attn_common::encode_operand(*d, &p.tm_q, *c.q, bf16, int(s.Sq), int(group))
+                    : attn_common::encode_operand(*d, &p.tm_q, *c.q, bf16, bm, 1);
+  if (r == CUDA_SUCCESS && s.Sk > 0) r = attn_common::encode_operand(*d, &p.tm_k, *c.k, bf16, bn, 1);
+  if (r == CUDA_SUCCESS && s.Sk > 0) r = attn_common::encode_operand(*d, &p.tm_v, *c.v, bf16, bn, 1);
   if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
   p.o = c.o->data;
   p.o_sb = c.o->strides[0];

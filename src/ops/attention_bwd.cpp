@@ -11,7 +11,7 @@
 #include "attention/attention_bwd_params.h"
 #include "attention/attention_plan.h"
 #include "core.hpp"
-#include "ops/attention_checks.hpp"
+#include "ops/attention_common.hpp"
 
 namespace fly {
 namespace {
@@ -49,7 +49,7 @@ bool ranges_overlap(const fly_tensor& a, const fly_tensor& b) {
 
 fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
   if (!prm) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
-  FLY_TRY(attn_check::check_struct_size(prm->struct_size, kBwdParamsV1Size, sizeof(fly_attention_bwd_params),
+  FLY_TRY(attn_common::check_struct_size(prm->struct_size, kBwdParamsV1Size, sizeof(fly_attention_bwd_params),
                                         "fly_attention_bwd_params"));
   FLY_TRY(check_tensor(prm->q, "q", 4));
   FLY_TRY(check_tensor(prm->k, "k", 4));
@@ -73,13 +73,13 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
                   dtype_name(same[i]->dtype), dtype_name(dt));
   const int64_t B = q.sizes[0], Hq = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3];
   const int64_t Hkv = k.sizes[1], Sk = k.sizes[2];
-  FLY_TRY(attn_check::check_kv_of_q(k, q));
-  FLY_TRY(attn_check::check_same_shape(v, k, "v", "k"));
-  FLY_TRY(attn_check::check_same_shape(dk, k, "dk", "k"));
-  FLY_TRY(attn_check::check_same_shape(dv, k, "dv", "k"));
-  FLY_TRY(attn_check::check_same_shape(o, q, "o", "q"));
-  FLY_TRY(attn_check::check_same_shape(dout, q, "dout", "q"));
-  FLY_TRY(attn_check::check_same_shape(dq, q, "dq", "q"));
+  FLY_TRY(attn_common::check_kv_of_q(k, q));
+  FLY_TRY(attn_common::check_same_shape(v, k, "v", "k"));
+  FLY_TRY(attn_common::check_same_shape(dk, k, "dk", "k"));
+  FLY_TRY(attn_common::check_same_shape(dv, k, "dv", "k"));
+  FLY_TRY(attn_common::check_same_shape(o, q, "o", "q"));
+  FLY_TRY(attn_common::check_same_shape(dout, q, "dout", "q"));
+  FLY_TRY(attn_common::check_same_shape(dq, q, "dq", "q"));
   if (lse.dtype != FLY_F32) return fail(FLY_ERROR_INVALID_ARGUMENT, "lse: dtype %s, expected fp32", dtype_name(lse.dtype));
   if (lse.sizes[0] != B || lse.sizes[1] != Hq || lse.sizes[2] != Sq)
     return fail(FLY_ERROR_INVALID_ARGUMENT,
@@ -108,7 +108,7 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
   const fly_tensor* outs[] = {&dq, &dk, &dv};
   const char* out_names[] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; ++i)
-    if (!attn_check::non_overlapping(*outs[i])) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: strides make elements overlap", out_names[i]);
+    if (!attn_common::non_overlapping(*outs[i])) return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: strides make elements overlap", out_names[i]);
   for (int i = 0; i < 3; ++i)
     for (int j = i + 1; j < 3; ++j)
       if (ranges_overlap(*outs[i], *outs[j]))
@@ -142,11 +142,11 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
                 " exceed the kernels' grid limits (B, H <= 65535, S < 2^30)", B, Hq, Sq, Sk);
   if (B * Hq * Sq > (int64_t(1) << 36))  // the workspace size stays far from overflow
     return fail(FLY_ERROR_UNSUPPORTED, "q: B * Hq * Sq = %" PRId64 " query rows exceed the backward's limit 2^36", B * Hq * Sq);
-  FLY_TRY(attn_check::check_tma_operand(q, "q"));
-  FLY_TRY(attn_check::check_tma_operand(dout, "dout"));
+  FLY_TRY(attn_common::check_tma_operand(q, "q"));
+  FLY_TRY(attn_common::check_tma_operand(dout, "dout"));
   if (Sk > 0) {
-    FLY_TRY(attn_check::check_tma_operand(k, "k"));
-    FLY_TRY(attn_check::check_tma_operand(v, "v"));
+    FLY_TRY(attn_common::check_tma_operand(k, "k"));
+    FLY_TRY(attn_common::check_tma_operand(v, "v"));
   }
   const int64_t need = attn::bwd_ws_bytes(B, Hq, Sq);
   if (!prm->workspace || int64_t(prm->workspace_bytes) < need)
@@ -154,10 +154,6 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
                 "workspace: %zu bytes, the backward needs %" PRId64 " (fly_attention_bwd_workspace_size)",
                 prm->workspace ? prm->workspace_bytes : size_t(0), need);
   return FLY_SUCCESS;
-}
-
-std::string key_layout(const BwdCall& c) {
-  return "d" + std::to_string(c.hd) + (c.s.causal ? "_causal" : "_full") + "_g" + std::to_string(c.s.Hq / c.s.Hkv);
 }
 
 // Family defaults (tuning/attention_bwd.json "defaults").
@@ -169,23 +165,6 @@ std::string default_variant(const BwdCall& c) {
     case 192: return "attention_bwd_" + d + "_hd192_kn64_qm64_mq128_nq64";
     default: return "attention_bwd_" + d + "_hd256_kn64_qm64_mq64_nq64";
   }
-}
-
-CUresult encode(const Driver& d, CUtensorMap* map, const fly_tensor& t, bool bf16, int box_rows) {
-  cuuint64_t dims[4] = {cuuint64_t(t.sizes[3]), cuuint64_t(std::max<int64_t>(t.sizes[2], 1)),
-                        cuuint64_t(std::max<int64_t>(t.sizes[1], 1)), cuuint64_t(std::max<int64_t>(t.sizes[0], 1))};
-  cuuint64_t strides[3];
-  const int64_t legal = (t.sizes[3] * 2 + 15) / 16 * 16;
-  for (int i = 0; i < 3; ++i) {
-    const int dim = 2 - i;
-    strides[i] = cuuint64_t(t.sizes[dim] > 1 ? t.strides[dim] * 2 : legal);
-  }
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
-  const cuuint32_t estr[4] = {1, 1, 1, 1};
-  return d.cuTensorMapEncodeTiled(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                                  t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 void strides3(const fly_tensor& t, int64_t (&s)[3]) {
@@ -241,7 +220,8 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   FLY_TRY(check_device_pointer(*prm.dv, "dv"));
   FLY_TRY(check_device_bytes(prm.workspace, attn::bwd_ws_bytes(s.B, s.Hq, s.Sq), "workspace"));
 
-  DispatchRequest req = make_request(kFamily, "attention_bwd", dtype_name(c.dt), key_layout(c).c_str(),
+  const std::string layout = attn_common::key_layout(c.hd, c.s.causal, c.s.Hq, c.s.Hkv);
+  DispatchRequest req = make_request(kFamily, "attention_bwd", dtype_name(c.dt), layout.c_str(),
                                      {{"Sk", s.Sk}, {"Sq", s.Sq}, {"BH", s.B * s.Hq}});
   const fly_dtype dt = c.dt;
   const int hd = c.hd;
@@ -265,15 +245,15 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
 
   attn::AttnBwdParams p{};
   const bool bf16 = dt == FLY_BF16;
-  CUresult r = encode(*d, &p.tm_q_kv, *prm.q, bf16, qm);
-  if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_do_kv, *prm.dout, bf16, qm);
-  if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_q_dq, *prm.q, bf16, mq);
-  if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_do_dq, *prm.dout, bf16, mq);
+  CUresult r = attn_common::encode_operand(*d, &p.tm_q_kv, *prm.q, bf16, qm);
+  if (r == CUDA_SUCCESS) r = attn_common::encode_operand(*d, &p.tm_do_kv, *prm.dout, bf16, qm);
+  if (r == CUDA_SUCCESS) r = attn_common::encode_operand(*d, &p.tm_q_dq, *prm.q, bf16, mq);
+  if (r == CUDA_SUCCESS) r = attn_common::encode_operand(*d, &p.tm_do_dq, *prm.dout, bf16, mq);
   if (s.Sk > 0) {
-    if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_k_kv, *prm.k, bf16, kn);
-    if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_v_kv, *prm.v, bf16, kn);
-    if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_k_dq, *prm.k, bf16, nq);
-    if (r == CUDA_SUCCESS) r = encode(*d, &p.tm_v_dq, *prm.v, bf16, nq);
+    if (r == CUDA_SUCCESS) r = attn_common::encode_operand(*d, &p.tm_k_kv, *prm.k, bf16, kn);
+    if (r == CUDA_SUCCESS) r = attn_common::encode_operand(*d, &p.tm_v_kv, *prm.v, bf16, kn);
+    if (r == CUDA_SUCCESS) r = attn_common::encode_operand(*d, &p.tm_k_dq, *prm.k, bf16, nq);
+    if (r == CUDA_SUCCESS) r = attn_common::encode_operand(*d, &p.tm_v_dq, *prm.v, bf16, nq);
   }
   if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
   p.o = prm.o->data;

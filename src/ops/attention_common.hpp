@@ -1,14 +1,16 @@
-// Argument checks shared by the attention forward and backward launchers (src/ops/attention.cpp,
-// attention_bwd.cpp): the same rules give the same messages in both.
+// What the attention forward and backward launchers (src/ops/attention.cpp, attention_bwd.cpp)
+// share: argument checks (the same rules give the same messages in both), the dispatch key's
+// layout field and the TMA map of a [B, H, S, D] operand.
 #pragma once
 
 #include <algorithm>
 #include <cinttypes>
 #include <cstddef>
+#include <string>
 
 #include "core.hpp"
 
-namespace fly::attn_check {
+namespace fly::attn_common {
 
 // No two in-range index tuples reach the same element (an output must not alias itself).
 inline bool non_overlapping(const fly_tensor& t) {
@@ -80,4 +82,29 @@ inline fly_status check_kv_of_q(const fly_tensor& k, const fly_tensor& q) {
   return FLY_SUCCESS;
 }
 
-}  // namespace fly::attn_check
+// Layout field of the dispatch key: compiled head dim, causal, GQA ratio ("d128_causal_g4").
+inline std::string key_layout(int hd, bool causal, int64_t hq, int64_t hkv) {
+  return "d" + std::to_string(hd) + (causal ? "_causal" : "_full") + "_g" + std::to_string(hq / hkv);
+}
+
+// A [dims...] TMA map over one operand ({D, S, H, B}), box {64, box_rows, box_heads, 1}; a size-1
+// dim's stride is irrelevant and replaced by a legal one (TMA wants multiples of 16 bytes).
+inline CUresult encode_operand(const Driver& d, CUtensorMap* map, const fly_tensor& t, bool bf16, int box_rows,
+                               int box_heads = 1) {
+  cuuint64_t dims[4] = {cuuint64_t(t.sizes[3]), cuuint64_t(std::max<int64_t>(t.sizes[2], 1)),
+                        cuuint64_t(std::max<int64_t>(t.sizes[1], 1)), cuuint64_t(std::max<int64_t>(t.sizes[0], 1))};
+  cuuint64_t strides[3];
+  const int64_t legal = (t.sizes[3] * 2 + 15) / 16 * 16;
+  for (int i = 0; i < 3; ++i) {
+    const int dim = 2 - i;  // S, H, B
+    strides[i] = cuuint64_t(t.sizes[dim] > 1 ? t.strides[dim] * 2 : legal);
+  }
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), cuuint32_t(box_heads), 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  return d.cuTensorMapEncodeTiled(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                                  t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+}  // namespace fly::attn_common
