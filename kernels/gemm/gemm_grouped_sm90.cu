@@ -117,11 +117,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = fly::sm90::warp_uniform(threadIdx.x / 128);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < Config::STAGES; ++s) {
-      fly::sm90::mbar_init(&ring.full[s], 1);
-      fly::sm90::mbar_init(&ring.empty[s], Config::STAGE_READERS);  // both consumer warpgroups
-    }
-    fly::sm90::fence_barrier_init();
+    ring.init_barriers(Config::STAGE_READERS);  // both consumer warpgroups (no clusters)
     fly::sm90::tma_prefetch_desc(&gp.core.tm_p);
     fly::sm90::tma_prefetch_desc(&gp.core.tm_q);
     if (Config::EPI == 2 && gp.core.c_tma) fly::sm90::tma_prefetch_desc(&gp.core.tm_c);

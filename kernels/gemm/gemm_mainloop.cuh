@@ -45,6 +45,15 @@ struct Ring {
     r.empty = r.full + Config::STAGES;
     return r;
   }
+  // One thread: every stage's full barrier (one arrival: the producer's expect_tx) and empty
+  // barrier (`readers` arrivals), made visible to the async proxy.
+  __device__ __forceinline__ void init_barriers(uint32_t readers) const {
+    for (int s = 0; s < Config::STAGES; ++s) {
+      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&empty[s], readers);
+    }
+    sm90::fence_barrier_init();
+  }
 };
 
 // ---- producer ----------------------------------------------------------------------------------

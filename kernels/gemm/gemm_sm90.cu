@@ -144,13 +144,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = fly::sm90::warp_uniform(threadIdx.x / 128);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < Config::STAGES; ++s) {
-      fly::sm90::mbar_init(&ring.full[s], 1);
-      // one arrival per consumer warpgroup that reads this stage, from each CTA whose producer
-      // writes it
-      fly::sm90::mbar_init(&ring.empty[s], Config::STAGE_READERS * Config::CLUSTER);
-    }
-    fly::sm90::fence_barrier_init();
+    // empty: one arrival per consumer warpgroup that reads a stage, from each CTA whose producer
+    // writes it
+    ring.init_barriers(Config::STAGE_READERS * Config::CLUSTER);
     fly::sm90::tma_prefetch_desc(&p.tm_p);
     fly::sm90::tma_prefetch_desc(&p.tm_q);
     if (Config::EPI >= 2 && p.c_tma) fly::sm90::tma_prefetch_desc(&p.tm_c);
