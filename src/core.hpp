@@ -51,6 +51,9 @@ int64_t numel(const fly_tensor& t);
 fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dtype dt);
 // Bytes from data to one past the furthest element (0 when numel == 0).
 int64_t extent_bytes(const fly_tensor& t);
+// An optional workspace argument (gemm, grouped gemm): NULL only with 0 bytes, a size below the
+// 48-bit address space (so int64 arithmetic on it stays exact), 256-byte alignment.
+fly_status check_optional_workspace(const void* workspace, size_t bytes);
 
 // ---- driver (dlopen'd libcuda.so.1) -------------------------------------------------------
 struct Driver {

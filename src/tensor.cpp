@@ -106,4 +106,13 @@ fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dt
   return FLY_SUCCESS;
 }
 
+fly_status check_optional_workspace(const void* workspace, size_t bytes) {
+  if (!workspace && bytes > 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", bytes);
+  if (bytes >= (size_t(1) << 47))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace_bytes: %zu is larger than any allocation", bytes);
+  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", workspace);
+  return FLY_SUCCESS;
+}
+
 }  // namespace fly

@@ -202,13 +202,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(validate(a, b, c, bias, &call));
   const gemm::Problem& pr = call.pr;
   // The workspace is optional (stream-K variants run as plain persistent launches without one).
-  if (!workspace && workspace_bytes > 0)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", workspace_bytes);
-  // Beyond the 48-bit address space no allocation can hold it (and int64 arithmetic stays exact).
-  if (workspace_bytes >= (size_t(1) << 47))
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace_bytes: %zu is larger than any allocation", workspace_bytes);
-  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", workspace);
+  FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
   if (pr.M == 0 || pr.N == 0) return FLY_SUCCESS;
 
   ScopedContext guard;

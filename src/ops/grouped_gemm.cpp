@@ -234,12 +234,7 @@ extern "C" FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_te
   clear_error();
   GroupedCall call;
   FLY_TRY(validate(a, b, offs, bias, c, &call));
-  if (!workspace && workspace_bytes > 0)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", workspace_bytes);
-  if (workspace_bytes >= (size_t(1) << 47))
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace_bytes: %zu is larger than any allocation", workspace_bytes);
-  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", workspace);
+  FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
   if (call.T == 0 || call.N == 0) return FLY_SUCCESS;
 
   ScopedContext guard;
