@@ -17,21 +17,17 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "flykernels/flykernels.hpp"
+#include "attention_test_util.hpp"
 
 namespace {
 
 #define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
 
-float to_float(uint16_t bits, fly_dtype dt) {
-  if (dt == FLY_F16) { __half h; std::memcpy(&h, &bits, 2); return __half2float(h); }
-  __nv_bfloat16 b; std::memcpy(&b, &bits, 2); return __bfloat162float(b);
-}
-uint16_t from_float(float f, fly_dtype dt) {
-  uint16_t bits;
-  if (dt == FLY_F16) { __half h = __float2half(f); std::memcpy(&bits, &h, 2); }
-  else { __nv_bfloat16 b = __float2bfloat16(f); std::memcpy(&bits, &b, 2); }
-  return bits;
-}
+using attn_test::describe;
+using attn_test::from_float;
+using attn_test::layout;
+using attn_test::Layout;
+using attn_test::to_float;
 
 struct Case {
   fly_dtype dt = FLY_BF16;
@@ -44,22 +40,6 @@ struct Case {
   double scale = 0;        // 0: 1/sqrt(D)
   const char* force = nullptr;
 };
-
-std::string describe(const Case& c) {
-  return std::string(c.dt == FLY_BF16 ? "bf16" : "fp16") + " B" + std::to_string(c.B) + " Hq" + std::to_string(c.Hq) +
-         " Hkv" + std::to_string(c.Hkv) + " Sq" + std::to_string(c.Sq) + " Sk" + std::to_string(c.Sk) + " D" +
-         std::to_string(c.D) + (c.causal ? " causal" : "") + (c.bshd ? " bshd" : " bhsd") + " ld" + std::to_string(c.ld) +
-         (c.force ? std::string(" force ") + c.force : "");
-}
-
-// A [B, H, S, D] view over a buffer with rows of `ld` elements.
-struct Layout {
-  int64_t sb, sh, ss, elems;
-};
-Layout layout(const Case& c, int64_t H, int64_t S, int64_t ld) {
-  if (c.bshd) return {S * H * ld, ld, H * ld, c.B * S * H * ld};
-  return {H * S * ld, S * ld, ld, c.B * H * S * ld};
-}
 
 // O and LSE of one (b, h) in double; top-left causal; empty rows give O = 0, LSE = -inf.
 void reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,

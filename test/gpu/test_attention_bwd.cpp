@@ -18,21 +18,17 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "flykernels/flykernels.hpp"
+#include "attention_test_util.hpp"
 
 namespace {
 
 #define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
 
-float to_f(uint16_t bits, fly_dtype dt) {
-  if (dt == FLY_F16) { __half h; std::memcpy(&h, &bits, 2); return __half2float(h); }
-  __nv_bfloat16 b; std::memcpy(&b, &bits, 2); return __bfloat162float(b);
-}
-uint16_t from_f(float f, fly_dtype dt) {
-  uint16_t bits;
-  if (dt == FLY_F16) { __half h = __float2half(f); std::memcpy(&bits, &h, 2); }
-  else { __nv_bfloat16 b = __float2bfloat16(f); std::memcpy(&bits, &b, 2); }
-  return bits;
-}
+using attn_test::describe;
+using attn_test::from_float;
+using attn_test::layout;
+using attn_test::Layout;
+using attn_test::to_float;
 
 struct Case {
   fly_dtype dt = FLY_BF16;
@@ -44,21 +40,6 @@ struct Case {
   const char* force = nullptr;
   int repeats = 1;    // > 1: rerun and compare bits
 };
-
-std::string describe(const Case& c) {
-  return std::string(c.dt == FLY_BF16 ? "bf16" : "fp16") + " B" + std::to_string(c.B) + " Hq" + std::to_string(c.Hq) +
-         " Hkv" + std::to_string(c.Hkv) + " Sq" + std::to_string(c.Sq) + " Sk" + std::to_string(c.Sk) + " D" +
-         std::to_string(c.D) + (c.causal ? " causal" : "") + (c.bshd ? " bshd" : " bhsd") + " ld" + std::to_string(c.ld) +
-         (c.force ? std::string(" force ") + c.force : "");
-}
-
-struct Layout {
-  int64_t sb, sh, ss, elems;
-};
-Layout layout(const Case& c, int64_t H, int64_t S, int64_t ld) {
-  if (c.bshd) return {S * H * ld, ld, H * ld, c.B * S * H * ld};
-  return {H * S * ld, S * ld, ld, c.B * H * S * ld};
-}
 
 struct Ref {
   std::vector<double> o, lse, dq, dk, dv;  // dense [B, H, S, D] / [B, H, S]
@@ -172,8 +153,8 @@ Result run_case(const Case& c) {
     f.assign(size_t(l.elems), 0.f);
     bits.assign(size_t(l.elems), 0);
     for (size_t i = 0; i < f.size(); ++i) {
-      bits[i] = from_f(u(rng), c.dt);
-      f[i] = to_f(bits[i], c.dt);
+      bits[i] = from_float(u(rng), c.dt);
+      f[i] = to_float(bits[i], c.dt);
     }
   };
   std::vector<float> fq, fk, fv, fdo;
@@ -191,7 +172,7 @@ Result run_case(const Case& c) {
       for (int64_t i = 0; i < c.Sq; ++i)
         for (int64_t d = 0; d < c.D; ++d)
           ho[size_t(b * lq.sb + h * lq.sh + i * lq.ss + d)] =
-              from_f(float(ref.o[size_t(((b * c.Hq + h) * c.Sq + i) * c.D + d)]), c.dt);
+              from_float(float(ref.o[size_t(((b * c.Hq + h) * c.Sq + i) * c.D + d)]), c.dt);
   std::vector<float> hl(ref.lse.size());
   for (size_t i = 0; i < hl.size(); ++i) hl[i] = float(ref.lse[i]);
 
@@ -267,7 +248,7 @@ Result run_case(const Case& c) {
               for (int64_t d = 0; d < c.D; ++d) {
                 const size_t at = size_t(b * ls[t]->sb + h * ls[t]->sh + i * ls[t]->ss + d);
                 touched[at] = true;
-                const double got = to_f(out[t][at], c.dt), want = (*refs[t])[size_t(((b * H[t] + h) * S[t] + i) * c.D + d)];
+                const double got = to_float(out[t][at], c.dt), want = (*refs[t])[size_t(((b * H[t] + h) * S[t] + i) * c.D + d)];
                 if (!std::isfinite(got)) r.finite = false;
                 err = std::max(err, std::fabs(got - want));
                 mag = std::max(mag, std::fabs(want));
