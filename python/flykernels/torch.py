@@ -8,9 +8,8 @@
 
 Families (flykernels._ops.REGISTRY): "rms_norm", "topk" (eager CUDA-key overrides), "gemm"
 (torch.compile max-autotune candidates), "sdpa" (SDPA's flash and memory-efficient forward, as the
-flash-attention impl "FLY"), "sdpa_cudnn" (SDPA's cuDNN forward without gradients), and, off
-until enabled by name, "sdpa_bwd" (SDPA's flash / memory-efficient backward) and "grouped_mm"
-(F.grouped_mm's 2-D x 3-D form). FLYKERNELS_TORCH=0 keeps them off at import.
+flash-attention impl "FLY"), "sdpa_cudnn" (SDPA's cuDNN forward without gradients), "sdpa_bwd"
+(SDPA's flash / memory-efficient backward) and "grouped_mm" (F.grouped_mm's 2-D x 3-D form). FLYKERNELS_TORCH=0 keeps them off at import.
 Compiled graphs keep the kernels they were compiled with: call torch._dynamo.reset() after a switch.
 """
 import contextlib
@@ -40,8 +39,8 @@ def _select(ops, defaults_only=False):
 
 
 def enable(ops=None):
-    """Installs the named families (when None: every family that is on by default, which is all
-    but "sdpa_bwd" and "grouped_mm" today) and returns the names now active. Works
+    """Installs the named families (when None: every family that is on by default: all of them
+    today; a family registered with default_on=False is installed only when named) and returns the names now active. Works
     whenever the extension loaded; where `available` is False the overrides only pass calls on
     to the stock kernels. Families this torch cannot take are skipped (see why_not)."""
     with _lock:

@@ -54,7 +54,7 @@ def test_switches(fly):
     fly.disable("rms_norm")
     assert fly.active() == ["topk"]
     fly.enable()
-    assert set(fly.active()) == {"rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn"}
+    assert set(fly.active()) == {"rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn", "sdpa_bwd", "grouped_mm"}
     with pytest.raises(ValueError, match="unknown op"):
         fly.enable(ops=["no_such_op"])
 
@@ -130,22 +130,48 @@ def test_sdpa_eligibility():
     assert "CUDA" in flykernels.torch.explain_sdpa(q, kv, kv)  # with the device checks: CPU tensors
 
 
-def test_opt_in_families_are_off_by_default_and_register_when_named(fly):
+def test_backward_and_grouped_families_are_on_by_default_and_switch_alone(fly):
     bwd_ops = ("aten::_scaled_dot_product_flash_attention_backward",
                "aten::_scaled_dot_product_efficient_attention_backward")
     fly.disable()
     stock = {op: dispatch_file(op) for op in bwd_ops + ("aten::_grouped_mm",)}
     fly.enable()
-    assert "sdpa_bwd" not in fly.active() and "grouped_mm" not in fly.active()
-    assert {op: dispatch_file(op) for op in stock} == stock
-    fly.enable(["sdpa_bwd", "grouped_mm"])
     assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())
     assert all("flykernels_torch.cpp" in dispatch_file(op) for op in stock)
     with fly.disabled():
         assert {op: dispatch_file(op) for op in stock} == stock
-    assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())  # the previous state, opt-ins included
+    assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())  # the previous state again
     fly.disable(["sdpa_bwd", "grouped_mm"])
     assert {op: dispatch_file(op) for op in stock} == stock
+    assert "sdpa" in fly.active()  # the others stay
+    fly.enable()
+
+
+def test_a_default_off_family_is_installed_only_when_named(fly, monkeypatch):
+    from flykernels import _ops
+
+    class Dummy:  # a family registered with default_on=False
+        kind, default_on, on = "eager", False, False
+
+        def supported(self):
+            return ""
+
+        def installed(self):
+            return self.on
+
+        def install(self):
+            self.on = True
+
+        def remove(self):
+            self.on = False
+
+    monkeypatch.setitem(_ops.REGISTRY, "dummy", Dummy())
+    fly.enable()
+    assert "dummy" not in fly.active()
+    fly.enable(["dummy"])
+    assert "dummy" in fly.active()
+    fly.disable(["dummy"])
+    assert "dummy" not in fly.active()
 
 
 def test_grouped_mm_eligibility():
@@ -361,5 +387,5 @@ def test_gemm_family_does_not_import_inductor_until_torch_does():
         print("RESTORED", not hasattr(mm.autotune_select_algorithm, "__wrapped__"))
     """)
     assert r.returncode == 0, r.stderr
-    assert "ACTIVE ['rms_norm', 'topk', 'gemm', 'sdpa', 'sdpa_cudnn'] False" in r.stdout
+    assert "ACTIVE ['rms_norm', 'topk', 'grouped_mm', 'gemm', 'sdpa', 'sdpa_cudnn', 'sdpa_bwd'] False" in r.stdout
     assert "WRAPPED True" in r.stdout and "RESTORED True" in r.stdout

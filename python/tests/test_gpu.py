@@ -380,7 +380,7 @@ def test_plain_sdpa_reaches_ours_for_inference(on):
                                         (SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient")])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_training_step_matches_stock(on, backend, op, causal):
-    """Our forward, the stock backward on its output and log-sum-exp: gradients as stock's."""
+    """The default set (our forward and backward): output and gradients as stock's."""
     # Sq != Sk without causal (SDPA's flash rejects causal with Sq != Sk before any kernel)
     q, k, v = qkv(2, 4, 4, 300, 300 if causal else 417, 64, grad=True)
     dout = torch.randn(2, 4, 300, 64, device=DEV, dtype=torch.bfloat16)
@@ -434,7 +434,7 @@ def test_sdpa_ineligible_reaches_stock(on, case):
         assert rel_err(out, ref) < 2e-2
 
 
-# ---- opt-in families: SDPA backward, F.grouped_mm ---------------------------------------------
+# ---- SDPA backward, F.grouped_mm --------------------------------------------------------------
 @pytest.mark.parametrize("backend,op", [(SDPBackend.FLASH_ATTENTION, "sdpa_flash_bwd"),
                                         (SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient_bwd")])
 @pytest.mark.parametrize("causal", [False, True])

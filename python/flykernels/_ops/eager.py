@@ -33,5 +33,5 @@ def _ext():
 
 register(EagerOverride("rms_norm", ["aten::_fused_rms_norm"], _ext))
 register(EagerOverride("topk", ["aten::topk", "aten::topk.values"], _ext))
-# F.grouped_mm's 2-D x 3-D form through fly_grouped_gemm; off until its GPU tests have run.
-register(EagerOverride("grouped_mm", ["aten::_grouped_mm"], _ext, default_on=False))
+# F.grouped_mm's 2-D x 3-D form through fly_grouped_gemm.
+register(EagerOverride("grouped_mm", ["aten::_grouped_mm"], _ext))
