@@ -120,3 +120,20 @@ def explain_sdpa(q, k, v, dropout_p=0.0, check_device=True):
 def explain_grouped_mm(a, b, offs, bias=None, check_device=True):
     """'' when our grouped GEMM would take F.grouped_mm(a, b, offs=offs), else why not."""
     return _loader.ext.explain_grouped_mm(a, b, offs, bias, check_device)
+
+
+def explain_scaled_mm(a, b, scale_a, scale_b, swizzle=0, bias=None, out_dtype=None, check_device=True):
+    """'' when our MX GEMM would take F.scaled_mm(a, b, scale_a, BlockWise1x32, scale_b, BlockWise1x32,
+    swizzle (0 NO_SWIZZLE, 1 SWIZZLE_32_4_4), bias, out_dtype), else why not."""
+    return _loader.ext.explain_scaled_mm(a, b, scale_a, scale_b, swizzle, bias, out_dtype, check_device)
+
+
+def mx_quantize(x, format="e4m3", rceil=False):
+    """MX-quantizes the rows of x [M, K] (bf16, fp16 or fp32 on CUDA; K a multiple of 32) on the
+    GPU: returns (q, scales), q float8_e4m3fn [M, K] (format "e4m3", MXFP8) or float4_e2m1fn_x2
+    [M, K/2] ("e2m1", MXFP4), scales float8_e8m0fnu [M, K/32] (NO_SWIZZLE layout). The shared
+    exponent follows the OCP MX rule (rceil=True: the smallest power of two that keeps amax in
+    range). For F.scaled_mm pass q as mat_a, and the [N, K] weight's q.t() as mat_b."""
+    if _loader.ext is None:
+        raise RuntimeError(f"flykernels: the extension is not available ({_loader.reason})")
+    return _loader.ext.mx_quantize(x, format, rceil)

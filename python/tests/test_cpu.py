@@ -389,3 +389,87 @@ def test_gemm_family_does_not_import_inductor_until_torch_does():
     assert r.returncode == 0, r.stderr
     assert "ACTIVE ['rms_norm', 'topk', 'grouped_mm', 'gemm', 'sdpa', 'sdpa_cudnn', 'sdpa_bwd'] False" in r.stdout
     assert "WRAPPED True" in r.stdout and "RESTORED True" in r.stdout
+
+
+# ---- MX F.scaled_mm -------------------------------------------------------------------------
+def mx_operands(M, N, K, fmt="e4m3", device="cpu", swizzled=False):
+    dt = torch.float8_e4m3fn if fmt == "e4m3" else torch.float4_e2m1fn_x2
+    kb = K if fmt == "e4m3" else K // 2
+    a = torch.empty(M, kb, dtype=dt, device=device)
+    b = torch.empty(N, kb, dtype=dt, device=device).t()
+    if swizzled:
+        pad = lambda r: (r + 127) // 128 * 128 * ((K // 32 + 3) // 4 * 4)  # noqa: E731
+        sa = torch.empty(pad(M), dtype=torch.float8_e8m0fnu, device=device)
+        sb = torch.empty(pad(N), dtype=torch.float8_e8m0fnu, device=device)
+    else:
+        sa = torch.empty(M, K // 32, dtype=torch.float8_e8m0fnu, device=device)
+        sb = torch.empty(N, K // 32, dtype=torch.float8_e8m0fnu, device=device)
+    return a, b, sa, sb
+
+
+def test_scaled_mm_eligibility():
+    why = lambda *args, **kw: flykernels.torch.explain_scaled_mm(*args, check_device=False, **kw)  # noqa: E731
+    a, b, sa, sb = mx_operands(100, 256, 512)
+    assert why(a, b, sa, sb, 0, None, torch.bfloat16) == ""
+    assert why(a, b, sa, sb, 0, None, torch.float16) == ""
+    assert why(*mx_operands(100, 256, 512, "e2m1"), 0, None, torch.bfloat16) == ""
+    assert why(*mx_operands(100, 256, 512, swizzled=True), 1, None, torch.bfloat16) == ""
+    assert why(a, b, sa, sb, 0, torch.empty(256, dtype=torch.bfloat16), torch.bfloat16) == ""
+    assert "output dtype" in why(a, b, sa, sb, 0, None, torch.float32)
+    assert "output dtype" in why(a, b, sa, sb, 0, None, None)
+    assert "bias dtype" in why(a, b, sa, sb, 0, torch.empty(256, dtype=torch.float16), torch.bfloat16)
+    assert "bias not" in why(a, b, sa, sb, 0, torch.empty(255, dtype=torch.bfloat16), torch.bfloat16)
+    assert "padded" in why(a, b, sa, sb, 1, None, torch.bfloat16)  # unswizzled count, swizzled claim
+    assert "rows * K/32" in why(a, b, sa[:50], sb, 0, None, torch.bfloat16)
+    assert "e8m0" in why(a, b, sa.view(torch.uint8), sb, 0, None, torch.bfloat16)
+    assert "column-major" in why(a, b.t().contiguous().t().contiguous(), sa, sb, 0, None, torch.bfloat16)
+    assert "row-major" in why(a.t().contiguous().t(), b, sa, sb, 0, None, torch.bfloat16)
+    assert "multiple of 32" in why(*mx_operands(100, 256, 48), 0, None, torch.bfloat16)
+    assert "mixed" in why(a, mx_operands(100, 256, 512, "e2m1")[1], sa, sb, 0, None, torch.bfloat16)
+    f8 = torch.empty(100, 512, dtype=torch.float8_e5m2)
+    assert "e4m3" in why(f8, b, sa, sb, 0, None, torch.bfloat16)
+    assert "CUDA" in flykernels.torch.explain_scaled_mm(a, b, sa, sb, 0, None, torch.bfloat16)
+
+
+def test_scaled_mm_meta_traces_no_swizzle_scales_and_disable_restores_stock(fly):
+    """FakeTensor (what torch.compile traces with): the stock Meta kernel refuses NO_SWIZZLE MX scales on
+    CUDA; ours gives [M, N] of the output dtype for what we take and defers to stock for the rest."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.functional import ScalingType as S, SwizzleType as W
+
+    def call(fmt="e4m3", sw=W.NO_SWIZZLE, out=torch.bfloat16, v1=False):
+        a, b, sa, sb = mx_operands(100, 256, 512, fmt, "cuda", swizzled=sw == W.SWIZZLE_32_4_4)
+        if v1:
+            return torch._scaled_mm(a, b, sa, sb, out_dtype=out)
+        return F.scaled_mm(a, b, sa, S.BlockWise1x32, sb, S.BlockWise1x32, swizzle_a=sw, swizzle_b=sw,
+                           output_dtype=out)
+
+    fly.disable(["scaled_mm"])
+    with FakeTensorMode(), pytest.raises(RuntimeError, match="swizzle"):
+        call()
+    stock_meta = next(ln for ln in torch._C._dispatch_dump("aten::_scaled_mm_v2").splitlines() if ln.startswith("Meta:"))
+    fly.enable(["scaled_mm"])
+    assert "flykernels_torch.cpp" in dispatch_file("aten::_scaled_mm_v2")
+    assert "flykernels_torch.cpp" in dispatch_file("aten::_scaled_mm")
+    with FakeTensorMode():
+        for fmt in ("e4m3", "e2m1"):
+            for sw in (W.NO_SWIZZLE, W.SWIZZLE_32_4_4):
+                r = call(fmt, sw)
+                assert r.shape == (100, 256) and r.dtype == torch.bfloat16 and r.device.type == "cuda"
+        assert call(out=torch.float16).dtype == torch.float16
+        assert call(sw=W.SWIZZLE_32_4_4, v1=True).shape == (100, 256)
+        with pytest.raises(RuntimeError, match="swizzle"):  # fp32 output: not ours, the stock checks run
+            call(out=torch.float32)
+    fly.disable(["scaled_mm"])
+    assert "flykernels_torch.cpp" not in dispatch_file("aten::_scaled_mm_v2")
+    assert next(ln for ln in torch._C._dispatch_dump("aten::_scaled_mm_v2").splitlines()
+                if ln.startswith("Meta:")) == stock_meta
+    with FakeTensorMode(), pytest.raises(RuntimeError, match="swizzle"):
+        call()
+
+
+def test_mx_quantize_names_the_problem(fly):
+    with pytest.raises(ValueError, match="format"):
+        flykernels.torch.mx_quantize(torch.randn(4, 64), "e5m2")
+    with pytest.raises(ValueError, match="CUDA"):
+        flykernels.torch.mx_quantize(torch.randn(4, 64))
