@@ -181,15 +181,23 @@ TEST_CASE("topk: every bundled variant's path launches as planned", "[fake][topk
         CHECK(L->smem == unsigned(plan.smem));
         CHECK(p.cache_row == int(plan.cache_row));
       } else {
-        CHECK(n == 1 + (det ? 8 : 4) + 1 + 1);  // init, radix passes, gather, sort
+        CHECK(n == 1 + 4 + (det ? 1 : 0));  // init, passes 0..3, the deterministic tie pass
         CHECK(std::string(L->kernel) == "fly_topk_split_init");
-        CHECK(std::string(fake_cuda_get_launch(n - 1)->kernel) == "fly_topk_split_sort");
+        CHECK(std::string(fake_cuda_get_launch(n - 1)->kernel) == (det ? "fly_topk_split_tie" : "fly_topk_split_pass"));
         const fake_cuda_launch* pass = fake_cuda_get_launch(1);
         CHECK(std::string(pass->kernel) == "fly_topk_split_pass");
         CHECK(pass->grid[1] == unsigned(R));
-        CHECK(pass->grid[0] == 4u);  // 3 chunks and the 5-element tail
+        const auto plan = topk_plan::plan_split(R, C, k, v->get_int("chunk"));
         const auto pp = params_of<TopkParams>(pass);
+        CHECK(pp.pieces == plan.pieces);
+        CHECK(int64_t(pp.chunk) * pp.pieces >= C);
+        CHECK(int64_t(pp.chunk) * (pp.pieces - 1) < C);
+        CHECK(pass->grid[0] >= 1u);
+        CHECK(pass->grid[0] <= unsigned(plan.pieces));  // the row's CTAs claim its pieces
+        CHECK(pass->smem == unsigned(plan.smem));
         CHECK(reinterpret_cast<char*>(pp.ws_state) == static_cast<char*>(ws));
+        CHECK(reinterpret_cast<char*>(pp.ws_tiecnt) + int64_t(R) * pp.ldt * 4 <= static_cast<char*>(ws) + ws_bytes);
+        CHECK(pp.ldt > pp.pieces);  // offsets of every piece and the total
         CHECK(reinterpret_cast<char*>(pp.ws_cand) + int64_t(R) * pp.kpad * 8 <= static_cast<char*>(ws) + ws_bytes);
       }
     }
