@@ -58,6 +58,7 @@ struct TopkParams {
   uint64_t* ws_buf_a;     // split: [R][cap_a] composites of B_0
   uint64_t* ws_buf_b;     // split: [R][cap_b] composites of B_1
   uint32_t* ws_tiecnt;    // split: [R][ldt] ties per piece (deterministic tie pass)
+  uint64_t* ws_ties;      // split: [R][kSplitSmallTies] the k-th key's elements (deterministic)
 };
 
 // ---- host-side planning (also used by the standalone check) ---------------------------------
@@ -126,14 +127,18 @@ inline int64_t radix_workspace(int64_t R, int64_t k) {
 constexpr int64_t kSplitMinChunk = 2048;
 constexpr int64_t kSplitTargetPieces = 2048;
 constexpr int64_t kSplitMaxSmemSort = 8192;  // sort buffers beyond this stay in the workspace
+// Deterministic mode: up to this many elements sharing the k-th key are gathered and sorted by
+// index in the row's last CTA; more take the tie pass (per-piece counts, a second read of x).
+constexpr int64_t kSplitSmallTies = 4096;
 struct SplitPlan {
   int64_t chunk = 0, pieces = 0;
-  int64_t cap_a = 0, cap_b = 0;  // compaction buffers: B_0 up to C/16 entries, B_1 up to C/64
+  int64_t cap_a = 0, cap_b = 0;  // compaction buffers: B_0 up to C/8 entries, B_1 up to C/64
   int64_t ldt = 0;               // tie counters per row (>= pieces for any R)
   bool sort_in_smem = true;
-  int64_t smem = 0;              // dynamic smem of the pass kernels (histogram / final sort)
+  int64_t smem = 0;              // dynamic smem of the pass kernels (the histogram)
+  int64_t sort_smem = 0;         // dynamic smem of the sort kernel (candidates, small tie sets)
   int64_t ws_bytes = 0;
-  int64_t state_offset = 0, cand_offset = 0, buf_a_offset = 0, buf_b_offset = 0, tie_offset = 0;
+  int64_t state_offset = 0, cand_offset = 0, buf_a_offset = 0, buf_b_offset = 0, tie_offset = 0, ties_offset = 0;
 };
 inline SplitPlan plan_split(int64_t R, int64_t C, int64_t k, int64_t chunk) {
   SplitPlan p;
@@ -147,18 +152,20 @@ inline SplitPlan plan_split(int64_t R, int64_t C, int64_t k, int64_t chunk) {
   p.chunk = want < kSplitMinChunk ? kSplitMinChunk : want > max_chunk ? max_chunk : want;
   p.pieces = (C + p.chunk - 1) / p.chunk;
   p.ldt = (C + kSplitMinChunk - 1) / kSplitMinChunk + 1;
-  p.cap_a = C / 16 > 1024 ? C / 16 : 1024;
+  p.cap_a = C / 8 > 1024 ? C / 8 : 1024;
   p.cap_b = C / 64 > 1024 ? C / 64 : 1024;
   const int64_t kpad = next_pow2(k);
   p.sort_in_smem = kpad >= 0 && kpad <= kSplitMaxSmemSort;
   const int64_t sort_bytes = p.sort_in_smem ? kpad * 8 : 0;
-  p.smem = sort_bytes > kSplitBins * 4 ? sort_bytes : kSplitBins * 4;
+  p.smem = kSplitBins * 4;
+  p.sort_smem = sort_bytes > kSplitSmallTies * 8 ? sort_bytes : kSplitSmallTies * 8;
   p.state_offset = 0;
   p.cand_offset = align_up(checked_mul(R, (int64_t)sizeof(TopkSplitState)), 256);
   p.buf_a_offset = align_up(checked_add(p.cand_offset, checked_mul(checked_mul(R, kpad), 8)), 256);
   p.buf_b_offset = align_up(checked_add(p.buf_a_offset, checked_mul(checked_mul(R, p.cap_a), 8)), 256);
   p.tie_offset = align_up(checked_add(p.buf_b_offset, checked_mul(checked_mul(R, p.cap_b), 8)), 256);
-  p.ws_bytes = checked_add(p.tie_offset, checked_mul(checked_mul(R, p.ldt), 4));  // -1: too large
+  p.ties_offset = align_up(checked_add(p.tie_offset, checked_mul(checked_mul(R, p.ldt), 4)), 256);
+  p.ws_bytes = checked_add(p.ties_offset, checked_mul(R, kSplitSmallTies * 8));  // -1: too large
   return p;
 }
 

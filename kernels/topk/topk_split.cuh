@@ -121,19 +121,111 @@ __device__ __forceinline__ void split_select(const TopkParams& p, TopkSplitState
   }
 }
 
+// Bitonic sort of buf[0, NT*E) descending (shared memory), E elements per thread held in
+// registers: strides below E inside a thread, below 32*E by warp shuffles, only the larger ones
+// through shared memory (a barrier each). For 4096 entries on 512 threads: 22 barriers, not 78.
+template <int NT, int E>
+__device__ __forceinline__ void bitonic_sort_desc_reg(uint64_t* buf) {
+  constexpr int n = NT * E;
+  const int t = threadIdx.x;
+  uint64_t r[E];
+  for (int size = 2; size <= n; size <<= 1) {
+    int stride = size >> 1;
+    for (; stride >= 32 * E; stride >>= 1) {
+      for (int q = t; q < (n >> 1); q += NT) {
+        const int i = 2 * q - (q & (stride - 1));
+        const int j = i + stride;
+        const bool desc = (i & size) == 0;
+        const uint64_t a = buf[i], b = buf[j];
+        if ((a < b) == desc) {
+          buf[i] = b;
+          buf[j] = a;
+        }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) r[e] = buf[t * E + e];
+    for (; stride >= E; stride >>= 1) {
+      const int d = stride / E;  // partner lane distance (< 32)
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int g = t * E + e;
+        const uint64_t b = __shfl_xor_sync(kFull, r[e], d);
+        const bool lower = (g & stride) == 0;
+        const bool desc = (g & size) == 0;
+        const uint64_t mx = r[e] > b ? r[e] : b, mn = r[e] > b ? b : r[e];
+        r[e] = lower == desc ? mx : mn;
+      }
+    }
+#pragma unroll
+    for (int s = E / 2; s >= 1; s >>= 1) {
+      if (s <= stride) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          if ((e & s) == 0) {
+            const int g = t * E + e;
+            const bool desc = (g & size) == 0;
+            const uint64_t a = r[e], b = r[e | s];
+            if ((a < b) == desc) {
+              r[e] = b;
+              r[e | s] = a;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) buf[t * E + e] = r[e];
+    __syncthreads();
+  }
+}
+
+// Sorts buf[0, n) descending (n a power of two): the register version when buf is in shared
+// memory and n is 2..16 elements per thread, else the plain bitonic sort.
+template <int NT>
+__device__ __forceinline__ void sort_desc(uint64_t* buf, int n, bool in_smem) {
+  if (in_smem) {
+    switch (n / NT) {
+      case 2: if (n == 2 * NT) return bitonic_sort_desc_reg<NT, 2>(buf); break;
+      case 4: if (n == 4 * NT) return bitonic_sort_desc_reg<NT, 4>(buf); break;
+      case 8: if (n == 8 * NT) return bitonic_sort_desc_reg<NT, 8>(buf); break;
+      case 16: if (n == 16 * NT) return bitonic_sort_desc_reg<NT, 16>(buf); break;
+      default: break;
+    }
+  }
+  bitonic_sort_desc<NT>(buf, n);
+}
+
 // The row's k candidates, sorted (composites descending) and written as (value, index).
 template <int NT>
 __device__ __forceinline__ void split_finish(const TopkParams& p, int64_t row, unsigned char* smem) {
   uint64_t* g = p.ws_cand + row * p.kpad;
   uint64_t* buf = p.sort_in_smem ? reinterpret_cast<uint64_t*>(smem) : g;
-  __syncthreads();  // smem (histogram) no longer in use
   for (int i = threadIdx.x; i < p.kpad; i += NT) {
     uint64_t v = i < p.k ? __ldcg(g + i) : 0;  // written by other CTAs: read through L2
     if (p.sort_in_smem || i >= p.k) buf[i] = v;
   }
   __syncthreads();
-  bitonic_sort_desc<NT>(buf, p.kpad);
+  sort_desc<NT>(buf, p.kpad, p.sort_in_smem != 0);
   write_sorted<NT>(p, row, buf);
+}
+
+// Deterministic mode, few elements share the k-th key: the last CTA sorts them (equal keys, so by
+// index, lowest first) and the first kk join the candidates.
+template <int NT>
+__device__ __forceinline__ void split_small_ties(const TopkParams& p, int64_t row, uint32_t cnt, uint32_t kk,
+                                                 unsigned char* smem) {
+  const uint64_t* g = p.ws_ties + row * topk_plan::kSplitSmallTies;
+  uint64_t* cand = p.ws_cand + row * p.kpad + (p.k - kk);
+  uint64_t* buf = reinterpret_cast<uint64_t*>(smem);
+  int n = 1;
+  while (n < (int)cnt) n <<= 1;
+  for (int i = threadIdx.x; i < n; i += NT) buf[i] = i < (int)cnt ? __ldcg(g + i) : 0;
+  __syncthreads();
+  sort_desc<NT>(buf, n, true);
+  for (int i = threadIdx.x; i < (int)kk; i += NT) cand[i] = buf[i];
+  __syncthreads();  // candidates complete (global writes of this block) before the sort
 }
 
 // Claims the next piece of the row for this launch (thread 0), broadcast to the block.
@@ -164,7 +256,7 @@ __device__ __forceinline__ void split_pass_body(const TopkParams& p) {
   uint32_t* hist = reinterpret_cast<uint32_t*>(smem);
   __shared__ uint32_t scratch[33];
   __shared__ int s_piece, s_flag;
-  __shared__ uint32_t s_ties;
+  __shared__ uint32_t s_ties, s_count, s_base, s_local;
   const int64_t row = blockIdx.y;
   TopkSplitState* st = p.ws_state + row;
   const int L = p.pass;  // 0..3
@@ -177,7 +269,9 @@ __device__ __forceinline__ void split_pass_body(const TopkParams& p) {
   const bool compact = !fin && st->compact != 0;
   // Deterministic ties beyond kk at the complete key: count them per piece of x (in index order)
   // for the tie pass instead of taking the first to claim a slot.
-  const bool det_ties = fin && st->straddle != 0;
+  // Few of them (at most kSplitSmallTies): gather them all and sort them by index at the end.
+  const bool small_ties = fin && st->straddle != 0 && st->cnt <= (uint32_t)topk_plan::kSplitSmallTies;
+  const bool det_ties = fin && st->straddle != 0 && !small_ties;
   const uint32_t src = det_ties ? 0u : st->src;
   const uint32_t src_count = st->src_count;
   const bool largest = p.largest != 0;
@@ -206,15 +300,18 @@ __device__ __forceinline__ void split_pass_body(const TopkParams& p) {
       if (fin) {
         if (det_ties) {
           my_ties += inb ? 1u : 0u;
+        } else if (small_ties) {
+          const uint32_t s2 = warp_slot(inb, &st->tie);  // cnt <= kSplitSmallTies of them
+          if (inb) p.ws_ties[row * topk_plan::kSplitSmallTies + s2] = composite(key, idx);
         } else {
           const uint32_t s2 = warp_slot(inb, &st->tie);
           if (inb && s2 < kk) cand[(k - kk) + s2] = composite(key, idx);
         }
         return;
       }
-      if (compact) {
-        const uint32_t s3 = warp_slot(inb, fill);
-        if (inb) out_buf[s3] = composite(key, idx);
+      if (compact) {  // slots in this piece's reservation (a shared counter)
+        const uint32_t s3 = warp_slot(inb, &s_local);
+        if (inb) out_buf[s_base + s3] = composite(key, idx);
       }
     }
     if (inb) atomicAdd(&hist[level_digit(key, L)], 1u);
@@ -223,11 +320,36 @@ __device__ __forceinline__ void split_pass_body(const TopkParams& p) {
   const float* xr = p.x + row * p.ldx;
   const bool from_x = src == 0;
   const int npieces = from_x ? p.pieces : (int)((src_count + (uint32_t)p.chunk - 1) / (uint32_t)p.chunk);
+  if (tid == 0) s_count = 0;
   for (;;) {
     if (tid == 0) s_ties = 0;
     const int piece = claim_piece(st, L, &s_piece);
     if (piece >= npieces) break;
     const int lo = piece * p.chunk;
+    if (compact) {
+      // Reserve the piece's compaction slots with one global atomic (a per-warp atomic on the
+      // row's counter serializes when B_l is a large share of the row): count first (the piece
+      // is in L2 for the pass below), then hand out slots through a shared counter.
+      uint32_t n = 0;
+      auto count = [&](uint32_t key, bool valid) {
+        n += (valid && (key & mask_prev) == prefix_prev && (key & mask) == prefix) ? 1u : 0u;
+      };
+      if (from_x) {
+        walk_row<NT, 4>(xr, lo, min(p.C, lo + p.chunk), tid,
+                        [&](int, float v, bool valid) { count(to_key(v, largest), valid); });
+      } else {
+        const int hi = (int)min(src_count, (uint32_t)lo + (uint32_t)p.chunk);
+        for (int j = lo + tid; j < hi; j += NT) count(comp_key(in_buf[j]), true);
+      }
+      if (n) atomicAdd(&s_count, n);
+      __syncthreads();
+      if (tid == 0) {
+        s_base = s_count ? atomicAdd(fill, s_count) : 0u;
+        s_count = 0;
+        s_local = 0;
+      }
+      __syncthreads();
+    }
     if (from_x) {
       const int hi = min(p.C, lo + p.chunk);
       walk_row<NT, 4>(xr, lo, hi, tid, [&](int i, float v, bool valid) {
@@ -273,8 +395,7 @@ __device__ __forceinline__ void split_pass_body(const TopkParams& p) {
     if (tid == 0) tiecnt[P] = carry;
     return;
   }
-  split_finish<NT>(p, row, smem);
-  if (tid == 0) st->finished = 1;
+  if (tid == 0) st->finished = 1;  // candidates complete: the sort launch writes the row
 }
 
 // Deterministic mode, more elements share the k-th key T than the kk still needed: the kk lowest
@@ -283,7 +404,6 @@ __device__ __forceinline__ void split_pass_body(const TopkParams& p) {
 // in index order (a block scan per NT elements). Pieces past the kk-th tie are skipped.
 template <int NT>
 __device__ __forceinline__ void split_tie_body(const TopkParams& p) {
-  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t scratch[33];
   __shared__ int s_piece, s_flag;
   const int64_t row = blockIdx.y;
@@ -320,8 +440,19 @@ __device__ __forceinline__ void split_tie_body(const TopkParams& p) {
     }
   }
   if (!last_of_launch(st, kLaunch, &s_flag)) return;
-  split_finish<NT>(p, row, smem);
   if (tid == 0) st->finished = 1;
+}
+
+// Last launch, one CTA per row: the deterministic small tie set first (sorted by index, the first
+// kk join the candidates), then the k candidates sorted and written.
+template <int NT>
+__device__ __forceinline__ void split_sort_body(const TopkParams& p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int64_t row = blockIdx.x;
+  const TopkSplitState* st = p.ws_state + row;
+  if (p.deterministic && st->straddle && st->cnt <= (uint32_t)topk_plan::kSplitSmallTies)
+    split_small_ties<NT>(p, row, st->cnt, st->kk, smem);
+  split_finish<NT>(p, row, smem);
 }
 
 }  // namespace fly_topk

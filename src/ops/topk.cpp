@@ -206,9 +206,10 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
       return launch1(f, cfg, stream, p);
     }
     case Path::kSplit: {
-      CUfunction fi = nullptr, fp = nullptr, ft = nullptr;
+      CUfunction fi = nullptr, fp = nullptr, ft = nullptr, fs = nullptr;
       FLY_TRY(get_function(*dc, *v, "fly_topk_split_init", &fi));
       FLY_TRY(get_function(*dc, *v, "fly_topk_split_pass", &fp));
+      FLY_TRY(get_function(*dc, *v, "fly_topk_split_sort", &fs));
       if (deterministic) FLY_TRY(get_function(*dc, *v, "fly_topk_split_tie", &ft));
       const auto plan = topk_plan::plan_split(R, C, k, v->get_int("chunk"));
       char* ws = static_cast<char*>(workspace);
@@ -223,6 +224,7 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
       p.ws_buf_a = reinterpret_cast<uint64_t*>(ws + plan.buf_a_offset);
       p.ws_buf_b = reinterpret_cast<uint64_t*>(ws + plan.buf_b_offset);
       p.ws_tiecnt = reinterpret_cast<uint32_t*>(ws + plan.tie_offset);
+      p.ws_ties = reinterpret_cast<uint64_t*>(ws + plan.ties_offset);
       // CTAs per row: enough for every SM to hold as many as its threads allow, over all rows;
       // each claims pieces until the row's pass is done, so extra CTAs only find nothing left.
       const int64_t per_sm = std::max<int64_t>(1, 2048 / int64_t(threads));
@@ -244,9 +246,13 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
         p.pass = pass;
         FLY_TRY(launch1(fp, pieces, stream, p));
       }
-      if (!deterministic) return FLY_SUCCESS;
-      p.pass = 4;  // ties at the k-th key in index order (returns at once when there are none)
-      return launch1(ft, pieces, stream, p);
+      if (deterministic) {
+        p.pass = 4;  // many ties at the k-th key, in index order (returns at once otherwise)
+        FLY_TRY(launch1(ft, pieces, stream, p));
+      }
+      LaunchConfig sort = rows;
+      sort.smem = unsigned(plan.sort_smem);
+      return launch1(fs, sort, stream, p);
     }
     default:
       return fail(FLY_ERROR_INTERNAL, "topk: variant %s has no known path", v->name.c_str());

@@ -181,9 +181,11 @@ TEST_CASE("topk: every bundled variant's path launches as planned", "[fake][topk
         CHECK(L->smem == unsigned(plan.smem));
         CHECK(p.cache_row == int(plan.cache_row));
       } else {
-        CHECK(n == 1 + 4 + (det ? 1 : 0));  // init, passes 0..3, the deterministic tie pass
+        CHECK(n == 1 + 4 + (det ? 1 : 0) + 1);  // init, passes 0..3, the deterministic tie pass, sort
         CHECK(std::string(L->kernel) == "fly_topk_split_init");
-        CHECK(std::string(fake_cuda_get_launch(n - 1)->kernel) == (det ? "fly_topk_split_tie" : "fly_topk_split_pass"));
+        CHECK(std::string(fake_cuda_get_launch(n - 2)->kernel) == (det ? "fly_topk_split_tie" : "fly_topk_split_pass"));
+        CHECK(std::string(fake_cuda_get_launch(n - 1)->kernel) == "fly_topk_split_sort");
+        CHECK(fake_cuda_get_launch(n - 1)->grid[0] == unsigned(R));
         const fake_cuda_launch* pass = fake_cuda_get_launch(1);
         CHECK(std::string(pass->kernel) == "fly_topk_split_pass");
         CHECK(pass->grid[1] == unsigned(R));
