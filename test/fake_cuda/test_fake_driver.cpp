@@ -208,6 +208,32 @@ TEST_CASE("topk: every bundled variant's path launches as planned", "[fake][topk
   CHECK(paths.count("radix") == 1);
 }
 
+TEST_CASE("topk: few long rows dispatch to the split path through the shipped rows", "[fake][topk]") {
+  // The nearest-key lookup must not send R <= 16, C >= 2^18 to radix or small (one CTA per row):
+  // db/sm_90a.sql carries split rows for that band (docs/topk.md, "Dispatch").
+  void* s = fake_cuda_stream_create(0);
+  struct Case { int64_t R, C, k; };
+  const Case cases[] = {{1, 1 << 18, 1},   {1, 1 << 18, 4096}, {16, 1 << 18, 64},    {8, 1 << 20, 4},
+                        {4, 1000003, 2048}, {1, 1 << 24, 16},   {16, 1 << 24, 1024}, {3, 300007, 16},
+                        {16, 3000017, 256}, {2, 1 << 22, 100},  {1, 5000000, 7}};
+  for (const Case& c : cases)
+    for (int det : {0, 1})
+      for (int largest : {0, 1}) {
+        fly_tensor x = mat(fake_cuda_malloc(size_t(c.R * c.C * 4)), FLY_F32, c.R, c.C, c.C);
+        fly_tensor v = mat(fake_cuda_malloc(size_t(c.R * c.k * 4)), FLY_F32, c.R, c.k, c.k);
+        fly_tensor i = mat(fake_cuda_malloc(size_t(c.R * c.k * 8)), FLY_I64, c.R, c.k, c.k);
+        size_t ws_bytes = 0;
+        REQUIRE(fly_topk_workspace_size(&x, c.k, largest, det, &ws_bytes) == FLY_SUCCESS);
+        void* ws = fake_cuda_malloc(ws_bytes);
+        INFO("R=" << c.R << " C=" << c.C << " k=" << c.k << " det=" << det);
+        REQUIRE(fly_topk(&x, c.k, largest, det, &v, &i, ws, ws_bytes, s) == FLY_SUCCESS);
+        const std::string ran = fly_last_variant();
+        INFO("ran " << ran << " (" << fly_last_decision() << ")");
+        CHECK(ran.rfind("topk_split_", 0) == 0);
+        CHECK(std::string(fly_last_decision()).rfind("db:", 0) == 0);
+      }
+}
+
 TEST_CASE("gemm: every bundled variant plans legal tensor maps and launches", "[fake][gemm]") {
   ForceGuard guard;
   void* s = fake_cuda_stream_create(0);
