@@ -7,13 +7,14 @@
 //   pass 1..3            read B_{l-1} (x, or the compaction buffer once the bucket was small):
 //                        elements above B_l -> candidates; B_l -> histogram of the next digit and
 //                        the compaction buffer; once B_l is resolved, its elements -> candidates
-//   tie pass             deterministic only, when more elements than needed share the k-th key:
-//                        pieces in index order take the lowest indices (per-piece tie counts of
-//                        pass 3 give each piece its offset)
-// The CTA that finishes the row's last launch sorts the k candidates (bitonic, shared memory up
-// to 8192) and writes them. Launches after a row is finished return at once.
-// So x is read twice on typical data (pass 0 and pass 1), more only when a bucket stays larger
-// than C/16 (e.g. many equal keys) or in the deterministic tie pass.
+//   tie pass             deterministic only, when more than kSplitSmallTies elements share the
+//                        k-th key: pieces in index order take the lowest indices (per-piece tie
+//                        counts of pass 3, turned into offsets by its last CTA)
+//   sort (R CTAs)        deterministic small tie sets sorted by index first, then the k
+//                        candidates sorted (registers + shuffles + shared memory) and written
+// Launches after a row is resolved return at once. x is read twice on typical data (pass 0 and
+// pass 1), more only when a bucket stays larger than C/8 (e.g. many equal keys) or in the
+// deterministic tie pass.
 #pragma once
 #include "topk/topk_common.cuh"
 
