@@ -23,13 +23,13 @@ if has torch; then
   echo "torch rc=$? ($(( $(date +%s) - t0 )) s)"; cut -c1-170 "$out/torch.log"
 fi
 if has variants; then
-  for v in $(ls bw/gen | grep "^attention_fwd_bf16_hd512" | sed "s/\.cu$//"); do
+  for v in $(ls bw/gen | grep "^attention_fwd_bf16_hd512.*_mc" | sed "s/\.cu$//"); do
     timeout 30 bw/flybench attention --suite bench/probes/attention_d512.json --no-decode --dtype bf16 --reps 5 --variant "$v" 2>&1 | grep -E "D=512" | sed "s/^/$v /" | cut -c1-190
   done > "$out/variants.log"
   echo "variants ($(( $(date +%s) - t0 )) s):"; cat "$out/variants.log"
 fi
 if has memcheck; then
-  timeout ${MEMCHECK_TIMEOUT:-70} compute-sanitizer --tool memcheck --error-exitcode 9 bw/test/fly_gpu_tests "[attention_wide_small],attention_fwd: every bundled variant" > "$out/memcheck.log" 2>&1
+  timeout ${MEMCHECK_TIMEOUT:-70} compute-sanitizer --tool memcheck --error-exitcode 9 bw/test/fly_gpu_tests "[attention_wide],[attention_wide_small],attention_fwd: every bundled variant" > "$out/memcheck.log" 2>&1
   echo "memcheck rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|passed|failed|Invalid" "$out/memcheck.log" | head -8
 fi
 if has racecheck; then

@@ -22,6 +22,9 @@
 #ifndef FLY_DTYPE_IS_BF16
 #define FLY_DTYPE_IS_BF16 0
 #endif
+#ifndef FLY_MC  // wide variants: 2 = may run as multicast clusters of 2 CTAs (p.cluster)
+#define FLY_MC 1
+#endif
 
 namespace fly::attn {
 namespace {
@@ -254,8 +257,50 @@ struct WideRing {
   uint64_t* v_empty;  // ... once its P V product has landed
 };
 
+// Multicast clusters (FLY_MC 2, p.cluster): CTAs 2i and 2i + 1 own adjacent m blocks of one head.
+// For the key tiles both need (it < shared), CTA rank r loads chunks 4r..4r+3 of each K / V tile
+// into both CTAs; each empty barrier then collects the 8 local and the 8 peer warps (16), so a
+// slot is refilled only when both CTAs have read it. Tiles only the longer (causal) CTA needs it
+// loads alone; its warps then arrive twice locally. A padded CTA past m_blocks has no tiles.
+struct WideCluster {
+  bool on = false;
+  uint32_t rank = 0;
+  int shared = 0;  // key tiles both CTAs read
+};
+
+__device__ __forceinline__ int wide_n_end(const AttnFwdParams& p, int bx) {
+  if (bx >= p.m_blocks) return 0;
+  const int mb = p.causal ? p.m_blocks - 1 - bx : bx;
+  const int last_pos = min((mb + 1) * Cfg::BM, p.Sq) - 1;
+  const int kv_end = p.causal ? min(p.Sk, last_pos + 1) : p.Sk;
+  return (kv_end + Cfg::kBN - 1) / Cfg::kBN;
+}
+
+__device__ __forceinline__ void load_kv_wide(uint8_t* dst, const CUtensorMap* map, uint64_t* bar, int row0,
+                                             const TileCoord& t, const WideCluster& cl, int it) {
+  if (FLY_MC == 2 && cl.on && it < cl.shared) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int ch = 4 * int(cl.rank) + c;
+      tma_load_4d_multicast(dst + ch * Cfg::kBN * 128, map, bar, ch * 64, row0, t.kv_head, t.batch, 0x3);
+    }
+  } else {
+    load_tile<Cfg::kHD>(dst, map, bar, Cfg::kBN, row0, t.kv_head, t.batch);
+  }
+}
+
+// A consumer warp hands a K or V slot back (see WideCluster).
+__device__ __forceinline__ void release_wide(uint64_t* bar, const WideCluster& cl, int it) {
+  if (threadIdx.x % 32 != 0) return;
+  sm90::mbar_arrive(bar);
+  if (FLY_MC == 2 && cl.on) {
+    if (it < cl.shared) sm90::mbar_arrive_cluster(bar, cl.rank ^ 1);
+    else sm90::mbar_arrive(bar);
+  }
+}
+
 __device__ __forceinline__ void producer_wide(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem,
-                                              const WideRing& r) {
+                                              const WideRing& r, const WideCluster& cl) {
   uint8_t* sq = smem;
   uint8_t* sk = smem + Cfg::kQBytes;
   uint8_t* sv = sk + Cfg::kKVBytes;
@@ -273,11 +318,11 @@ __device__ __forceinline__ void producer_wide(const AttnFwdParams& p, const Tile
   for (int n = t.n_begin, it = 0; n < t.n_end; ++n, ++it) {
     const uint32_t phase = it & 1;
     sm90::mbar_wait(r.k_empty, phase ^ 1);
-    sm90::mbar_arrive_expect_tx(r.k_full, Cfg::kKVBytes);
-    load_tile<Cfg::kHD>(sk, &p.tm_k, r.k_full, Cfg::kBN, n * Cfg::kBN, t.kv_head, t.batch);
+    sm90::mbar_arrive_expect_tx(r.k_full, Cfg::kKVBytes);  // all of it: half may come from the peer
+    load_kv_wide(sk, &p.tm_k, r.k_full, n * Cfg::kBN, t, cl, it);
     sm90::mbar_wait(r.v_empty, phase ^ 1);
     sm90::mbar_arrive_expect_tx(r.v_full, Cfg::kKVBytes);
-    load_tile<Cfg::kHD>(sv, &p.tm_v, r.v_full, Cfg::kBN, n * Cfg::kBN, t.kv_head, t.batch);
+    load_kv_wide(sv, &p.tm_v, r.v_full, n * Cfg::kBN, t, cl, it);
   }
 }
 
@@ -300,7 +345,7 @@ __device__ __forceinline__ void exchange_scores(float (&s)[Cfg::kBN / 2], float*
 // FLY_OV = 1: S of tile j + 1 is issued before P V of tile j and exchanged / exponentiated while
 // that product runs (the K and V tiles have separate slots, so both are resident).
 __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem,
-                                              const WideRing& r, int cw) {
+                                              const WideRing& r, const WideCluster& cl, int cw) {
   using Half = Cfg::Half;
   const uint32_t base = sm90::smem_u32(smem);
   const uint32_t sq = base + cw * 4 * Cfg::BM * 128;  // chunks 4 cw .. 4 cw + 3 of each tile
@@ -309,7 +354,6 @@ __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const Tile
   float* xbuf = reinterpret_cast<float*>(smem + Cfg::kXOffset);
   const RowMap rm = map_rows(p, t, 0);  // both warpgroups hold the same 64 rows
   const int min_pos = p.pack_gqa ? 0 : t.m0;
-  const bool warp_leader = threadIdx.x % 32 == 0;
   auto needs_mask = [&](int n0) { return n0 + Cfg::kBN > p.Sk || (p.causal && n0 + Cfg::kBN - 1 > min_pos); };
 
   float o[128];
@@ -329,7 +373,7 @@ __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const Tile
       mma_qk<Half>(s, sq, Cfg::BM, sk);
       sm90::wgmma_wait<0>();
       fence_regs(s);
-      if (warp_leader) sm90::mbar_arrive(r.k_empty);
+      release_wide(r.k_empty, cl, it);
       exchange_scores(s, xbuf, cw);
       if (needs_mask(n0)) mask_tile<Cfg::kBN>(s, n0, p.Sk, p.causal, rm.pos);
       sm.step<Cfg::kBN>(s, p.scale_log2, alpha);
@@ -339,7 +383,7 @@ __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const Tile
       mma_pv<Half>(o, pf, sv);
       sm90::wgmma_wait<0>();
       fence_regs(o);
-      if (warp_leader) sm90::mbar_arrive(r.v_empty);
+      release_wide(r.v_empty, cl, it);
     }
   } else if (iters > 0) {
     float s[Cfg::kBN / 2];
@@ -347,7 +391,7 @@ __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const Tile
     mma_qk<Half>(s, sq, Cfg::BM, sk);
     sm90::wgmma_wait<0>();
     fence_regs(s);
-    if (warp_leader) sm90::mbar_arrive(r.k_empty);
+    release_wide(r.k_empty, cl, 0);
     exchange_scores(s, xbuf, cw);
     if (needs_mask(t.n_begin * Cfg::kBN)) mask_tile<Cfg::kBN>(s, t.n_begin * Cfg::kBN, p.Sk, p.causal, rm.pos);
     sm.step<Cfg::kBN>(s, p.scale_log2, alpha);  // O is still zero: no rescale
@@ -361,13 +405,13 @@ __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const Tile
       mma_pv<Half>(o, pf, sv);
       sm90::wgmma_wait<1>();  // S of this tile is in; P V of the previous one may still run
       fence_regs(s);
-      if (warp_leader) sm90::mbar_arrive(r.k_empty);
+      release_wide(r.k_empty, cl, it);
       exchange_scores(s, xbuf, cw);
       if (needs_mask(n0)) mask_tile<Cfg::kBN>(s, n0, p.Sk, p.causal, rm.pos);
       sm.step<Cfg::kBN>(s, p.scale_log2, alpha);
       sm90::wgmma_wait<0>();
       fence_regs(o);
-      if (warp_leader) sm90::mbar_arrive(r.v_empty);
+      release_wide(r.v_empty, cl, it - 1);
       scale_rows(o, alpha);
       pack_p<Half>(s, pf);  // pf was the in-flight product's operand until the wait above
     }
@@ -375,7 +419,7 @@ __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const Tile
     mma_pv<Half>(o, pf, sv);
     sm90::wgmma_wait<0>();
     fence_regs(o);
-    if (warp_leader) sm90::mbar_arrive(r.v_empty);
+    release_wide(r.v_empty, cl, iters - 1);
   }
   float inv[2], lse[2];
   sm.finish(p.scale_log2, inv, lse);
@@ -394,24 +438,38 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Cfg::kBarOffset);
   const WideRing r{bars, bars + 1, bars + 2, bars + 3, bars + 4};
+  const bool clustered = FLY_MC == 2 && p.cluster != 0;
   if (threadIdx.x == 0) {
     fly::sm90::mbar_init(r.q_full, 1);
     fly::sm90::mbar_init(r.k_full, 1);
     fly::sm90::mbar_init(r.v_full, 1);
-    fly::sm90::mbar_init(r.k_empty, 8);
-    fly::sm90::mbar_init(r.v_empty, 8);
+    fly::sm90::mbar_init(r.k_empty, clustered ? 16 : 8);
+    fly::sm90::mbar_init(r.v_empty, clustered ? 16 : 8);
     fly::sm90::fence_barrier_init();
   }
-  __syncthreads();
-  const TileCoord t = schedule_tile<Cfg::BM, Cfg::kBN>(p);
+  if (clustered) fly::sm90::cluster_sync();  // the peer's barriers exist before any multicast
+  else __syncthreads();
+  TileCoord t = schedule_tile<Cfg::BM, Cfg::kBN>(p);
+  WideCluster cl;
+  if (clustered) {
+    cl.on = true;
+    cl.rank = fly::sm90::cluster_ctarank();
+    if (int(blockIdx.x) >= p.m_blocks) {  // the padding CTA of an odd m_blocks: rows past Sq, no keys
+      t.m0 = p.m_blocks * Cfg::BM;
+      t.n_begin = t.n_end = 0;
+    }
+    cl.shared = min(t.n_end, wide_n_end(p, int(blockIdx.x ^ 1u)));
+  }
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     fly::sm90::setmaxnreg_dec<24>();
-    if (threadIdx.x < 32 && fly::sm90::elect_one()) producer_wide(p, t, smem, r);
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) producer_wide(p, t, smem, r, cl);
   } else {
     fly::sm90::setmaxnreg_inc<240>();
-    consumer_wide(p, t, smem, r, wg - 1);
+    consumer_wide(p, t, smem, r, cl, wg - 1);
   }
+  // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
+  if (clustered) fly::sm90::cluster_sync();
 }
 #else
 extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(const __grid_constant__ AttnFwdParams p) {

@@ -411,6 +411,29 @@ TEST_CASE("attention_fwd: wide head dims 257..512", "[attention][gpu][attention_
   }
 }
 
+// Every bundled hd512 variant (mc2: multicast clusters of adjacent m blocks, padded to an even grid
+// when m_blocks is odd; the longer causal CTA's unshared key tiles) on shapes that reach each path.
+TEST_CASE("attention_fwd: wide head dims, every bundled hd512 variant", "[attention][gpu][attention_wide]") {
+  struct Shape { int64_t B, Hq, Hkv, Sq, Sk, D; bool causal; };
+  const Shape shapes[] = {{1, 2, 2, 150, 333, 512, false}, {1, 2, 2, 150, 333, 512, true}, {1, 2, 2, 1000, 1000, 512, true},
+                          {1, 2, 2, 130, 70, 400, true},   {2, 4, 2, 193, 17, 512, false}, {1, 1, 1, 256, 2000, 300, true},
+                          {1, 2, 2, 64, 500, 512, false}};
+  int n = 0;
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const std::string name = fly_variant_name(i);
+    if (name.rfind("attention_fwd_", 0) != 0 || name.find("_hd512_") == std::string::npos) continue;
+    for (const Shape& sh : shapes) {
+      Case c;
+      c.dt = name.find("_bf16_") != std::string::npos ? FLY_BF16 : FLY_F16;
+      c.B = sh.B, c.Hq = sh.Hq, c.Hkv = sh.Hkv, c.Sq = sh.Sq, c.Sk = sh.Sk, c.D = sh.D, c.causal = sh.causal;
+      c.force = name.c_str();
+      check_case(c);
+    }
+    ++n;
+  }
+  CHECK(n >= 2);
+}
+
 // Bounded shapes for racecheck: every wide code path once (masked tiles, causal, packed GQA,
 // split keys and the combine), both dtypes.
 TEST_CASE("attention_fwd: wide head dims, small (sanitizers)", "[attention_wide_small]") {
@@ -431,4 +454,17 @@ TEST_CASE("attention_fwd: wide head dims, small (sanitizers)", "[attention_wide_
   c.Sk = 2048;
   c.D = 512;
   check_case(c);
+  for (fly_dtype dt : {FLY_BF16, FLY_F16}) {  // the multicast cluster path: 3 m blocks (one padding CTA), causal
+    Case m;
+    m.dt = dt;
+    m.Hq = m.Hkv = 1;
+    m.Sq = 150;
+    m.Sk = 200;
+    m.D = 512;
+    m.causal = true;
+    m.force = dt == FLY_BF16 ? "attention_fwd_bf16_hd512_m64_n64_st1_ov0_mc2" : "attention_fwd_fp16_hd512_m64_n64_st1_ov0_mc2";
+    bool bundled = false;
+    for (int i = 0; i < fly_variant_count(); ++i) bundled |= std::string(fly_variant_name(i)) == m.force;
+    if (bundled) check_case(m);
+  }
 }
