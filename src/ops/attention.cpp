@@ -120,7 +120,7 @@ std::string default_variant(const AttnCall& c) {
     case 128: return "attention_fwd_" + d + "_hd128_m128_n128_st2_ov0";
     case 192: return "attention_fwd_" + d + "_hd192_m128_n112_st2_ov0";
     case 256: return "attention_fwd_" + d + "_hd256_m128_n64_st2_ov0";
-    default: return "attention_fwd_" + d + "_hd512_m64_n64_st1_ov0_mc2";  // the wide-head schedule
+    default: return "attention_fwd_" + d + "_hd512_m64_n64_st1_ov0_mc1";  // the wide-head schedule
   }
 }
 
