@@ -1,7 +1,8 @@
 // Attention forward on the GPU against an FP64 host reference on fresh random data: compiled and
 // odd head dims, Sq != Sk with and without causal (top-left), lengths off the tile (1, 17, 1000),
 // a single query against 8192 keys (split keys, GQA packing), GQA, BHSD and BSHD views, both
-// dtypes, every bundled variant. O (padding included) and LSE are poisoned beforehand.
+// dtypes, every bundled variant; the wide-head schedule (D 257..512) in [attention_wide]. O (padding
+// included) and LSE are poisoned beforehand.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
