@@ -415,9 +415,26 @@ def test_sdpa_decode_shape(on):
     assert rel_err(out, attn_ref(q, k, v, False)) < 1e-2
 
 
-@pytest.mark.parametrize("case", ["dropout", "mask", "fp32", "d512"])
+@pytest.mark.parametrize("D,causal", [(512, False), (512, True), (300, True)])
+def test_sdpa_wide_head_dims_reach_ours(on, D, causal):
+    """D 257..512: SDPA's memory-efficient op (its only backend there) runs our wide-head forward;
+    the stock backward on our output and log-sum-exp gives stock's gradients."""
+    q, k, v = qkv(1, 4, 4, 200, 200, D, grad=True)
+    dout = torch.randn(1, 4, 200, D, device=DEV, dtype=torch.bfloat16)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert on.dispatch_counts()["sdpa_efficient"][0] == 1, on.dispatch_counts()
+    assert rel_err(out, attn_ref(q, k, v, causal)) < 1e-2
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    with on.disabled():
+        sout = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        sgrads = torch.autograd.grad(sout, (q, k, v), dout)
+    for g, sg in zip(grads, sgrads):
+        assert rel_err(g, sg) < 2e-2
+
+
+@pytest.mark.parametrize("case", ["dropout", "mask", "fp32", "d1024"])
 def test_sdpa_ineligible_reaches_stock(on, case):
-    D = 512 if case == "d512" else 64
+    D = 1024 if case == "d1024" else 64
     q, k, v = qkv(1, 2, 2, 64, 64, D, dtype=torch.float32 if case == "fp32" else torch.bfloat16)
     kw = {}
     if case == "dropout":
@@ -428,7 +445,7 @@ def test_sdpa_ineligible_reaches_stock(on, case):
     counts = on.dispatch_counts()
     assert sum(counts[n][0] for n in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")) == 0, counts
     assert out.shape == q.shape and torch.isfinite(out).all()
-    if case in ("mask", "d512"):
+    if case in ("mask", "d1024"):
         mask = kw["attn_mask"].double() if case == "mask" else None
         ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
         assert rel_err(out, ref) < 2e-2
