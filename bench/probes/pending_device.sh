@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# What the 2026-12-02 session merged without running it on the GPU (its device time ran out), as
+# device calls for the next session. Each stage fits one call (<= 600 s); run them in order on a
+# warm machine, carrying .devdeps, .whl (expecttest, see docs/pytorch.md) and, for stage mx, the
+# wgmma MXFP branch's own script.
+#   bash bench/probes/pending_device.sh tests    # default build, ctest, python package + every python GPU test
+#   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family (topk rewrite, hd512)
+#   bash bench/probes/pending_device.sh bench    # TopK long rows after the DB change, compiled GEMM from suite shape 5
+# Logs under $OUT (at most 8 files come back: the stages tar their logs).
+set -uo pipefail
+stage=${1:-tests}
+OUT=${OUT:-/tmp/out}
+R=$PWD
+t0=$(date +%s)
+el() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+build() {
+  [ -f build/libflykernels.so ] && [ -x build/test/fly_gpu_subset ] && return 0
+  bash tools/device_run.sh build >"$OUT/build.log" 2>&1 && cmake --build build -j16 >>"$OUT/build.log" 2>&1 ||
+    { tail -30 "$OUT/build.log"; exit 1; }
+  el "build done: $(ls build/cubins | wc -l) cubins"
+}
+pyinstall() {
+  [ -d /tmp/pyfk/flykernels ] && return 0
+  if ls .whl/expecttest-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  fi
+  FLYKERNELS_PREBUILT_DIR=build MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/pyfk \
+    ./python >"$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; exit 1; }
+  el "python package installed"
+}
+case "$stage" in
+  tests)
+    build
+    (cd build && timeout 200 ctest --output-on-failure) >"$OUT/ctest.log" 2>&1
+    el "ctest rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | head
+    pyinstall
+    (cd /tmp && PYTHONPATH=/tmp/pyfk:${PYTHONPATH:-} timeout 300 python3 -m pytest -q -rs -p no:cacheprovider \
+      "$R/python/tests" 2>&1) >"$OUT/pytest.log"
+    el "pytest rc=$?"; grep -E "passed|failed|FAILED|SKIPPED" "$OUT/pytest.log" | tail -20
+    ;;
+  sanitize)
+    build
+    mkdir -p /tmp/san
+    BUILD=build SAN_BUDGET_S=540 bash test/sanitize/device_sanitize.sh /tmp/san 2>&1 | tee "$OUT/san-summary.txt"
+    tar -C /tmp -czf "$OUT/san.tgz" san
+    ;;
+  bench)
+    build
+    pyinstall
+    mkdir -p "$OUT/topk"  # the default build's tools and DB rows (its own build step would configure topk only)
+    timeout 200 bash kernels/topk/dev/long_device.sh "$OUT/topk" bench bench0 >"$OUT/topk-long.log" 2>&1
+    el "topk long rows rc=$?"; tail -12 "$OUT/topk-long.log"
+    PYTHONPATH=/tmp/pyfk PYTHONUNBUFFERED=1 timeout 330 python3 bench/torch_api.py --suites gemm --gemm-full \
+      --gemm-budget-s 300 --gemm-from 5 --json "$OUT/torch_api_gemm_from5.json" 2>&1 | grep -v Warning >"$OUT/compiled-gemm.log"
+    el "compiled GEMM rc=$?"; tail -20 "$OUT/compiled-gemm.log"
+    ;;
+  *)
+    echo "usage: pending_device.sh tests|sanitize|bench" >&2
+    exit 2
+    ;;
+esac
+el "stage $stage done"
