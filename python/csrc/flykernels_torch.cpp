@@ -1156,6 +1156,30 @@ void addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
   at::addmm_out(out, bias, a, b, beta, alpha);
 }
 
+// out = F.grouped_mm(a, b, offs) for Inductor's grouped GEMM candidate: fly_grouped_gemm into
+// Inductor's [T, N] row-major buffer where it covers the call, else the stock op's result copied.
+void grouped_mm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, at::Tensor out) {
+  const char* why = grouped_mm_ineligible(a, b, &offs, nullptr, out.scalar_type(), true);
+  if (why == nullptr && !(out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(2) &&
+                          out.stride(1) == 1 && (out.size(0) <= 1 || out.stride(0) == out.size(1))))
+    why = "output not a row-major [T, N]";
+  if (why == nullptr) {
+    c10::DeviceGuard guard(a.device());
+    fly_tensor ad = desc_nd(a), bd = desc_nd(b), od = desc_nd(offs), cd = desc_nd(out);
+    const fly_status st = fly_grouped_gemm(&ad, &bd, &od, nullptr, &cd, nullptr, 0, current_stream(a.device()));
+    if (st == FLY_SUCCESS) {
+      note_ours(kGroupedMm);
+      return;
+    }
+    TORCH_CHECK(status_means_fallback(st), "flykernels grouped_mm: ", fly_status_string(st), ": ",
+                fly_get_last_error());
+    note_fallback(kGroupedMm, fly_get_last_error());
+  } else {
+    note_fallback(kGroupedMm, why);
+  }
+  out.copy_(at::_grouped_mm(a, b, offs));
+}
+
 // ---- Python-facing helpers --------------------------------------------------------------------
 std::string explain_rms_norm(const at::Tensor& x, std::vector<int64_t> normalized_shape,
                              std::optional<at::Tensor> weight, std::optional<double> eps, bool check_device) {
@@ -1267,6 +1291,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("workspace") = py::none());
   m.def("addmm_out", &addmm_out, py::arg("bias"), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("beta") = 1.0,
         py::arg("alpha") = 1.0, py::arg("workspace") = py::none());
+  m.def("grouped_mm_out", &grouped_mm_out, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("out"));
   m.def("gemm_workspace_size", &gemm_workspace_size, py::arg("a"), py::arg("b"), py::arg("out"));
   m.def("counts", &counts, "{op: (ours, stock)} dispatch counts since the last reset");
   m.def("reset_counts", &reset_counts);

@@ -473,3 +473,39 @@ def test_mx_quantize_names_the_problem(fly):
         flykernels.torch.mx_quantize(torch.randn(4, 64), "e5m2")
     with pytest.raises(ValueError, match="CUDA"):
         flykernels.torch.mx_quantize(torch.randn(4, 64))
+
+
+# ---- Inductor grouped GEMM candidate ----------------------------------------------------------
+def test_grouped_candidate_shape_rules():
+    ok = lambda **kw: gemm.grouped_shape_ok(**{**dict(  # noqa: E731
+        a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, offs_dtype=torch.int32, out_dtype=torch.bfloat16,
+        a_sizes=(300, 128), a_strides=(128, 1), b_sizes=(4, 128, 256), b_strides=(128 * 256, 256, 1),
+        offs_sizes=(4,), out_sizes=(300, 256), out_strides=(256, 1), device_type="cuda"), **kw})
+    assert ok()
+    assert ok(b_strides=(128 * 256, 1, 128))  # K-contiguous B (w.transpose(-2, -1))
+    assert ok(a_dtype=torch.float16, b_dtype=torch.float16, out_dtype=torch.float16)
+    assert not ok(device_type="cpu")
+    assert not ok(out_dtype=torch.float32)
+    assert not ok(offs_dtype=torch.int64)
+    assert not ok(b_sizes=(4, 128, 252), b_strides=(128 * 252, 252, 1), out_sizes=(300, 252), out_strides=(252, 1))
+    assert not ok(a_strides=(1, 300))  # A column-major
+    assert not ok(b_strides=(128 * 256, 256, 2))
+    assert not ok(a_sizes=(300, 120), a_strides=(120, 1))  # K of A and B differ
+    assert not ok(offs_sizes=(3,))
+    assert not ok(out_strides=(1, 300))
+    assert not ok(a_sizes=("s0", 128))  # dynamic sizes are not offered
+
+
+def test_grouped_candidate_family_wraps_the_grouped_lowering_and_restores_it(fly):
+    import torch._inductor.kernel.mm_grouped as mg
+    original = mg.autotune_select_algorithm
+    fly.enable()
+    assert "grouped_mm_compile" not in fly.active()  # off until named
+    fly.enable(["grouped_mm_compile"])
+    assert "grouped_mm_compile" in fly.active()
+    assert mg.autotune_select_algorithm.__wrapped__ is original
+    fly.disable(["grouped_mm_compile"])
+    assert "grouped_mm_compile" not in fly.active()
+    assert "gemm" in fly.active()  # the dense candidates stay
+    fly.disable(["gemm"])
+    assert mg.autotune_select_algorithm is original
