@@ -35,4 +35,9 @@ struct OddGemmParams {
 // Threads of the kernel: a loading warpgroup and two consumer warpgroups, as the TMA kernel.
 constexpr int kOddThreads = 384;
 
+// Dynamic shared memory: the TMA kernel's ring and barriers (gemm_params.h smem_bytes, no staged
+// epilogue) plus, per stage, one word per tile row: the 33rd word of each row's window when an
+// operand's lines are only 2-byte aligned (gemm_odd_sm90.cu copy_tile_e2).
+inline constexpr int odd_smem_bytes(int bn, int stages) { return smem_bytes(bn, stages) + stages * (kBM + bn) * 4; }
+
 }  // namespace fly::gemm

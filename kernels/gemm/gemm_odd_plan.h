@@ -63,7 +63,7 @@ inline void plan_odd(const Problem& pr, int bn, int stages, int sm_count, OddLau
   OddTail& t = out->params.tail;
   t.p = {pr.a.data, pr.a.ld, static_cast<int32_t>(pr.M), operand_granule(pr.a, pr.K, pr.dtype)};
   t.q = {pr.bt.data, pr.bt.ld, static_cast<int32_t>(pr.N), operand_granule(pr.bt, pr.K, pr.dtype)};
-  out->smem = static_cast<unsigned>(smem_bytes(bn, stages));
+  out->smem = static_cast<unsigned>(odd_smem_bytes(bn, stages));
 }
 
 }  // namespace fly::gemm

@@ -5,17 +5,18 @@
 // The TMA kernel (gemm_sm90.cu) with another producer. Block of 384 threads = 3 warpgroups:
 //   wg 0: loads. All 128 threads copy each ring stage's P tile (128 rows of A) and Q tile (bn rows
 //         of B^T) from global memory with cp.async (16, 8 or 4 bytes per copy, whatever the
-//         operand's alignment allows: gemm_odd_params.h) or, for an operand whose lines are only
-//         2-byte aligned, element by element through registers, into exactly the layout a
-//         128B-swizzled TMA box has (so the consumers are the TMA kernel's, unchanged). Elements
-//         past M, N or K are zero-filled (cp.async's src-size, or a stored zero).
+//         operand's alignment allows: gemm_odd_params.h) into exactly the layout a 128B-swizzled
+//         TMA box has (so the consumers are the TMA kernel's, unchanged); an operand whose lines
+//         are only 2-byte aligned comes in 4-byte copies of each row's aligned window and is
+//         shifted into place in shared memory (copy_tile_e2). Elements past M, N or K are
+//         zero-filled (cp.async's src-size).
 //   wg 1, 2: consumers: gemm_mainloop.cuh consumer_mma (wgmma on the ring's stages) and the
 //         register epilogue (gemm_epilogue.cuh store_tile: bias, convert, bounds-checked stores
 //         for any ldc).
 // Hand-over of a stage: each loading thread issues the stage's copies as one cp.async group; once
 // the next stage's group is issued it waits for this one (cp.async.wait_group 1), makes the
-// writes visible to the async proxy that wgmma reads shared memory through (fence.proxy.async)
-// and arrives on the stage's full barrier (128 arrivals complete it). The lag of one stage keeps
+// writes (and the 2-byte operands' shifts) visible to the async proxy that wgmma reads shared
+// memory through (fence.proxy.async) and arrives on the stage's full barrier (128 arrivals complete it). The lag of one stage keeps
 // two stages' loads in flight per thread; it needs STAGES >= 3 (the consumers release a stage
 // only after the next one has landed).
 // Persistent tiles (TileScheduler: split 1, no stream-K, no multicast), no swap-AB.
@@ -33,8 +34,10 @@ static_assert(Config::BM == 128 && Config::MC == 1 && Config::MP == 1 && Config:
 static_assert(Config::STAGES >= 3, "the one-stage hand-over lag needs three stages");
 static_assert(Config::BN % 64 == 0, "MN-major Q tiles come in 64-wide chunks");
 
-// Register split: the loading warpgroup computes addresses for many copies in flight.
-constexpr int kOddLoadRegs = 56, kOddMmaRegs = 224;
+// Register split: the loading warpgroup computes addresses for many copies in flight (ptxas
+// spilled its code at 72-96 registers, not at 104); 192 leave the consumers of 128 x 128 tiles
+// (64 accumulators) room, not those of 128 x 256, hence bn = 128 only (tuning/gemm.json).
+constexpr int kOddLoadRegs = 104, kOddMmaRegs = 192;
 static_assert(kOddLoadRegs * 128 + kOddMmaRegs * 256 <= 65536, "register file");
 static_assert(Config::ACC + 32 <= kOddMmaRegs, "accumulators fit the consumers' registers");
 
@@ -79,59 +82,167 @@ __device__ __forceinline__ uint32_t swz(uint32_t tile, int j, int byte) {
   return tile + j * kRowBytes + ((((byte >> 4) ^ (j & 7)) << 4) | (byte & 15));
 }
 
-// One operand tile of ROWS rows, G-byte loads, spread over the 128 loading threads: consecutive
-// threads take consecutive granules of a row (coalesced).
+// One operand tile of ROWS rows, G-byte copies, spread over the 128 loading threads: a row is
+// 128 / G granules, so a pass of the warpgroup covers G rows, consecutive threads taking
+// consecutive granules of a row (coalesced). Thread t always takes granule q = t % (128 / G) of
+// rows j0 + G * it (j0 = t / (128 / G) < G): its source advances by G lines per pass and its
+// swizzled destination chunk is (q16 ^ (j & 7)), j & 7 = (j0 & 7) ^ ((G * it) & 7).
 template <int G, int ROWS>
-__device__ __forceinline__ void load_tile_cp(uint32_t tile, uint8_t* tile_ptr, const OddOperand& o, bool kmajor,
-                                             int row0, int k0, int k, int tid) {
-  constexpr int PER_ROW = kRowBytes / G;
-  constexpr int ITEMS = ROWS * PER_ROW;
-  static_assert(ITEMS % 128 == 0, "whole passes of the warpgroup");
+__device__ __forceinline__ void load_tile_cp(uint32_t tile, const OddOperand& o, bool kmajor, int row0, int k0,
+                                             int k, int tid) {
+  constexpr int PER_ROW = kRowBytes / G, PASSES = ROWS / G;
+  static_assert(ROWS % G == 0 && 64 % G == 0, "whole passes of the warpgroup, inside one 64-row chunk");
   const char* base = static_cast<const char*>(o.data);
-  if constexpr (G >= 4) {
-#pragma unroll 4
-    for (int it = 0; it < ITEMS / 128; ++it) {
-      const int i = it * 128 + tid;
-      const int j = i / PER_ROW, q = i % PER_ROW;
-      const RowSrc s = row_src(kmajor, j, row0, k0, o.rows, k);
-      const int e0 = q * (G / 2);
-      const int bytes = max(0, min(G, (s.valid - e0) * 2));
-      // Nothing is read when bytes == 0 (all zero-fill); the base keeps the address valid anyway.
-      const char* src = bytes > 0 ? base + (s.line * o.ld + s.off + e0) * 2 : base;
-      cp_async<G>(swz(tile, j, q * G), src, bytes);
+  const int q = tid % PER_ROW, j0 = tid / PER_ROW;
+  const int e0 = q * (G / 2);  // first element of the granule in its row
+  const uint32_t dst0 = tile + j0 * kRowBytes + ((q * G) & 15);
+  const int qc = (q * G) >> 4, sw0 = j0 & 7;
+  const int64_t ld2 = o.ld * 2;
+  if (kmajor) {
+    // Row j: operand row row0 + j from k0; all rows have the same k extent.
+    const int bytes_k = max(0, min(G, (min(64, k - k0) - e0) * 2));
+    const int rows_left = o.rows - row0 - j0;  // pass it is inside the operand when G * it < rows_left
+    const char* src = base + (int64_t(row0 + j0) * o.ld + k0 + e0) * 2;
+#pragma unroll 8
+    for (int it = 0; it < PASSES; ++it) {
+      const int bytes = G * it < rows_left ? bytes_k : 0;
+      const uint32_t dst = dst0 + G * it * kRowBytes + ((qc ^ sw0 ^ ((G * it) & 7)) << 4);
+      cp_async<G>(dst, bytes > 0 ? src : base, bytes);  // nothing is read when bytes == 0
+      src += G * ld2;
     }
   } else {
-    // 2-byte lines: element loads through registers, 8 in flight per thread, then the stores.
-    static_assert((ITEMS / 128) % 8 == 0, "batches of 8");
-    const uint16_t* b16 = static_cast<const uint16_t*>(o.data);
-#pragma unroll 1
-    for (int it = 0; it < ITEMS / 128; it += 8) {
-      uint16_t v[8];
-      uint32_t d[8];
+    // Chunk c (64 MN elements from row0 + 64 c), row r: k line k0 + r.
+    const int k_left = k - k0 - j0;  // row r = j0 + G * it2 is inside K when G * it2 < k_left
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = (it + u) * 128 + tid;
-        const int j = i / PER_ROW, q = i % PER_ROW;
-        const RowSrc s = row_src(kmajor, j, row0, k0, o.rows, k);
-        v[u] = q < s.valid ? __ldg(b16 + s.line * o.ld + s.off + q) : uint16_t(0);
-        d[u] = swz(0, j, 2 * q);
+    for (int c = 0; c < ROWS / 64; ++c) {
+      const int bytes_c = max(0, min(G, (min(64, o.rows - row0 - 64 * c) - e0) * 2));
+      const char* src = base + (int64_t(k0 + j0) * o.ld + row0 + 64 * c + e0) * 2;
+#pragma unroll 8
+      for (int it2 = 0; it2 < 64 / G; ++it2) {
+        const int it = c * (64 / G) + it2;
+        const int bytes = G * it2 < k_left ? bytes_c : 0;
+        const uint32_t dst = dst0 + G * it * kRowBytes + ((qc ^ sw0 ^ ((G * it) & 7)) << 4);
+        cp_async<G>(dst, bytes > 0 ? src : base, bytes);
+        src += G * ld2;
       }
+    }
+  }
+}
+
+// Lines only 2-byte aligned (an odd leading dimension, or a base 2 bytes off): 4-byte copies of
+// each row's aligned window, then a shift in shared memory. Row j's 64 elements start at a (2-byte
+// aligned); a4 = a rounded down to 4 bytes, sh = 1 when a != a4. Words 0..31 of the 33-word window
+// from a4 land unswizzled at row j of the stage tile, word 32 in the stage's side buffer (one word
+// per row); bytes past the row's valid elements are zero-filled (cp.async src-size). When all
+// have landed, the 16-byte chunk c of the row is words 4c..4c+4 shifted by sh elements (prmt),
+// stored swizzled in place. The 8 threads of a warp that copied row j also shift it (thread t
+// takes rows t / 8 + 16 i, chunk and words t % 8 + 8 m), so a __syncwarp orders a row's copies,
+// its reads and its in-place writes. The window's first word of a shifted row holds the element
+// before the row (discarded): its 2 bytes lie in the same allocation, which is at least 256-byte
+// aligned while the row starts 2 bytes past a 4-byte boundary.
+struct RowWindow {
+  const char* a4;
+  int sh, end;  // end: bytes of the window to read from a4 (0 for a row outside the operand)
+};
+__device__ __forceinline__ RowWindow row_window(const OddOperand& o, bool kmajor, int j, int row0, int k0, int k) {
+  const RowSrc s = row_src(kmajor, j, row0, k0, o.rows, k);
+  RowWindow w{static_cast<const char*>(o.data), 0, 0};
+  if (s.valid > 0) {
+    const char* a = static_cast<const char*>(o.data) + (s.line * o.ld + s.off) * 2;
+    w.sh = static_cast<int>((reinterpret_cast<uintptr_t>(a) >> 1) & 1);
+    w.a4 = a - 2 * w.sh;
+    w.end = 2 * w.sh + 2 * s.valid;
+  }
+  return w;
+}
+
+template <int ROWS>
+__device__ __forceinline__ void copy_tile_e2(uint32_t tile, uint32_t side, const OddOperand& o, bool kmajor, int row0,
+                                             int k0, int k, int tid) {
+  static_assert(ROWS % 16 == 0, "16 rows per pass");
+  // Source of the copies that read nothing: 16-byte aligned, inside the operand's allocation.
+  const char* dummy = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(o.data) & ~uintptr_t(15));
+  const int g = tid >> 3, l = tid & 7;
+#pragma unroll 1
+  for (int it = 0; it < ROWS / 16; ++it) {
+    const int j = g + 16 * it;
+    const RowWindow w = row_window(o, kmajor, j, row0, k0, k);
 #pragma unroll
-      for (int u = 0; u < 8; ++u) *reinterpret_cast<uint16_t*>(tile_ptr + d[u]) = v[u];
+    for (int m = 0; m < 4; ++m) {
+      const int wd = l + 8 * m;
+      const int nb = max(0, min(4, w.end - 4 * wd));
+      cp_async<4>(tile + j * kRowBytes + 4 * wd, nb > 0 ? w.a4 + 4 * wd : dummy, nb);
+    }
+    if (l == 0) {
+      const int nb = max(0, min(4, w.end - 128));
+      cp_async<4>(side + 4 * j, nb > 0 ? w.a4 + 128 : dummy, nb);
     }
   }
 }
 
 template <int ROWS>
-__device__ __forceinline__ void load_operand_odd(uint8_t* tile_ptr, const OddOperand& o, bool kmajor, int row0,
-                                                 int k0, int k, int tid) {
-  const uint32_t tile = sm90::smem_u32(tile_ptr);
-  switch (o.gran) {
-    case 16: load_tile_cp<16, ROWS>(tile, tile_ptr, o, kmajor, row0, k0, k, tid); break;
-    case 8: load_tile_cp<8, ROWS>(tile, tile_ptr, o, kmajor, row0, k0, k, tid); break;
-    case 4: load_tile_cp<4, ROWS>(tile, tile_ptr, o, kmajor, row0, k0, k, tid); break;
-    default: load_tile_cp<2, ROWS>(tile, tile_ptr, o, kmajor, row0, k0, k, tid); break;
+__device__ __forceinline__ void shift_tile_e2(uint32_t tile, uint32_t side, const OddOperand& o, bool kmajor, int row0,
+                                              int k0, int k, int tid) {
+  const int g = tid >> 3, c = tid & 7;
+#pragma unroll 1
+  for (int it = 0; it < ROWS / 16; ++it) {
+    const int j = g + 16 * it;
+    const RowWindow w = row_window(o, kmajor, j, row0, k0, k);
+    const uint32_t row = tile + j * kRowBytes;
+    uint32_t x0, x1, x2, x3, x4;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                 : "r"(row + 16 * c)
+                 : "memory");
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x4) : "r"(c < 7 ? row + 16 * c + 16 : side + 4 * j) : "memory");
+    __syncwarp();  // every chunk of the row read before any is overwritten
+    if (w.sh) {
+      x0 = __byte_perm(x0, x1, 0x5432);
+      x1 = __byte_perm(x1, x2, 0x5432);
+      x2 = __byte_perm(x2, x3, 0x5432);
+      x3 = __byte_perm(x3, x4, 0x5432);
+    }
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(swz(tile, j, 16 * c)), "r"(x0), "r"(x1), "r"(x2),
+                 "r"(x3)
+                 : "memory");
   }
+}
+
+template <int ROWS>
+__device__ __forceinline__ void load_operand_odd(uint32_t tile, uint32_t side, const OddOperand& o, bool kmajor,
+                                                 int row0, int k0, int k, int tid) {
+  switch (o.gran) {
+    case 16: load_tile_cp<16, ROWS>(tile, o, kmajor, row0, k0, k, tid); break;
+    case 8: load_tile_cp<8, ROWS>(tile, o, kmajor, row0, k0, k, tid); break;
+    case 4: load_tile_cp<4, ROWS>(tile, o, kmajor, row0, k0, k, tid); break;
+    default: copy_tile_e2<ROWS>(tile, side, o, kmajor, row0, k0, k, tid); break;
+  }
+}
+
+// The stage's side buffers (word 32 of each row of 2-byte operands): after the ring's barriers,
+// BM + BN words per stage (gemm_odd_params.h odd_smem_bytes).
+__device__ __forceinline__ uint32_t side_words(const Ring& ring, int stage) {
+  return sm90::smem_u32(ring.empty + Config::STAGES) + stage * (Config::BM + Config::BN) * 4;
+}
+
+// A stage whose copies have landed (this thread's: cp.async.wait_group): shifts its 2-byte
+// operands into place, makes the writes visible to wgmma (async proxy) and hands it over.
+struct Pending {
+  int stage = -1, tm = 0, tn = 0, k0 = 0;
+};
+__device__ __forceinline__ void hand_over(const OddGemmParams& op, const Ring& ring, const Pending& pd, int tid) {
+  const GemmParams& p = op.core;
+  if (op.tail.p.gran == 2 || op.tail.q.gran == 2) {
+    __syncwarp();  // the warp's copies (a row's 8 threads) visible to each other
+    const uint32_t st = sm90::smem_u32(ring.p_tile(pd.stage)), side = side_words(ring, pd.stage);
+    if (op.tail.p.gran == 2)
+      shift_tile_e2<Config::BM>(st, side, op.tail.p, p.p_kmajor != 0, pd.tm * Config::BM, pd.k0, p.k, tid);
+    if (op.tail.q.gran == 2)
+      shift_tile_e2<Config::BN>(st + Config::P_BYTES, side + Config::BM * 4, op.tail.q, p.q_kmajor != 0,
+                                pd.tn * Config::BN, pd.k0, p.k, tid);
+  }
+  sm90::fence_proxy_async_smem();
+  sm90::mbar_arrive(&ring.full[pd.stage]);
 }
 
 __device__ __forceinline__ void odd_producer_loop(const OddGemmParams& op, const Ring& ring, int tid) {
@@ -140,28 +251,28 @@ __device__ __forceinline__ void odd_producer_loop(const OddGemmParams& op, const
   PipeState ps;
   WorkUnit u;
   const bool pk = p.p_kmajor != 0, qk = p.q_kmajor != 0;
-  int pending = -1;  // the stage whose copies were issued last and not yet handed over
+  Pending pd;  // the stage whose copies were issued last and not yet handed over
   while (sched.fetch(u)) {
     for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
       // A fresh barrier counts as having completed the phase before phase 0 (parity 1 passes).
       sm90::mbar_wait(&ring.empty[ps.stage], ps.phase ^ 1);
       const int k0 = kb * Config::BK;
-      load_operand_odd<Config::BM>(ring.p_tile(ps.stage), op.tail.p, pk, u.tm * Config::BM, k0, p.k, tid);
-      load_operand_odd<Config::BN>(ring.q_tile(ps.stage), op.tail.q, qk, u.tn * Config::BN, k0, p.k, tid);
+      const uint32_t st = sm90::smem_u32(ring.p_tile(ps.stage)), side = side_words(ring, ps.stage);
+      load_operand_odd<Config::BM>(st, side, op.tail.p, pk, u.tm * Config::BM, k0, p.k, tid);
+      load_operand_odd<Config::BN>(st + Config::P_BYTES, side + Config::BM * 4, op.tail.q, qk, u.tn * Config::BN, k0,
+                                   p.k, tid);
       cp_async_commit();
-      if (pending >= 0) {
+      if (pd.stage >= 0) {
         cp_async_wait<1>();  // the previous stage's copies (this thread's) have landed
-        sm90::fence_proxy_async_smem();
-        sm90::mbar_arrive(&ring.full[pending]);
+        hand_over(op, ring, pd, tid);
       }
-      pending = ps.stage;
+      pd = Pending{ps.stage, u.tm, u.tn, k0};
       ps.advance();
     }
   }
-  if (pending >= 0) {
+  if (pd.stage >= 0) {
     cp_async_wait<0>();
-    sm90::fence_proxy_async_smem();
-    sm90::mbar_arrive(&ring.full[pending]);
+    hand_over(op, ring, pd, tid);
   }
 }
 

@@ -927,7 +927,7 @@ TEST_CASE("cp.async path: who takes it, load granules, launch plan", "[gemm][arg
   CHECK(p.c_vec == 0);          // C only 2-byte aligned: element stores
   CHECK(p.sk_tiles == 0);
   CHECK(L.grid == 5);
-  CHECK(L.smem == unsigned(smem_bytes(128, 6)));
+  CHECK(L.smem == unsigned(odd_smem_bytes(128, 6)));
   CHECK(L.smem <= 232448u);
   CHECK(L.params.tail.p.data == abuf);
   CHECK(L.params.tail.p.ld == 78);

@@ -56,7 +56,8 @@ TEST_CASE("gemm odd strides launch the cp.async kernel, not UNSUPPORTED", "[fake
     CHECK(L->block[0] == unsigned(fly::gemm::kOddThreads));
     CHECK(L->cluster[0] == 1u);
     CHECK(L->grid[0] == 5u);  // 1 x 5 tiles of 128 x 128
-    CHECK(L->smem == unsigned(fly::gemm::smem_bytes(128, 6)));
+    CHECK(L->smem == unsigned(fly::gemm::odd_smem_bytes(128, 6)));
+    CHECK(L->smem <= 232448u);
     CHECK(fake_cuda_tensor_map_count() == 0);  // no TMA
     fly::gemm::OddGemmParams p;
     REQUIRE(L->param_bytes >= sizeof(p));
