@@ -14,11 +14,11 @@
 //         register epilogue (gemm_epilogue.cuh store_tile: bias, convert, bounds-checked stores
 //         for any ldc).
 // Hand-over of a stage: each loading thread issues the stage's copies as one cp.async group; once
-// the next stage's group is issued it waits for this one (cp.async.wait_group 1), makes the
-// writes (and the 2-byte operands' shifts) visible to the async proxy that wgmma reads shared
-// memory through (fence.proxy.async) and arrives on the stage's full barrier (128 arrivals complete it). The lag of one stage keeps
-// two stages' loads in flight per thread; it needs STAGES >= 3 (the consumers release a stage
-// only after the next one has landed).
+// STAGES - 2 more groups are issued it waits for this one (cp.async.wait_group), makes the writes
+// (and the 2-byte operands' shifts) visible to the async proxy that wgmma reads shared memory
+// through (fence.proxy.async) and arrives on the stage's full barrier (128 arrivals complete it).
+// The lag (kLag) keeps STAGES - 1 stages' loads in flight per thread; it needs STAGES >= 3 (the
+// consumers release a stage only after the next one has landed).
 // Persistent tiles (TileScheduler: split 1, no stream-K, no multicast), no swap-AB.
 #include "gemm/gemm_config.cuh"
 #include "gemm/gemm_epilogue.cuh"
@@ -31,7 +31,7 @@ namespace fly::gemm {
 static_assert(Config::BM == 128 && Config::MC == 1 && Config::MP == 1 && Config::KB == 1 && Config::KW == 1 &&
                   !Config::PP && Config::EPI == 0,
               "cp.async GEMM: 128-row tiles, one k block per stage, no multicast, register epilogue");
-static_assert(Config::STAGES >= 3, "the one-stage hand-over lag needs three stages");
+static_assert(Config::STAGES >= 3, "the hand-over lag (kLag = STAGES - 2) needs three stages");
 static_assert(Config::BN % 64 == 0, "MN-major Q tiles come in 64-wide chunks");
 
 // Register split: the loading warpgroup computes addresses for many copies in flight (ptxas
@@ -47,6 +47,27 @@ __device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int byte
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(G), "r"(bytes) : "memory");
+}
+// A granule only partly inside the operand (its first `bytes` bytes, 0 < bytes < G, even): element
+// loads and shared stores, zeros after them. cp.async with a short src-size would read (and
+// compute-sanitizer reports) the whole granule, which can run past the allocation's end.
+template <int G>
+__device__ __forceinline__ void copy_partial(uint32_t dst, const char* src, int bytes) {
+#pragma unroll
+  for (int b = 0; b < G; b += 2) {
+    const uint16_t v = b < bytes ? __ldg(reinterpret_cast<const uint16_t*>(src + b)) : uint16_t(0);
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst + b), "h"(v) : "memory");
+  }
+}
+// One 4-byte granule: a cp.async when wholly inside (or wholly outside: zero-filled, nothing read;
+// the source is then any aligned address), else (2 bytes inside) one element and a zero.
+__device__ __forceinline__ void copy_word(uint32_t dst, const char* src, const char* dummy, int bytes) {
+  if (bytes == 2) {
+    const uint32_t v = __ldg(reinterpret_cast<const uint16_t*>(src));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
+  } else {
+    cp_async<4>(dst, bytes > 0 ? src : dummy, bytes);
+  }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -103,12 +124,22 @@ __device__ __forceinline__ void load_tile_cp(uint32_t tile, const OddOperand& o,
     const int bytes_k = max(0, min(G, (min(64, k - k0) - e0) * 2));
     const int rows_left = o.rows - row0 - j0;  // pass it is inside the operand when G * it < rows_left
     const char* src = base + (int64_t(row0 + j0) * o.ld + k0 + e0) * 2;
+    if (bytes_k == G || bytes_k == 0) {
 #pragma unroll 8
-    for (int it = 0; it < PASSES; ++it) {
-      const int bytes = G * it < rows_left ? bytes_k : 0;
-      const uint32_t dst = dst0 + G * it * kRowBytes + ((qc ^ sw0 ^ ((G * it) & 7)) << 4);
-      cp_async<G>(dst, bytes > 0 ? src : base, bytes);  // nothing is read when bytes == 0
-      src += G * ld2;
+      for (int it = 0; it < PASSES; ++it) {
+        const int bytes = G * it < rows_left ? bytes_k : 0;
+        const uint32_t dst = dst0 + G * it * kRowBytes + ((qc ^ sw0 ^ ((G * it) & 7)) << 4);
+        cp_async<G>(dst, bytes > 0 ? src : base, bytes);  // nothing is read when bytes == 0
+        src += G * ld2;
+      }
+    } else {  // this thread's granule straddles K's end (the last k step only)
+#pragma unroll 1
+      for (int it = 0; it < PASSES; ++it) {
+        const int bytes = G * it < rows_left ? bytes_k : 0;
+        const uint32_t dst = dst0 + G * it * kRowBytes + ((qc ^ sw0 ^ ((G * it) & 7)) << 4);
+        copy_partial<G>(dst, src, bytes);
+        src += G * ld2;
+      }
     }
   } else {
     // Chunk c (64 MN elements from row0 + 64 c), row r: k line k0 + r.
@@ -117,13 +148,24 @@ __device__ __forceinline__ void load_tile_cp(uint32_t tile, const OddOperand& o,
     for (int c = 0; c < ROWS / 64; ++c) {
       const int bytes_c = max(0, min(G, (min(64, o.rows - row0 - 64 * c) - e0) * 2));
       const char* src = base + (int64_t(k0 + j0) * o.ld + row0 + 64 * c + e0) * 2;
+      if (bytes_c == G || bytes_c == 0) {
 #pragma unroll 8
-      for (int it2 = 0; it2 < 64 / G; ++it2) {
-        const int it = c * (64 / G) + it2;
-        const int bytes = G * it2 < k_left ? bytes_c : 0;
-        const uint32_t dst = dst0 + G * it * kRowBytes + ((qc ^ sw0 ^ ((G * it) & 7)) << 4);
-        cp_async<G>(dst, bytes > 0 ? src : base, bytes);
-        src += G * ld2;
+        for (int it2 = 0; it2 < 64 / G; ++it2) {
+          const int it = c * (64 / G) + it2;
+          const int bytes = G * it2 < k_left ? bytes_c : 0;
+          const uint32_t dst = dst0 + G * it * kRowBytes + ((qc ^ sw0 ^ ((G * it) & 7)) << 4);
+          cp_async<G>(dst, bytes > 0 ? src : base, bytes);
+          src += G * ld2;
+        }
+      } else {  // this thread's granule straddles the operand's last row (M or N edge)
+#pragma unroll 1
+        for (int it2 = 0; it2 < 64 / G; ++it2) {
+          const int it = c * (64 / G) + it2;
+          const int bytes = G * it2 < k_left ? bytes_c : 0;
+          const uint32_t dst = dst0 + G * it * kRowBytes + ((qc ^ sw0 ^ ((G * it) & 7)) << 4);
+          copy_partial<G>(dst, src, bytes);
+          src += G * ld2;
+        }
       }
     }
   }
@@ -133,7 +175,7 @@ __device__ __forceinline__ void load_tile_cp(uint32_t tile, const OddOperand& o,
 // each row's aligned window, then a shift in shared memory. Row j's 64 elements start at a (2-byte
 // aligned); a4 = a rounded down to 4 bytes, sh = 1 when a != a4. Words 0..31 of the 33-word window
 // from a4 land unswizzled at row j of the stage tile, word 32 in the stage's side buffer (one word
-// per row); bytes past the row's valid elements are zero-filled (cp.async src-size). When all
+// per row); bytes past the row's valid elements are zeros (copy_word). When all
 // have landed, the 16-byte chunk c of the row is words 4c..4c+4 shifted by sh elements (prmt),
 // stored swizzled in place. The 8 threads of a warp that copied row j also shift it (thread t
 // takes rows t / 8 + 16 i, chunk and words t % 8 + 8 m), so a __syncwarp orders a row's copies,
@@ -171,11 +213,11 @@ __device__ __forceinline__ void copy_tile_e2(uint32_t tile, uint32_t side, const
     for (int m = 0; m < 4; ++m) {
       const int wd = l + 8 * m;
       const int nb = max(0, min(4, w.end - 4 * wd));
-      cp_async<4>(tile + j * kRowBytes + 4 * wd, nb > 0 ? w.a4 + 4 * wd : dummy, nb);
+      copy_word(tile + j * kRowBytes + 4 * wd, w.a4 + 4 * wd, dummy, nb);
     }
     if (l == 0) {
       const int nb = max(0, min(4, w.end - 128));
-      cp_async<4>(side + 4 * j, nb > 0 ? w.a4 + 128 : dummy, nb);
+      copy_word(side + 4 * j, w.a4 + 128, dummy, nb);
     }
   }
 }
@@ -245,13 +287,21 @@ __device__ __forceinline__ void hand_over(const OddGemmParams& op, const Ring& r
   sm90::mbar_arrive(&ring.full[pd.stage]);
 }
 
+// Stages in flight per loading thread: its copies of the kLag stages issued before the newest are
+// still landing while it issues the newest. The consumers release a stage only once they have
+// started on the next one, so with kLag = STAGES - 2 the stage a producer waits to refill
+// (n - STAGES) is always released by stages already handed over (up to n - 1 - kLag): no deadlock.
+constexpr int kLag = Config::STAGES - 2;
+
 __device__ __forceinline__ void odd_producer_loop(const OddGemmParams& op, const Ring& ring, int tid) {
   const GemmParams& p = op.core;
   TileScheduler<1, 1, 1> sched(p);
   PipeState ps;
   WorkUnit u;
   const bool pk = p.p_kmajor != 0, qk = p.q_kmajor != 0;
-  Pending pd;  // the stage whose copies were issued last and not yet handed over
+  // The last kLag stages issued and not yet handed over, oldest first (stage -1: none); constant
+  // indices only, so it stays in registers.
+  Pending q[kLag];
   while (sched.fetch(u)) {
     for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
       // A fresh barrier counts as having completed the phase before phase 0 (parity 1 passes).
@@ -262,18 +312,20 @@ __device__ __forceinline__ void odd_producer_loop(const OddGemmParams& op, const
       load_operand_odd<Config::BN>(st + Config::P_BYTES, side + Config::BM * 4, op.tail.q, qk, u.tn * Config::BN, k0,
                                    p.k, tid);
       cp_async_commit();
-      if (pd.stage >= 0) {
-        cp_async_wait<1>();  // the previous stage's copies (this thread's) have landed
-        hand_over(op, ring, pd, tid);
+      if (q[0].stage >= 0) {
+        cp_async_wait<kLag>();  // kLag + 1 groups outstanding: the oldest (q[0]) has landed
+        hand_over(op, ring, q[0], tid);
       }
-      pd = Pending{ps.stage, u.tm, u.tn, k0};
+#pragma unroll
+      for (int i = 0; i + 1 < kLag; ++i) q[i] = q[i + 1];
+      q[kLag - 1] = Pending{ps.stage, u.tm, u.tn, k0};
       ps.advance();
     }
   }
-  if (pd.stage >= 0) {
-    cp_async_wait<0>();
-    hand_over(op, ring, pd, tid);
-  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kLag; ++i)
+    if (q[i].stage >= 0) hand_over(op, ring, q[i], tid);
 }
 
 template <int TA, int TB>
