@@ -28,6 +28,7 @@ inline int operand_granule(const Operand& o, int64_t k, Dtype dt) {
 struct OddLaunch {
   OddGemmParams params;
   unsigned grid;
+  unsigned cluster;  // == params.core.split
   unsigned smem;
 };
 
@@ -36,8 +37,10 @@ inline bool needs_odd_path(const Problem& pr) {
   return operand_tma_problem(pr.a, pr.K, pr.dtype) != nullptr || operand_tma_problem(pr.bt, pr.K, pr.dtype) != nullptr;
 }
 
-// Persistent launch of 128 x bn tiles: no swap-AB, no split-K, no stream-K, no multicast; the
-// raster strip as the TMA kernel picks it.
+// 128 x bn tiles, no swap-AB, no stream-K, no multicast. Persistent (grid <= SMs) unless the tiles
+// fill less than half the GPU: then split-K clusters as the TMA kernel plans them (choose_split:
+// the largest split up to 8 whose clusters fit one wave, each slice keeping 4 k steps). The raster
+// strip as the TMA kernel picks it.
 inline void plan_odd(const Problem& pr, int bn, int stages, int sm_count, OddLaunch* out) {
   std::memset(&out->params, 0, sizeof(out->params));
   GemmParams& p = out->params.core;
@@ -53,13 +56,20 @@ inline void plan_odd(const Problem& pr, int bn, int stages, int sm_count, OddLau
   p.tiles_m = static_cast<int32_t>((pr.M + kBM - 1) / kBM);
   p.tiles_n = static_cast<int32_t>((pr.N + bn - 1) / bn);
   const int64_t bk = kRowBytes / elem_bytes(pr.dtype);
-  p.split = 1;
-  p.kb_per_split = static_cast<int32_t>((pr.K + bk - 1) / bk);
+  const int64_t kb_total = (pr.K + bk - 1) / bk;
+  const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
+  int split = std::max(1, std::min(choose_split(tiles, kb_total, sm_count), 8));
+  const int64_t kbps = (kb_total + split - 1) / split;
+  if (split > 1) split = static_cast<int>((kb_total + kbps - 1) / kbps);  // no empty slice
+  p.split = split;
+  p.kb_per_split = static_cast<int32_t>(split > 1 ? kbps : kb_total);
   p.c_vec = (reinterpret_cast<uintptr_t>(pr.c) % 8 == 0) && (pr.ldc % 4 == 0);
   p.mc = 1;
-  const int64_t tiles = int64_t(p.tiles_m) * p.tiles_n;
-  out->grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sm_count)));
-  p.strip_m = raster_group(p.tiles_m, p.tiles_n, kBM, bn, std::min<int64_t>(out->grid, tiles));
+  out->cluster = static_cast<unsigned>(split);
+  out->grid = split > 1 ? static_cast<unsigned>(tiles * split)
+                        : static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, sm_count)));
+  const int64_t wave = split > 1 ? std::max<int64_t>(1, sm_count / split) : int64_t(out->grid);
+  p.strip_m = raster_group(p.tiles_m, p.tiles_n, kBM, bn, std::min<int64_t>(wave, tiles));
   OddTail& t = out->params.tail;
   t.p = {pr.a.data, pr.a.ld, static_cast<int32_t>(pr.M), operand_granule(pr.a, pr.K, pr.dtype)};
   t.q = {pr.bt.data, pr.bt.ld, static_cast<int32_t>(pr.N), operand_granule(pr.bt, pr.K, pr.dtype)};

@@ -19,7 +19,9 @@
 // through (fence.proxy.async) and arrives on the stage's full barrier (128 arrivals complete it).
 // The lag (kLag) keeps STAGES - 1 stages' loads in flight per thread; it needs STAGES >= 3 (the
 // consumers release a stage only after the next one has landed).
-// Persistent tiles (TileScheduler: split 1, no stream-K, no multicast), no swap-AB.
+// Persistent tiles (TileScheduler, split 1), or for few tiles over a long K split-K clusters of
+// up to 8 CTAs reducing through distributed shared memory (gemm_plan.h choose_split); no
+// stream-K, no multicast, no swap-AB.
 #include "gemm/gemm_config.cuh"
 #include "gemm/gemm_epilogue.cuh"
 #include "gemm/gemm_mainloop.cuh"
@@ -337,7 +339,20 @@ __device__ __forceinline__ void odd_consumer_role(const GemmParams& p, const Rin
   float acc[Config::ACC];
   while (sched.fetch(u)) {
     consumer_mma<TA, TB>(ring, ps, u, wg, acc);
-    store_tile(out, u, wg, acc);
+    if (p.split > 1) {
+      // Split-K (few tiles, long K): a cluster of `split` CTAs per tile, one k slice each; the
+      // partials meet in the ring through distributed shared memory, as in the TMA kernel
+      // (gemm_epilogue.cuh park_partial, reduce_partials). Every stage has been handed over and
+      // consumed, so no copy still lands in the ring.
+      consumers_sync();
+      float* part = reinterpret_cast<float*>(ring.base);
+      park_partial<false>(part, wg, acc);
+      sm90::cluster_sync();  // partials of every CTA visible cluster-wide
+      reduce_partials(out, u, part, PartialLayout{false}, sched.rank, p.split, threadIdx.x - 128);
+      sm90::cluster_sync();  // nobody leaves while others still read its shared memory
+    } else {
+      store_tile(out, u, wg, acc);
+    }
   }
 }
 
@@ -361,6 +376,10 @@ extern "C" __global__ void __launch_bounds__(kOddThreads, 1)
   if (wg == 0) {
     fly::sm90::setmaxnreg_dec<kOddLoadRegs>();
     odd_producer_loop(op, ring, threadIdx.x);
+    if (op.core.split > 1) {  // match the consumers' two cluster barriers
+      fly::sm90::cluster_sync();
+      fly::sm90::cluster_sync();
+    }
   } else {
     fly::sm90::setmaxnreg_inc<kOddMmaRegs>();
     const int cw = wg - 1;

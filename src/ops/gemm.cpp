@@ -196,9 +196,9 @@ fly_status launch_odd(const DeviceCtx& dc, const Variant& v, const gemm::Problem
   gemm::OddLaunch L;
   gemm::plan_odd(pr, int(v.get_int("bn", 128)), int(v.get_int("stages", 6)), dc.sm_count, &L);
   if (log_level() >= LogLevel::kInfo)
-    log(LogLevel::kInfo, "gemm: %s loads A with %d-byte and B with %d-byte copies, grid %u", v.name.c_str(),
-        L.params.tail.p.gran, L.params.tail.q.gran, L.grid);
-  return launch_planned(dc, v, f, L.grid, gemm::kOddThreads, L.smem, 1, stream, L.params);
+    log(LogLevel::kInfo, "gemm: %s loads A with %d-byte and B with %d-byte copies, grid %u, split %u", v.name.c_str(),
+        L.params.tail.p.gran, L.params.tail.q.gran, L.grid, L.cluster);
+  return launch_planned(dc, v, f, L.grid, gemm::kOddThreads, L.smem, L.cluster, stream, L.params);
 }
 
 // A call TMA cannot address: the cp.async kernel, through the dispatch of op "gemm_odd" (a forced

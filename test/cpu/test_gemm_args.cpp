@@ -922,11 +922,12 @@ TEST_CASE("cp.async path: who takes it, load granules, launch plan", "[gemm][arg
   CHECK(p.swap == 0);
   CHECK(p.tiles_m == 1);
   CHECK(p.tiles_n == 5);
-  CHECK(p.split == 1);
-  CHECK(p.kb_per_split == 16);  // ceil(1003 / 64)
+  CHECK(p.split == 4);  // 5 tiles over 16 k steps (ceil(1003 / 64)): split-K clusters of 4
+  CHECK(p.kb_per_split == 4);
+  CHECK(L.cluster == 4u);
   CHECK(p.c_vec == 0);          // C only 2-byte aligned: element stores
   CHECK(p.sk_tiles == 0);
-  CHECK(L.grid == 5);
+  CHECK(L.grid == 20);
   CHECK(L.smem == unsigned(odd_smem_bytes(128, 6)));
   CHECK(L.smem <= 232448u);
   CHECK(L.params.tail.p.data == abuf);
@@ -953,5 +954,8 @@ TEST_CASE("cp.async path: who takes it, load granules, launch plan", "[gemm][arg
   CHECK(L.params.core.tiles_m == 32);
   CHECK(L.params.core.tiles_n == 33);
   CHECK(L.grid == 132);
+  CHECK(L.cluster == 1u);
+  CHECK(L.params.core.split == 1);
+  CHECK(L.params.core.kb_per_split == 16);
   CHECK(L.params.core.strip_m >= 8);
 }

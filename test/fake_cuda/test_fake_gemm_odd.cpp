@@ -54,8 +54,9 @@ TEST_CASE("gemm odd strides launch the cp.async kernel, not UNSUPPORTED", "[fake
     const fake_cuda_launch* L = only_launch();
     CHECK(std::string(L->kernel) == "fly_gemm_odd_sm90");
     CHECK(L->block[0] == unsigned(fly::gemm::kOddThreads));
-    CHECK(L->cluster[0] == 1u);
-    CHECK(L->grid[0] == 5u);  // 1 x 5 tiles of 128 x 128
+    // 1 x 5 tiles of 128 x 128 over 16 k steps: split-K clusters of 4 (4 k steps each)
+    CHECK(L->cluster[0] == 4u);
+    CHECK(L->grid[0] == 20u);
     CHECK(L->smem == unsigned(fly::gemm::odd_smem_bytes(128, 6)));
     CHECK(L->smem <= 232448u);
     CHECK(fake_cuda_tensor_map_count() == 0);  // no TMA
@@ -75,6 +76,8 @@ TEST_CASE("gemm odd strides launch the cp.async kernel, not UNSUPPORTED", "[fake
     CHECK(p.core.q_kmajor == 1);
     CHECK(p.core.c_vec == 0);
     CHECK(p.core.k == K);
+    CHECK(p.core.split == 4);
+    CHECK(p.core.kb_per_split == 4);
 
     // A base only 2-byte aligned (row-major A, lda 16-byte legal): 2-byte loads for A only.
     fly_tensor a2 = mat(abuf + 2, dt, M, K, 1008, 1), b2 = mat(bbuf, dt, K, N, 520, 1);
