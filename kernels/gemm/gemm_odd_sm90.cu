@@ -9,16 +9,16 @@
 //         TMA box has (so the consumers are the TMA kernel's, unchanged); an operand whose lines
 //         are only 2-byte aligned comes in 4-byte copies of each row's aligned window and is
 //         shifted into place in shared memory (copy_tile_e2). Elements past M, N or K are
-//         zero-filled (cp.async's src-size).
+//         zeros (cp.async src-size 0, or element copies for a granule straddling the end).
 //   wg 1, 2: consumers: gemm_mainloop.cuh consumer_mma (wgmma on the ring's stages) and the
 //         register epilogue (gemm_epilogue.cuh store_tile: bias, convert, bounds-checked stores
 //         for any ldc).
 // Hand-over of a stage: each loading thread issues the stage's copies as one cp.async group; once
-// STAGES - 2 more groups are issued it waits for this one (cp.async.wait_group), makes the writes
+// kLag more groups are issued it waits for this one (cp.async.wait_group), makes the writes
 // (and the 2-byte operands' shifts) visible to the async proxy that wgmma reads shared memory
 // through (fence.proxy.async) and arrives on the stage's full barrier (128 arrivals complete it).
-// The lag (kLag) keeps STAGES - 1 stages' loads in flight per thread; it needs STAGES >= 3 (the
-// consumers release a stage only after the next one has landed).
+// With the lag of one stage (kLag) two stages' copies are in flight per thread; it needs
+// STAGES >= 3 (the consumers release a stage only after the next one has landed).
 // Persistent tiles (TileScheduler, split 1), or for few tiles over a long K split-K clusters of
 // up to 8 CTAs reducing through distributed shared memory (gemm_plan.h choose_split); no
 // stream-K, no multicast, no swap-AB.
@@ -33,7 +33,7 @@ namespace fly::gemm {
 static_assert(Config::BM == 128 && Config::MC == 1 && Config::MP == 1 && Config::KB == 1 && Config::KW == 1 &&
                   !Config::PP && Config::EPI == 0,
               "cp.async GEMM: 128-row tiles, one k block per stage, no multicast, register epilogue");
-static_assert(Config::STAGES >= 3, "the hand-over lag (kLag = STAGES - 2) needs three stages");
+static_assert(Config::STAGES >= 3, "the hand-over lag needs three stages");
 static_assert(Config::BN % 64 == 0, "MN-major Q tiles come in 64-wide chunks");
 
 // Register split: the loading warpgroup computes addresses for many copies in flight (ptxas
@@ -289,11 +289,16 @@ __device__ __forceinline__ void hand_over(const OddGemmParams& op, const Ring& r
   sm90::mbar_arrive(&ring.full[pd.stage]);
 }
 
-// Stages in flight per loading thread: its copies of the kLag stages issued before the newest are
-// still landing while it issues the newest. The consumers release a stage only once they have
-// started on the next one, so with kLag = STAGES - 2 the stage a producer waits to refill
-// (n - STAGES) is always released by stages already handed over (up to n - 1 - kLag): no deadlock.
-constexpr int kLag = Config::STAGES - 2;
+// Stages whose copies are still landing while a loading thread issues the newest one: it hands a
+// stage over once kLag newer ones are issued. The consumers release a stage only once they have
+// started on the next one, so any kLag <= STAGES - 2 is deadlock-free: the stage a producer waits
+// to refill (n - STAGES) is released once stage n - STAGES + 1 <= n - 1 - kLag is handed over.
+// NOTE: measured on the H200 (bench/RESULTS.md "GEMM odd strides"): kLag = STAGES - 2 = 4 was
+// 25-50% slower than kLag = 1 (4096^3 bf16, 16-byte copies 273 against 368 TFLOP/s, 2-byte lines
+// 24 against 50): a stage then reaches the consumers only after four more are issued, and issuing
+// needs free stages, so the consumers wait on the producer's issue every stage. More loads in
+// flight would need the hand-over decoupled from issuing (cp.async.mbarrier.arrive), open.
+constexpr int kLag = 1;
 
 __device__ __forceinline__ void odd_producer_loop(const OddGemmParams& op, const Ring& ring, int tid) {
   const GemmParams& p = op.core;
