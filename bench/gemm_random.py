@@ -19,7 +19,7 @@ is contiguous for both.
 Each shape is first checked against an FP32 reference (our output poisoned with NaN beforehand),
 then ours and torch's (mm, or addmm with the bias) are timed interleaved in one process
 (bench/timing.py: L2 flushed by a read before every call, rounds in a rotating order, medians).
-Calls we refuse (FLY_ERROR_UNSUPPORTED: leading dimensions TMA cannot take) are listed as such.
+Calls we refuse (FLY_ERROR_UNSUPPORTED) are listed as such; odd strides take the cp.async kernel.
 Prints a table sorted by ratio (torch time / ours: > 1 means we are faster) and the geomean.
 """
 import argparse
