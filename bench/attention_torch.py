@@ -62,6 +62,7 @@ def main():
     ap.add_argument("--png", default="bench/attention.png")
     ap.add_argument("--json", default="bench/attention_latest.json")
     ap.add_argument("--bwd", action="store_true", help="the backward (default chart/json names get a _bwd suffix)")
+    ap.add_argument("--no-decode", action="store_true", help="only the suite's cases (flybench --no-decode)")
     a = ap.parse_args()
     if a.bwd:
         a.png = a.png.replace(".png", "_bwd.png") if a.png == "bench/attention.png" else a.png
@@ -74,6 +75,8 @@ def main():
         cmd += ["--dtype", a.dtype]
     if a.bwd:
         cmd += ["--bwd"]
+    if a.no_decode:
+        cmd += ["--no-decode"]
     subprocess.run(cmd, check=False)
     ours = json.load(open(tmp))
     os.unlink(tmp)

@@ -198,7 +198,11 @@ def bench_gemm(out, full, budget_s, first=0):
     from torch._inductor.utils import run_and_get_code
 
     suite = json.load(open(os.path.join(ROOT, "suites/gemm_bf16.json")))
-    shapes = [(c["M"], c["N"], c["K"]) for c in suite["cases"]][first:] if full else GEMM_SUBSET
+    cases = suite["cases"]
+    if full and not 0 <= first < len(cases):
+        raise SystemExit(f"--gemm-from {first}: the suite has {len(cases)} shapes (0..{len(cases) - 1}); "
+                         "it counts shapes, each run in four layouts")
+    shapes = [(c["M"], c["N"], c["K"]) for c in cases][first:] if full else GEMM_SUBSET
     ctl = flykernels.torch
     rows, skipped = [], []
     t_start = time.time()
@@ -290,7 +294,8 @@ def main():
     ap.add_argument("--gemm-full", action="store_true", help="all 15 GEMM shapes (default: a 4-shape subset)")
     ap.add_argument("--gemm-budget-s", type=float, default=150.0, help="stop starting GEMM cases after this")
     ap.add_argument("--gemm-from", type=int, default=0,
-                    help="with --gemm-full: start at this suite shape (0-based), to cover the suite over several runs")
+                    help="with --gemm-full: start at this suite shape (0-based; a shape is four cases, one per layout),\n"
+                         "to cover the suite over several runs")
     ap.add_argument("--json", default="bench/torch_api_latest.json")
     ap.add_argument("--png", default="bench/torch_api.png")
     args = ap.parse_args()

@@ -24,7 +24,7 @@ int main(int argc, char** argv) try {
       {"rmsnorm", bench_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes",
        "suite json no-flush"},
       {"topk", bench_topk, "TopK: suite shapes, deterministic off and on",
-       "suite json deterministic"},
+       "suite json deterministic largest"},
       {"gemm", bench_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts",
        "suite json dtype layouts warm-ms"},
       {"attention", bench_attention, "attention forward: suite shapes and decode cases, 2 dtypes",

@@ -23,7 +23,7 @@ int main(int argc, char** argv) try {
       {"rmsnorm", tune_rmsnorm, "RMSNorm forward: suite shapes + an N x M grid, 3 dtypes",
        "db dump suite quick tolerance exhaustive times"},
       {"topk", tune_topk, "TopK: suite shapes, deterministic off and on",
-       "db dump suite quick times"},
+       "db dump suite quick times variants"},
       {"gemm", tune_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts",
        "db dump suite quick times dtype layouts variants min-m max-m max-minutes missing rounds warm-ms"},
       {"attention", tune_attention, "attention forward: suite shapes and decode cases, 2 dtypes",
@@ -43,7 +43,7 @@ int main(int argc, char** argv) try {
                 "usable as FLYKERNELS_TUNING_DB) and, with --dump, into the reviewable SQL dump.\n"
                 "Build with -DFLY_ALL_VARIANTS=ON to tune over the whole variant space\n"
                 "(-DFLY_VARIANT_MATCH=REGEX narrows it). gemm also takes --layouts nt,nn,tn,tt,\n"
-                "--dtype bf16|fp16, --variants REGEX, --min-m/--max-m M and --max-minutes X (each\n"
+                "--dtype bf16|fp16, --variants REGEX (also topk), --min-m/--max-m M and --max-minutes X (each\n"
                 "key is written as soon as it is measured, so a run cut short keeps its rows;\n"
                 "--missing then tunes only the keys with no row in the dump yet).\n"
                 "--rounds R (gemm, default 3) re-times the variants within 5%% of the best R - 1 more\n"

@@ -3,6 +3,7 @@
 // against a CPU reference, times it, and writes the fastest per key to the tuning database.
 #include <algorithm>
 #include <fstream>
+#include <regex>
 
 #include "../kernels/topk/topk_reference.h"
 #include "tool_common.hpp"
@@ -68,7 +69,11 @@ int tune_topk(const Args& args) {
           cases.push_back({c["R"].get<int64_t>(), c["C"].get<int64_t>(), c["k"].get<int64_t>()});
     }
   }
-  const std::vector<std::string> variants = bundled_variants("topk");
+  // --variants REGEX: only the bundled variants whose name it matches (as gemm's option).
+  std::vector<std::string> variants;
+  const std::regex only(args.get("variants", ".*"));
+  for (auto& name : bundled_variants("topk"))
+    if (std::regex_search(name, only)) variants.push_back(name);
   if (variants.empty()) {
     std::fprintf(stderr, "flytune topk: no topk variants in this build\n");
     return 1;

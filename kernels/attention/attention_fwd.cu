@@ -22,11 +22,19 @@
 #ifndef FLY_DTYPE_IS_BF16
 #define FLY_DTYPE_IS_BF16 0
 #endif
+#ifndef FLY_MC  // wide variants: 2 = may run as multicast clusters of 2 CTAs (p.cluster)
+#define FLY_MC 1
+#endif
 
 namespace fly::attn {
 namespace {
 
+#if FLY_HD > 256
+using Cfg = WideConfig<FLY_N, FLY_DTYPE_IS_BF16 != 0>;  // the wide-head schedule (consumer_wide)
+static_assert(FLY_HD == 512 && FLY_M == 64 && FLY_ST == 1, "wide variants: hd 512, m 64, st 1");
+#else
 using Cfg = AttnConfig<FLY_HD, FLY_M / 64, FLY_N, FLY_ST, FLY_DTYPE_IS_BF16 != 0>;
+#endif
 static_assert(Cfg::kSmemBytes == attn_smem_bytes(FLY_HD, FLY_M, FLY_N, FLY_ST), "host and device smem sizes");
 using Elem = typename std::conditional<Cfg::kBF16, __nv_bfloat16, __half>::type;
 
@@ -37,6 +45,7 @@ struct Ring {
   uint64_t* empty;   // [ST]: every consumer warp arrives once it has read the stage's K and V
 };
 
+#if FLY_HD <= 256
 __device__ __forceinline__ void producer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r) {
   uint8_t* sq = smem;
   uint8_t* sk = smem + Cfg::kQBytes;
@@ -66,6 +75,8 @@ __device__ __forceinline__ void producer(const AttnFwdParams& p, const TileCoord
   }
 }
 
+#endif  // FLY_HD <= 256
+
 // Where the thread's two rows go: query head, position, validity.
 struct RowMap {
   int head[2], pos[2];
@@ -92,11 +103,14 @@ __device__ __forceinline__ RowMap map_rows(const AttnFwdParams& p, const TileCoo
   return rm;
 }
 
+// o: the thread's part of NC output columns starting at column col0 (the whole head dim, or a wide
+// consumer's half); only the warpgroup with write_lse stores the LSE.
+template <int NC = Cfg::kHD>
 __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileCoord& t, const RowMap& rm,
-                                             const float (&o)[Cfg::kHD / 2], const float (&inv)[2],
-                                             const float (&lse)[2]) {
+                                             const float (&o)[NC / 2], const float (&inv)[2],
+                                             const float (&lse)[2], int col0 = 0, bool write_lse = true) {
   const int lane = threadIdx.x % 32;
-  const int c0 = 2 * (lane % 4);
+  const int c0 = col0 + 2 * (lane % 4);
   if (p.splits > 1) {
     const int64_t rows = int64_t(p.B) * p.Hq * p.Sq;
 #pragma unroll
@@ -105,9 +119,9 @@ __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileC
       const int64_t row = (int64_t(t.batch) * p.Hq + rm.head[i]) * p.Sq + rm.pos[i];
       float* dst = p.ws_o + (t.split * rows + row) * Cfg::kHD;
 #pragma unroll
-      for (int j = 0; j < Cfg::kHD / 8; ++j)
+      for (int j = 0; j < NC / 8; ++j)
         *reinterpret_cast<float2*>(dst + 8 * j + c0) = make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
-      if (lane % 4 == 0) p.ws_lse[t.split * rows + row] = lse[i];
+      if (write_lse && lane % 4 == 0) p.ws_lse[t.split * rows + row] = lse[i];
     }
     return;
   }
@@ -116,7 +130,7 @@ __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileC
     if (!rm.valid[i]) continue;
     Elem* dst = static_cast<Elem*>(p.o) + t.batch * p.o_sb + rm.head[i] * p.o_sh + rm.pos[i] * p.o_ss;
 #pragma unroll
-    for (int j = 0; j < Cfg::kHD / 8; ++j) {
+    for (int j = 0; j < NC / 8; ++j) {
       const int col = 8 * j + c0;
       const float a = o[4 * j + 2 * i] * inv[i], b = o[4 * j + 2 * i + 1] * inv[i];
       if (p.o_vec2 && col + 1 < p.D) {
@@ -126,11 +140,12 @@ __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileC
         if (col + 1 < p.D) dst[col + 1] = Elem(b);
       }
     }
-    if (p.lse && lane % 4 == 0)
+    if (write_lse && p.lse && lane % 4 == 0)
       p.lse[t.batch * p.lse_sb + rm.head[i] * p.lse_sh + rm.pos[i] * p.lse_ss] = lse[i];
   }
 }
 
+#if FLY_HD <= 256
 __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r,
                                          int cw) {
   const uint32_t sq = sm90::smem_u32(smem) + cw * 64 * 128;  // this warpgroup's 64 rows of each chunk
@@ -230,11 +245,233 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
   store_output(p, t, rm, o, inv, lse);
 }
 
+#endif  // FLY_HD <= 256
+
+#if FLY_HD > 256
+// ---- wide-head schedule (Cfg = WideConfig): see attention_tiles.cuh ----------------------------
+struct WideRing {
+  uint64_t* q_full;
+  uint64_t* k_full;
+  uint64_t* k_empty;  // every consumer warp arrives once its part of S = Q K^T has landed
+  uint64_t* v_full;
+  uint64_t* v_empty;  // ... once its P V product has landed
+};
+
+// Multicast clusters (FLY_MC 2, p.cluster): CTAs 2i and 2i + 1 own adjacent m blocks of one head.
+// For the key tiles both need (it < shared), CTA rank r loads chunks 4r..4r+3 of each K / V tile
+// into both CTAs; each empty barrier then collects the 8 local and the 8 peer warps (16), so a
+// slot is refilled only when both CTAs have read it. Tiles only the longer (causal) CTA needs it
+// loads alone; its warps then arrive twice locally. A padded CTA past m_blocks has no tiles.
+struct WideCluster {
+  bool on = false;
+  uint32_t rank = 0;
+  int shared = 0;  // key tiles both CTAs read
+};
+
+__device__ __forceinline__ int wide_n_end(const AttnFwdParams& p, int bx) {
+  if (bx >= p.m_blocks) return 0;
+  const int mb = p.causal ? p.m_blocks - 1 - bx : bx;
+  const int last_pos = min((mb + 1) * Cfg::BM, p.Sq) - 1;
+  const int kv_end = p.causal ? min(p.Sk, last_pos + 1) : p.Sk;
+  return (kv_end + Cfg::kBN - 1) / Cfg::kBN;
+}
+
+__device__ __forceinline__ void load_kv_wide(uint8_t* dst, const CUtensorMap* map, uint64_t* bar, int row0,
+                                             const TileCoord& t, const WideCluster& cl, int it) {
+  if (FLY_MC == 2 && cl.on && it < cl.shared) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int ch = 4 * int(cl.rank) + c;
+      tma_load_4d_multicast(dst + ch * Cfg::kBN * 128, map, bar, ch * 64, row0, t.kv_head, t.batch, 0x3);
+    }
+  } else {
+    load_tile<Cfg::kHD>(dst, map, bar, Cfg::kBN, row0, t.kv_head, t.batch);
+  }
+}
+
+// A consumer warp hands a K or V slot back (see WideCluster).
+__device__ __forceinline__ void release_wide(uint64_t* bar, const WideCluster& cl, int it) {
+  if (threadIdx.x % 32 != 0) return;
+  sm90::mbar_arrive(bar);
+  if (FLY_MC == 2 && cl.on) {
+    if (it < cl.shared) sm90::mbar_arrive_cluster(bar, cl.rank ^ 1);
+    else sm90::mbar_arrive(bar);
+  }
+}
+
+__device__ __forceinline__ void producer_wide(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem,
+                                              const WideRing& r, const WideCluster& cl) {
+  uint8_t* sq = smem;
+  uint8_t* sk = smem + Cfg::kQBytes;
+  uint8_t* sv = sk + Cfg::kKVBytes;
+  sm90::tma_prefetch_desc(&p.tm_q);
+  sm90::tma_prefetch_desc(&p.tm_k);
+  sm90::tma_prefetch_desc(&p.tm_v);
+  sm90::mbar_arrive_expect_tx(r.q_full, p.q_bytes);
+  if (p.pack_gqa) {
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_4d(sq + c * Cfg::BM * 128, &p.tm_q, r.q_full, c * 64, 0, t.kv_head * p.group, t.batch);
+  } else {
+    load_tile<Cfg::kHD>(sq, &p.tm_q, r.q_full, Cfg::BM, t.m0, t.head_y, t.batch);
+  }
+  for (int n = t.n_begin, it = 0; n < t.n_end; ++n, ++it) {
+    const uint32_t phase = it & 1;
+    sm90::mbar_wait(r.k_empty, phase ^ 1);
+    sm90::mbar_arrive_expect_tx(r.k_full, Cfg::kKVBytes);  // all of it: half may come from the peer
+    load_kv_wide(sk, &p.tm_k, r.k_full, n * Cfg::kBN, t, cl, it);
+    sm90::mbar_wait(r.v_empty, phase ^ 1);
+    sm90::mbar_arrive_expect_tx(r.v_full, Cfg::kKVBytes);
+    load_kv_wide(sv, &p.tm_v, r.v_full, n * Cfg::kBN, t, cl, it);
+  }
+}
+
+// Partial scores of this warpgroup's half of D plus the other's: thread t of both warpgroups holds
+// the same fragment positions, so each writes its registers at [i][t] and reads the other's there.
+// a + b == b + a bit for bit: both warpgroups end with identical scores, maxima and probabilities.
+__device__ __forceinline__ void exchange_scores(float (&s)[Cfg::kBN / 2], float* xbuf, int cw) {
+  const int tid = threadIdx.x % 128;
+  float* mine = xbuf + cw * (64 * Cfg::kBN);
+  const float* other = xbuf + (1 - cw) * (64 * Cfg::kBN);
+#pragma unroll
+  for (int i = 0; i < Cfg::kBN / 2; ++i) mine[i * 128 + tid] = s[i];
+  named_bar_sync(1, 256);
+#pragma unroll
+  for (int i = 0; i < Cfg::kBN / 2; ++i) s[i] += other[i * 128 + tid];
+  named_bar_sync(2, 256);  // both have read: the next tile may overwrite the buffers
+}
+
+// Consumer warpgroup cw (0, 1) of the wide schedule: columns [256 cw, 256 cw + 256) of O.
+// FLY_OV = 1: S of tile j + 1 is issued before P V of tile j and exchanged / exponentiated while
+// that product runs (the K and V tiles have separate slots, so both are resident).
+__device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem,
+                                              const WideRing& r, const WideCluster& cl, int cw) {
+  using Half = Cfg::Half;
+  const uint32_t base = sm90::smem_u32(smem);
+  const uint32_t sq = base + cw * 4 * Cfg::BM * 128;  // chunks 4 cw .. 4 cw + 3 of each tile
+  const uint32_t sk = base + Cfg::kQBytes + cw * 4 * Cfg::kBN * 128;
+  const uint32_t sv = base + Cfg::kQBytes + Cfg::kKVBytes + cw * 4 * Cfg::kBN * 128;
+  float* xbuf = reinterpret_cast<float*>(smem + Cfg::kXOffset);
+  const RowMap rm = map_rows(p, t, 0);  // both warpgroups hold the same 64 rows
+  const int min_pos = p.pack_gqa ? 0 : t.m0;
+  auto needs_mask = [&](int n0) { return n0 + Cfg::kBN > p.Sk || (p.causal && n0 + Cfg::kBN - 1 > min_pos); };
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  OnlineSoftmax sm;
+  float alpha[2];
+  uint32_t pf[Cfg::kBN / 16][4];
+  const int iters = t.n_end - t.n_begin;
+  sm90::mbar_wait(r.q_full, 0);
+  if constexpr (FLY_OV == 0) {
+    for (int it = 0; it < iters; ++it) {
+      const uint32_t phase = it & 1;
+      const int n0 = (t.n_begin + it) * Cfg::kBN;
+      float s[Cfg::kBN / 2];
+      sm90::mbar_wait(r.k_full, phase);
+      mma_qk<Half>(s, sq, Cfg::BM, sk);
+      sm90::wgmma_wait<0>();
+      fence_regs(s);
+      release_wide(r.k_empty, cl, it);
+      exchange_scores(s, xbuf, cw);
+      if (needs_mask(n0)) mask_tile<Cfg::kBN>(s, n0, p.Sk, p.causal, rm.pos);
+      sm.step<Cfg::kBN>(s, p.scale_log2, alpha);
+      scale_rows(o, alpha);
+      pack_p<Half>(s, pf);
+      sm90::mbar_wait(r.v_full, phase);
+      mma_pv<Half>(o, pf, sv);
+      sm90::wgmma_wait<0>();
+      fence_regs(o);
+      release_wide(r.v_empty, cl, it);
+    }
+  } else if (iters > 0) {
+    float s[Cfg::kBN / 2];
+    sm90::mbar_wait(r.k_full, 0);
+    mma_qk<Half>(s, sq, Cfg::BM, sk);
+    sm90::wgmma_wait<0>();
+    fence_regs(s);
+    release_wide(r.k_empty, cl, 0);
+    exchange_scores(s, xbuf, cw);
+    if (needs_mask(t.n_begin * Cfg::kBN)) mask_tile<Cfg::kBN>(s, t.n_begin * Cfg::kBN, p.Sk, p.causal, rm.pos);
+    sm.step<Cfg::kBN>(s, p.scale_log2, alpha);  // O is still zero: no rescale
+    pack_p<Half>(s, pf);
+    for (int it = 1; it < iters; ++it) {
+      const uint32_t phase = it & 1, prev_phase = (it - 1) & 1;
+      const int n0 = (t.n_begin + it) * Cfg::kBN;
+      sm90::mbar_wait(r.k_full, phase);
+      mma_qk<Half>(s, sq, Cfg::BM, sk);
+      sm90::mbar_wait(r.v_full, prev_phase);
+      mma_pv<Half>(o, pf, sv);
+      sm90::wgmma_wait<1>();  // S of this tile is in; P V of the previous one may still run
+      fence_regs(s);
+      release_wide(r.k_empty, cl, it);
+      exchange_scores(s, xbuf, cw);
+      if (needs_mask(n0)) mask_tile<Cfg::kBN>(s, n0, p.Sk, p.causal, rm.pos);
+      sm.step<Cfg::kBN>(s, p.scale_log2, alpha);
+      sm90::wgmma_wait<0>();
+      fence_regs(o);
+      release_wide(r.v_empty, cl, it - 1);
+      scale_rows(o, alpha);
+      pack_p<Half>(s, pf);  // pf was the in-flight product's operand until the wait above
+    }
+    sm90::mbar_wait(r.v_full, (iters - 1) & 1);
+    mma_pv<Half>(o, pf, sv);
+    sm90::wgmma_wait<0>();
+    fence_regs(o);
+    release_wide(r.v_empty, cl, iters - 1);
+  }
+  float inv[2], lse[2];
+  sm.finish(p.scale_log2, inv, lse);
+  store_output<256>(p, t, rm, o, inv, lse, cw * 256, cw == 0);
+}
+#endif  // FLY_HD > 256
+
 }  // namespace
 }  // namespace fly::attn
 
 using namespace fly::attn;
 
+#if FLY_HD > 256
+extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(const __grid_constant__ AttnFwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Cfg::kBarOffset);
+  const WideRing r{bars, bars + 1, bars + 2, bars + 3, bars + 4};
+  const bool clustered = FLY_MC == 2 && p.cluster != 0;
+  if (threadIdx.x == 0) {
+    fly::sm90::mbar_init(r.q_full, 1);
+    fly::sm90::mbar_init(r.k_full, 1);
+    fly::sm90::mbar_init(r.v_full, 1);
+    fly::sm90::mbar_init(r.k_empty, clustered ? 16 : 8);
+    fly::sm90::mbar_init(r.v_empty, clustered ? 16 : 8);
+    fly::sm90::fence_barrier_init();
+  }
+  if (clustered) fly::sm90::cluster_sync();  // the peer's barriers exist before any multicast
+  else __syncthreads();
+  TileCoord t = schedule_tile<Cfg::BM, Cfg::kBN>(p);
+  WideCluster cl;
+  if (clustered) {
+    cl.on = true;
+    cl.rank = fly::sm90::cluster_ctarank();
+    if (int(blockIdx.x) >= p.m_blocks) {  // the padding CTA of an odd m_blocks: rows past Sq, no keys
+      t.m0 = p.m_blocks * Cfg::BM;
+      t.n_begin = t.n_end = 0;
+    }
+    cl.shared = min(t.n_end, wide_n_end(p, int(blockIdx.x ^ 1u)));
+  }
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    fly::sm90::setmaxnreg_dec<24>();
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) producer_wide(p, t, smem, r, cl);
+  } else {
+    fly::sm90::setmaxnreg_inc<240>();
+    consumer_wide(p, t, smem, r, cl, wg - 1);
+  }
+  // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
+  if (clustered) fly::sm90::cluster_sync();
+}
+#else
 extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(const __grid_constant__ AttnFwdParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -261,6 +498,8 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
     else consumer(p, t, smem, r, wg - 1);
   }
 }
+
+#endif  // FLY_HD > 256
 
 // Merges split partials: one warp per query row. Weights exp(LSE_s - max) over the splits; rows
 // whose splits all saw nothing get O = 0, LSE = -inf.

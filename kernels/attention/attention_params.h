@@ -34,6 +34,9 @@ struct AttnFwdParams {
   int32_t o_vec2;     // 1: o's base and strides allow 4-byte stores of element pairs
   uint32_t q_bytes;   // bytes one Q tile load brings (the mbarrier's expected transaction count)
   float scale_log2;   // softmax_scale * log2(e): exp(x * scale) = exp2(x * scale_log2)
+  // Wide-head mc2 variants: 1 = launched as clusters of 2 CTAs along x (adjacent m blocks of one
+  // head) that multicast each K / V tile, each CTA loading half of it (splits 1, unpacked only).
+  int32_t cluster;
 };
 
 // Workspace of a split launch: partial O (fp32, dpad wide) and LSE per (split, row), 256-aligned.

@@ -10,7 +10,8 @@
 
 namespace fly::attn {
 
-constexpr int kCompiledHeadDims[] = {64, 128, 192, 256};  // tuning/attention.json "hd"
+constexpr int kCompiledHeadDims[] = {64, 128, 192, 256, 512};  // tuning/attention.json "hd"
+constexpr int kWideHeadDim = 512;  // the wide-head schedule (D split over two consumer warpgroups)
 constexpr int kMaxHeadDim = 512;                          // the C entry's documented range
 constexpr int kMaxSplits = 32;                            // fly_attn_fwd_combine: one lane per split
 constexpr int kMaxSms = 144;                              // workspace sizes are device independent
@@ -24,8 +25,14 @@ inline int padded_head_dim(int64_t d) {
 }
 
 // Dynamic shared memory of a variant: Q tile, ST stages of K and V, barriers, 1 KiB alignment slack
-// (the kernel's AttnConfig::kSmemBytes, checked there by static_assert).
-constexpr int attn_smem_bytes(int hd, int bm, int bn, int st) { return bm * hd * 2 + 2 * st * bn * hd * 2 + 256 + 1024; }
+// (the kernel's AttnConfig::kSmemBytes / WideConfig::kSmemBytes, checked there by static_assert).
+// The wide schedule (hd 512) adds the two fp32 [64][bn] partial-score tiles its warpgroups exchange.
+constexpr int attn_smem_bytes(int hd, int bm, int bn, int st) {
+  return bm * hd * 2 + 2 * st * bn * hd * 2 + (hd > 256 ? 2 * 64 * bn * 4 : 0) + 256 + 1024;
+}
+// Threads of a variant: a producer warpgroup plus one consumer warpgroup per 64 rows, or (wide) two
+// consumer warpgroups sharing 64 rows, each owning half of D.
+constexpr int attn_threads(int hd, int bm) { return hd > 256 ? 384 : 128 * (bm / 64 + 1); }
 
 struct Shape {
   int64_t B, Hq, Hkv, Sq, Sk, D;

@@ -39,6 +39,32 @@ struct AttnConfig {
   static_assert(kSmemBytes <= 232448, "shared memory over the 227 KiB a block may have");
 };
 
+// Wide-head schedule (HD 512): 64 query rows per CTA, two consumer warpgroups, each owning 256 of
+// the 512 columns. Each computes the partial S over its half of D (Half's mma_qk on its chunks), the
+// two exchange partials through shared memory (kXOffset: one fp32 [64][BN] tile per warpgroup), both
+// run the same online softmax on the full S, and each accumulates its 256 output columns (Half's
+// mma_pv on its V chunks). K and V tiles have one slot each (K j + 1 loads under P V of tile j).
+template <int BN, bool BF16>
+struct WideConfig {
+  static constexpr int kHD = 512;
+  static constexpr int kChunks = 8;
+  static constexpr int kNWG = 2;   // consumer warpgroups, both on the same 64 rows
+  static constexpr int BM = 64;
+  static constexpr int kBN = BN;
+  static constexpr int kST = 1;
+  static constexpr bool kBF16 = BF16;
+  static constexpr int kThreads = 384;
+  static constexpr int kQBytes = BM * kHD * 2;
+  static constexpr int kKVBytes = BN * kHD * 2;
+  static constexpr int kXOffset = kQBytes + 2 * kKVBytes;
+  static constexpr int kXBytes = 2 * 64 * BN * 4;
+  static constexpr int kBarOffset = kXOffset + kXBytes;
+  static constexpr int kSmemBytes = kBarOffset + 256 + 1024;
+  using Half = AttnConfig<256, 1, BN, 1, BF16>;  // one consumer's operands: 4 chunks of Q, K, V
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 64, "wide key tile: a multiple of 16, at most 64");
+  static_assert(kSmemBytes <= 232448, "shared memory over the 227 KiB a block may have");
+};
+
 // ---- hardware wrappers the common set lacks ------------------------------------------------------
 // 4-D tile load (c0 innermost), completion counted in bytes on `bar`; out-of-bounds elements are
 // zero-filled and still counted.
@@ -49,6 +75,20 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
       " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(sm90::smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(sm90::smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+// The same, multicast to the CTAs of `cta_mask` (same shared offset and mbarrier offset in each).
+__device__ __forceinline__ void tma_load_4d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                                      int c1, int c2, int c3, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(sm90::smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(sm90::smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "h"(cta_mask)
+      : "memory");
+}
+// Named barrier `id` (1..15) over `count` threads (whole warps).
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 __device__ __forceinline__ float ex2(float x) {
   float y;

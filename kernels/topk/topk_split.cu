@@ -1,5 +1,5 @@
-// Variant entry: split-row TopK for few very long rows. Axes: FLY_THREADS, FLY_CHUNK (elements
-// per CTA; used by the launcher only). Kernels: init, pass, gather, sort (see topk_split.cuh).
+// Variant entry: split-row TopK for few very long rows. Axes: FLY_THREADS, FLY_CHUNK (the largest
+// piece a CTA claims; used by the launcher only). Kernels: init, pass, tie, sort (topk_split.cuh).
 #include "topk/topk_split.cuh"
 
 #ifndef FLY_THREADS
@@ -12,8 +12,8 @@ extern "C" __global__ void __launch_bounds__(FLY_THREADS) fly_topk_split_init(co
 extern "C" __global__ void __launch_bounds__(FLY_THREADS) fly_topk_split_pass(const TopkParams p) {
   fly_topk::split_pass_body<FLY_THREADS>(p);
 }
-extern "C" __global__ void __launch_bounds__(FLY_THREADS) fly_topk_split_gather(const TopkParams p) {
-  fly_topk::split_gather_body<FLY_THREADS>(p);
+extern "C" __global__ void __launch_bounds__(FLY_THREADS) fly_topk_split_tie(const TopkParams p) {
+  fly_topk::split_tie_body<FLY_THREADS>(p);
 }
 extern "C" __global__ void __launch_bounds__(FLY_THREADS) fly_topk_split_sort(const TopkParams p) {
   fly_topk::split_sort_body<FLY_THREADS>(p);

@@ -33,11 +33,12 @@ namespace {
 // ---- ops we override, their counters and switches -------------------------------------------
 enum OpId {
   kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kSdpaFlash, kSdpaEfficient, kSdpaCudnn,
-  kSdpaFlashBwd, kSdpaEfficientBwd, kGroupedMm, kOpCount
+  kSdpaFlashBwd, kSdpaEfficientBwd, kGroupedMm, kScaledMm, kScaledMmV1, kOpCount
 };
 const char* const kOpNames[kOpCount] = {"rms_norm",       "topk",       "topk.values",       "mm",
                                         "addmm",          "sdpa_flash", "sdpa_efficient",    "sdpa_cudnn",
-                                        "sdpa_flash_bwd", "sdpa_efficient_bwd", "grouped_mm"};
+                                        "sdpa_flash_bwd", "sdpa_efficient_bwd", "grouped_mm",
+                                        "scaled_mm",      "scaled_mm_v1"};
 
 struct OpCounts {
   std::atomic<uint64_t> ours{0};
@@ -105,6 +106,9 @@ fly_dtype fly_dtype_of(at::ScalarType t) {
     case at::kInt: return FLY_I32;
     case at::kLong: return FLY_I64;
     case at::kByte: return FLY_U8;
+    case at::kFloat8_e4m3fn: return FLY_F8_E4M3;
+    case at::kFloat4_e2m1fn_x2: return FLY_F4_E2M1X2;
+    case at::kFloat8_e8m0fnu: return FLY_E8M0;
     default: return FLY_DTYPE_INVALID;
   }
 }
@@ -724,6 +728,232 @@ void grouped_mm_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   g_prev_grouped_mm->callBoxed(op, ks, stack);
 }
 
+// ---- MX block-scaled GEMM: aten::_scaled_mm_v2 and aten::_scaled_mm ---------------------------
+// Ours: MXFP8 (float8_e4m3fn) or MXFP4 (float4_e2m1fn_x2) operands, both the same, A [M, K] row-major
+// and B [K, N] column-major (a transposed view of a row-major [N, K]; FP4 counts packed bytes: K/2),
+// one float8_e8m0fnu scale per 32 values of K (BlockWise1x32), scales either unswizzled (NO_SWIZZLE:
+// [M, K/32] and [N, K/32] row-major, any shape with that many contiguous elements) or cuBLAS's
+// SWIZZLE_32_4_4 blocked layout (unswizzled here with one small copy), output bf16/fp16, optional
+// bias [N] in the output dtype. Everything else (other recipes, fp32 output, e5m2, tensorwise,
+// rowwise) runs the stock kernel. v1 (_scaled_mm) with E8M0 scales means the blocked layout.
+std::optional<c10::SafeKernelFunction> g_prev_scaled_mm, g_prev_scaled_mm_v1;
+std::optional<c10::SafeKernelFunction> g_prev_scaled_mm_meta, g_prev_scaled_mm_v1_meta;
+
+constexpr int64_t kRecipeBlockWise1x32 = 3;  // at::blas::ScalingType::BlockWise1x32
+constexpr int64_t kSwizzleNone = 0, kSwizzle32_4_4 = 1;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The logical K of an MX operand pair (FP4 packs two values per byte), or -1.
+int64_t mx_k(const at::Tensor& a) {
+  if (a.dim() != 2) return -1;
+  return a.scalar_type() == at::kFloat4_e2m1fn_x2 ? 2 * a.size(1) : a.size(1);
+}
+
+// nullptr when a scale tensor holds `rows` x K/32 scales in the layout `swizzle` names, else why not.
+const char* mx_scale_ineligible(const at::Tensor& sc, int64_t rows, int64_t kb, int64_t swizzle) {
+  if (sc.scalar_type() != at::kFloat8_e8m0fnu) return "scales not float8_e8m0fnu";
+  if (!sc.is_contiguous()) return "scales not contiguous";
+  const int64_t want = swizzle == kSwizzleNone ? rows * kb : round_up(rows, 128) * round_up(kb, 4);
+  if (sc.numel() != want) return swizzle == kSwizzleNone ? "scale count is not rows * K/32 (NO_SWIZZLE)"
+                                                         : "scale count is not the padded SWIZZLE_32_4_4 size";
+  return nullptr;
+}
+
+const char* scaled_mm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+                                 int64_t swizzle, const at::Tensor* bias, std::optional<at::ScalarType> out_dtype,
+                                 bool check_device) {
+  if (check_device && !(a.is_cuda() && b.is_cuda() && sa.is_cuda() && sb.is_cuda())) return "inputs are not CUDA tensors";
+  if (a.scalar_type() != at::kFloat8_e4m3fn && a.scalar_type() != at::kFloat4_e2m1fn_x2)
+    return "operands not float8_e4m3fn / float4_e2m1fn_x2 (MXFP8 / MXFP4)";
+  if (b.scalar_type() != a.scalar_type()) return "mixed operand dtypes";
+  if (a.dim() != 2 || b.dim() != 2) return "operands not 2-D";
+  if (a.size(1) != b.size(0)) return "K of A and B differ";
+  const int64_t M = a.size(0), N = b.size(1), K = mx_k(a);
+  if (K % 32 != 0) return "K not a multiple of 32";
+  if (a.stride(1) != 1 || (M > 1 && a.stride(0) < a.size(1))) return "A not row-major";
+  if (b.stride(0) != 1 || (N > 1 && b.stride(1) < b.size(0))) return "B not column-major";
+  if (!out_dtype.has_value() || (*out_dtype != at::kBFloat16 && *out_dtype != at::kHalf))
+    return "output dtype not bf16 / fp16";
+  if (swizzle != kSwizzleNone && swizzle != kSwizzle32_4_4) return "unknown scale swizzle";
+  if (const char* why = mx_scale_ineligible(sa, M, K / 32, swizzle)) return why;
+  if (const char* why = mx_scale_ineligible(sb, N, K / 32, swizzle)) return why;
+  if (bias != nullptr && bias->defined()) {
+    if (bias->scalar_type() != *out_dtype) return "bias dtype differs from the output's";
+    if (bias->dim() != 1 || bias->size(0) != N || (N > 1 && bias->stride(0) != 1)) return "bias not a contiguous [N]";
+  }
+  if (check_device) {
+    const c10::Device d = a.device();
+    if (b.device() != d || sa.device() != d || sb.device() != d || (bias && bias->defined() && bias->device() != d))
+      return "inputs on different devices";
+    return device_unsupported(d);
+  }
+  return nullptr;
+}
+
+// [rows, kb] row-major scales from cuBLAS's blocked layout: [rows/128 tiles][kb/4 tiles] of 512 bytes,
+// (r, c) of a tile at byte 16 * (r % 32) + 4 * (r / 32) + c.
+at::Tensor unswizzle_scales(const at::Tensor& sc, int64_t rows, int64_t kb) {
+  const int64_t R = round_up(rows, 128), C = round_up(kb, 4);
+  return sc.view(at::kByte)
+      .reshape({R / 128, C / 4, 32, 4, 4})
+      .permute({0, 3, 2, 1, 4})
+      .reshape({R, C})
+      .slice(0, 0, rows)
+      .slice(1, 0, kb)
+      .contiguous()
+      .view(at::kFloat8_e8m0fnu);
+}
+
+// Runs ours; false (with the reason noted) when the library declines the call.
+bool scaled_mm_run(OpId id, const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa_in, const at::Tensor& sb_in,
+                   int64_t swizzle, const at::Tensor* bias, at::ScalarType out_dtype, at::Tensor* out) {
+  c10::DeviceGuard guard(a.device());
+  const int64_t M = a.size(0), N = b.size(1), K = mx_k(a), kb = K / 32;
+  const at::Tensor sa = swizzle == kSwizzleNone ? sa_in : unswizzle_scales(sa_in, M, kb);
+  const at::Tensor sb = swizzle == kSwizzleNone ? sb_in : unswizzle_scales(sb_in, N, kb);
+  at::Tensor c = empty_unfilled({M, N}, out_dtype);
+  const at::Tensor bt = b.t();  // [N, K(bytes)] row-major
+  fly_tensor ad = desc_2d(a, M, a.size(1), M > 1 ? a.stride(0) : a.size(1));
+  fly_tensor bd = desc_2d(bt, N, bt.size(1), N > 1 ? bt.stride(0) : bt.size(1));
+  fly_tensor sad = desc_2d(sa, M, kb, kb), sbd = desc_2d(sb, N, kb, kb), cd = desc_2d(c, M, N, N), biasd{};
+  if (bias) biasd = desc_1d(*bias, N);
+  const fly_status st = fly_scaled_gemm(&ad, &sad, &bd, &sbd, bias ? &biasd : nullptr, &cd, nullptr, 0,
+                                        current_stream(a.device()));
+  if (st == FLY_SUCCESS) {
+    note_ours(id);
+    *out = std::move(c);
+    return true;
+  }
+  TORCH_CHECK(status_means_fallback(st), "flykernels scaled_mm: ", fly_status_string(st), ": ", fly_get_last_error());
+  note_fallback(id, fly_get_last_error());
+  return false;
+}
+
+// The one-element recipe / swizzle of a v2 call, or -1 when the list is not that.
+int64_t single(const c10::IValue& v, int64_t if_empty) {
+  const auto l = v.toIntList();
+  if (l.size() == 0) return if_empty;
+  return l.size() == 1 ? l.get(0) : -1;
+}
+
+// v2's eligibility from its stack (12 arguments from b0); sets the tensors it read.
+const char* scaled_mm_v2_ineligible(const torch::jit::Stack& s, size_t b0, int64_t* swizzle, bool check_device) {
+  const at::Tensor& a = s[b0].toTensor();
+  const at::Tensor& b = s[b0 + 1].toTensor();
+  const auto scale_a = s[b0 + 2].toTensorList(), scale_b = s[b0 + 5].toTensorList();
+  if (single(s[b0 + 3], -1) != kRecipeBlockWise1x32 || single(s[b0 + 6], -1) != kRecipeBlockWise1x32)
+    return "scale recipe not BlockWise1x32";
+  if (scale_a.size() != 1 || scale_b.size() != 1) return "not one scale tensor per operand";
+  const int64_t swa = single(s[b0 + 4], kSwizzleNone), swb = single(s[b0 + 7], kSwizzleNone);
+  if (swa != swb) return "the operands' scale swizzles differ";
+  *swizzle = swa;
+  if (s[b0 + 10].toIntList().size() != 0) {
+    const auto cd = s[b0 + 10].toIntList();
+    if (!(cd.size() == 2 && cd.get(0) == 1 && cd.get(1) == 0)) return "contraction_dim not the plain (1, 0)";
+  }
+  const at::Tensor* bias = s[b0 + 8].isNone() ? nullptr : &s[b0 + 8].toTensor();
+  const std::optional<at::ScalarType> od =
+      s[b0 + 9].isNone() ? std::nullopt : std::optional<at::ScalarType>(s[b0 + 9].toScalarType());
+  return scaled_mm_ineligible(a, b, scale_a.get(0), scale_b.get(0), swa, bias, od, check_device);
+}
+
+// v1: (self, mat2, scale_a, scale_b, bias?, scale_result?, out_dtype?, use_fast_accum); E8M0 scales
+// there are cuBLAS's blocked layout.
+const char* scaled_mm_v1_ineligible(const torch::jit::Stack& s, size_t b0, bool check_device) {
+  if (!s[b0 + 5].isNone()) return "scale_result given";
+  const at::Tensor* bias = s[b0 + 4].isNone() ? nullptr : &s[b0 + 4].toTensor();
+  const std::optional<at::ScalarType> od =
+      s[b0 + 6].isNone() ? std::nullopt : std::optional<at::ScalarType>(s[b0 + 6].toScalarType());
+  return scaled_mm_ineligible(s[b0].toTensor(), s[b0 + 1].toTensor(), s[b0 + 2].toTensor(), s[b0 + 3].toTensor(),
+                              kSwizzle32_4_4, bias, od, check_device);
+}
+
+constexpr size_t kScaledMmV2Args = 12, kScaledMmV1Args = 8;
+
+void scaled_mm_v2_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b0 = s.size() - kScaledMmV2Args;
+  int64_t swizzle = -1;
+  const char* why = scaled_mm_v2_ineligible(s, b0, &swizzle, true);
+  if (why == nullptr) {
+    const at::Tensor* bias = s[b0 + 8].isNone() ? nullptr : &s[b0 + 8].toTensor();
+    at::Tensor c;
+    if (scaled_mm_run(kScaledMm, s[b0].toTensor(), s[b0 + 1].toTensor(), s[b0 + 2].toTensorList().get(0),
+                      s[b0 + 5].toTensorList().get(0), swizzle, bias, s[b0 + 9].toScalarType(), &c)) {
+      torch::jit::drop(s, kScaledMmV2Args);
+      torch::jit::push(s, std::move(c));
+      return;
+    }
+  } else {
+    note_fallback(kScaledMm, why);
+  }
+  g_prev_scaled_mm->callBoxed(op, ks, stack);
+}
+
+void scaled_mm_v1_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t b0 = s.size() - kScaledMmV1Args;
+  const char* why = scaled_mm_v1_ineligible(s, b0, true);
+  if (why == nullptr) {
+    const at::Tensor* bias = s[b0 + 4].isNone() ? nullptr : &s[b0 + 4].toTensor();
+    at::Tensor c;
+    if (scaled_mm_run(kScaledMmV1, s[b0].toTensor(), s[b0 + 1].toTensor(), s[b0 + 2].toTensor(), s[b0 + 3].toTensor(),
+                      kSwizzle32_4_4, bias, s[b0 + 6].toScalarType(), &c)) {
+      torch::jit::drop(s, kScaledMmV1Args);
+      torch::jit::push(s, std::move(c));
+      return;
+    }
+  } else {
+    note_fallback(kScaledMmV1, why);
+  }
+  g_prev_scaled_mm_v1->callBoxed(op, ks, stack);
+}
+
+// Meta (shape inference under FakeTensor / torch.compile): the stock Meta kernels refuse NO_SWIZZLE
+// MX scales on CUDA, so for the calls we take the result is a [M, N] tensor of the output dtype;
+// every other call gets the stock Meta kernel's checks and result.
+template <bool kV1>
+void scaled_mm_meta_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t n = kV1 ? kScaledMmV1Args : kScaledMmV2Args;
+  const size_t b0 = s.size() - n;
+  int64_t swizzle = -1;
+  const char* why = kV1 ? scaled_mm_v1_ineligible(s, b0, false) : scaled_mm_v2_ineligible(s, b0, &swizzle, false);
+  if (why == nullptr) {
+    const at::Tensor& a = s[b0].toTensor();
+    const at::ScalarType od = s[b0 + (kV1 ? 6 : 9)].toScalarType();
+    at::Tensor c = at::empty({a.size(0), s[b0 + 1].toTensor().size(1)}, a.options().dtype(od));
+    torch::jit::drop(s, n);
+    torch::jit::push(s, std::move(c));
+    return;
+  }
+  (kV1 ? g_prev_scaled_mm_v1_meta : g_prev_scaled_mm_meta)->callBoxed(op, ks, stack);
+}
+
+// fly_mx_quantize for the Python side: (q, scales) of x [M, K] (bf16/fp16/fp32, unit inner stride).
+std::tuple<at::Tensor, at::Tensor> mx_quantize(const at::Tensor& x, const std::string& format, bool rceil) {
+  TORCH_CHECK_VALUE(format == "e4m3" || format == "e2m1", "flykernels mx_quantize: format must be 'e4m3' or 'e2m1', got '",
+                    format, "'");
+  TORCH_CHECK_VALUE(x.is_cuda(), "flykernels mx_quantize: x must be a CUDA tensor");
+  TORCH_CHECK_VALUE(x.dim() == 2, "flykernels mx_quantize: x must be 2-D [M, K], got ", x.dim(), " dimensions");
+  TORCH_CHECK_VALUE(is_fly_float(x.scalar_type()), "flykernels mx_quantize: x must be bf16, fp16 or fp32, got ",
+                    x.scalar_type());
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK_VALUE(K % 32 == 0, "flykernels mx_quantize: K = ", K, " is not a multiple of 32");
+  const bool f4 = format == "e2m1";
+  c10::DeviceGuard guard(x.device());
+  const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();
+  at::Tensor q = empty_unfilled({M, f4 ? K / 2 : K}, f4 ? at::kFloat4_e2m1fn_x2 : at::kFloat8_e4m3fn);
+  at::Tensor sc = empty_unfilled({M, K / 32}, at::kFloat8_e8m0fnu);
+  fly_tensor xd = desc_2d(xc, M, K, M > 1 ? xc.stride(0) : K), qd = desc_2d(q, M, q.size(1), q.size(1)),
+             sd = desc_2d(sc, M, K / 32, K / 32);
+  const int fmt = (f4 ? FLY_MX_E2M1 : FLY_MX_E4M3) | (rceil ? FLY_MX_SCALE_RCEIL : 0);
+  const fly_status st = fly_mx_quantize(&xd, fmt, &qd, &sd, current_stream(x.device()));
+  TORCH_CHECK(st == FLY_SUCCESS, "flykernels mx_quantize: ", fly_status_string(st), ": ", fly_get_last_error());
+  return {q, sc};
+}
+
 // ---- registration: one torch::Library per op, reset to restore the stock kernel --------------
 // The dispatcher warns once per process when a kernel is overridden; we override on purpose, so
 // that one message is dropped and any other warning goes to the handler that was in place.
@@ -798,9 +1028,22 @@ bool enable_op(const std::string& op) {
     g_prev_grouped_mm.emplace(find_op("aten::_grouped_mm", "").getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
     lib = new_cuda_impl_library();
     lib->impl("_grouped_mm", torch::CppFunction::makeFromBoxedFunction<&grouped_mm_boxed>());
+  } else if (op == "scaled_mm") {  // MX F.scaled_mm (v2) and _scaled_mm with E8M0 scales (v1): CUDA and Meta
+    auto h2 = find_op("aten::_scaled_mm_v2", ""), h1 = find_op("aten::_scaled_mm", "");
+    g_prev_scaled_mm.emplace(h2.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    g_prev_scaled_mm_v1.emplace(h1.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    g_prev_scaled_mm_meta.emplace(h2.getComputedKernelForDispatchKey(c10::DispatchKey::Meta));
+    g_prev_scaled_mm_v1_meta.emplace(h1.getComputedKernelForDispatchKey(c10::DispatchKey::Meta));
+    lib = new_cuda_impl_library();
+    lib->impl("_scaled_mm_v2", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_v2_boxed>());
+    lib->impl("_scaled_mm", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_v1_boxed>());
+    auto meta = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+    meta->impl("_scaled_mm_v2", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_meta_boxed<false>>());
+    meta->impl("_scaled_mm", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_meta_boxed<true>>());
+    g_overrides["scaled_mm/meta"] = std::move(meta);
   } else {
     TORCH_CHECK_VALUE(false, "flykernels: no eager override named '", op,
-                      "' (rms_norm, topk, sdpa, sdpa_cudnn, sdpa_bwd, grouped_mm)");
+                      "' (rms_norm, topk, sdpa, sdpa_cudnn, sdpa_bwd, grouped_mm, scaled_mm)");
   }
   g_overrides[op] = std::move(lib);
   return true;
@@ -809,6 +1052,7 @@ bool enable_op(const std::string& op) {
 void disable_op(const std::string& op) {
   std::lock_guard<std::mutex> lock(g_reg_mutex);
   g_overrides.erase(op);  // ~Library deregisters our kernels; the stock ones are current again
+  g_overrides.erase(op + "/meta");
 }
 
 bool op_enabled(const std::string& op) {
@@ -930,6 +1174,15 @@ std::string explain_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return why ? why : "";
 }
 
+// '' when our MX GEMM takes an F.scaled_mm call with these operands (swizzle 0: NO_SWIZZLE, 1:
+// SWIZZLE_32_4_4; out_dtype None: the call's default), else why not.
+std::string explain_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+                              int64_t swizzle, std::optional<at::Tensor> bias, std::optional<at::ScalarType> out_dtype,
+                              bool check_device) {
+  const char* why = scaled_mm_ineligible(a, b, sa, sb, swizzle, bias ? &*bias : nullptr, out_dtype, check_device);
+  return why ? why : "";
+}
+
 std::string explain_grouped_mm(const at::Tensor& a, const at::Tensor& b, std::optional<at::Tensor> offs,
                                std::optional<at::Tensor> bias, bool check_device) {
   const char* why = grouped_mm_ineligible(a, b, offs ? &*offs : nullptr, bias ? &*bias : nullptr, std::nullopt,
@@ -995,7 +1248,7 @@ py::tuple device_status(int64_t index) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "FlyKernels' PyTorch extension (calls libflykernels through its C ABI only)";
-  m.def("enable_op", &enable_op, "install the CUDA-key override named op (rms_norm, topk, sdpa, sdpa_cudnn, sdpa_bwd, grouped_mm)");
+  m.def("enable_op", &enable_op, "install the CUDA-key override named op (rms_norm, topk, sdpa, sdpa_cudnn, sdpa_bwd, grouped_mm, scaled_mm)");
   m.def("disable_op", &disable_op, "remove the override named op; the stock kernel is current again");
   m.def("op_enabled", &op_enabled);
   m.def("explain_rms_norm", &explain_rms_norm, py::arg("x"), py::arg("normalized_shape"), py::arg("weight"),
@@ -1006,6 +1259,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("check_device") = true);
   m.def("explain_grouped_mm", &explain_grouped_mm, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("bias"),
         py::arg("check_device") = true);
+  m.def("explain_scaled_mm", &explain_scaled_mm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
+        py::arg("swizzle") = 0, py::arg("bias") = py::none(), py::arg("out_dtype") = py::none(),
+        py::arg("check_device") = true);
+  m.def("mx_quantize", &mx_quantize, py::arg("x"), py::arg("format") = "e4m3", py::arg("rceil") = false,
+        "(q, scales) of x [M, K]: float8_e4m3fn [M, K] or float4_e2m1fn_x2 [M, K/2], float8_e8m0fnu [M, K/32]");
   m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("workspace") = py::none());
   m.def("addmm_out", &addmm_out, py::arg("bias"), py::arg("a"), py::arg("b"), py::arg("out"), py::arg("beta") = 1.0,
         py::arg("alpha") = 1.0, py::arg("workspace") = py::none());

@@ -8,9 +8,8 @@
 
 Families (flykernels._ops.REGISTRY): "rms_norm", "topk" (eager CUDA-key overrides), "gemm"
 (torch.compile max-autotune candidates), "sdpa" (SDPA's flash and memory-efficient forward, as the
-flash-attention impl "FLY"), "sdpa_cudnn" (SDPA's cuDNN forward without gradients), and, off
-until enabled by name, "sdpa_bwd" (SDPA's flash / memory-efficient backward) and "grouped_mm"
-(F.grouped_mm's 2-D x 3-D form). FLYKERNELS_TORCH=0 keeps them off at import.
+flash-attention impl "FLY"), "sdpa_cudnn" (SDPA's cuDNN forward without gradients), "sdpa_bwd"
+(SDPA's flash / memory-efficient backward) and "grouped_mm" (F.grouped_mm's 2-D x 3-D form). FLYKERNELS_TORCH=0 keeps them off at import.
 Compiled graphs keep the kernels they were compiled with: call torch._dynamo.reset() after a switch.
 """
 import contextlib
@@ -40,8 +39,8 @@ def _select(ops, defaults_only=False):
 
 
 def enable(ops=None):
-    """Installs the named families (when None: every family that is on by default, which is all
-    but "sdpa_bwd" and "grouped_mm" today) and returns the names now active. Works
+    """Installs the named families (when None: every family that is on by default: all of them
+    today; a family registered with default_on=False is installed only when named) and returns the names now active. Works
     whenever the extension loaded; where `available` is False the overrides only pass calls on
     to the stock kernels. Families this torch cannot take are skipped (see why_not)."""
     with _lock:
@@ -121,3 +120,20 @@ def explain_sdpa(q, k, v, dropout_p=0.0, check_device=True):
 def explain_grouped_mm(a, b, offs, bias=None, check_device=True):
     """'' when our grouped GEMM would take F.grouped_mm(a, b, offs=offs), else why not."""
     return _loader.ext.explain_grouped_mm(a, b, offs, bias, check_device)
+
+
+def explain_scaled_mm(a, b, scale_a, scale_b, swizzle=0, bias=None, out_dtype=None, check_device=True):
+    """'' when our MX GEMM would take F.scaled_mm(a, b, scale_a, BlockWise1x32, scale_b, BlockWise1x32,
+    swizzle (0 NO_SWIZZLE, 1 SWIZZLE_32_4_4), bias, out_dtype), else why not."""
+    return _loader.ext.explain_scaled_mm(a, b, scale_a, scale_b, swizzle, bias, out_dtype, check_device)
+
+
+def mx_quantize(x, format="e4m3", rceil=False):
+    """MX-quantizes the rows of x [M, K] (bf16, fp16 or fp32 on CUDA; K a multiple of 32) on the
+    GPU: returns (q, scales), q float8_e4m3fn [M, K] (format "e4m3", MXFP8) or float4_e2m1fn_x2
+    [M, K/2] ("e2m1", MXFP4), scales float8_e8m0fnu [M, K/32] (NO_SWIZZLE layout). The shared
+    exponent follows the OCP MX rule (rceil=True: the smallest power of two that keeps amax in
+    range). For F.scaled_mm pass q as mat_a, and the [N, K] weight's q.t() as mat_b."""
+    if _loader.ext is None:
+        raise RuntimeError(f"flykernels: the extension is not available ({_loader.reason})")
+    return _loader.ext.mx_quantize(x, format, rceil)

@@ -54,7 +54,7 @@ def test_switches(fly):
     fly.disable("rms_norm")
     assert fly.active() == ["topk"]
     fly.enable()
-    assert set(fly.active()) == {"rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn"}
+    assert set(fly.active()) == {"rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn", "sdpa_bwd", "grouped_mm"}
     with pytest.raises(ValueError, match="unknown op"):
         fly.enable(ops=["no_such_op"])
 
@@ -130,22 +130,48 @@ def test_sdpa_eligibility():
     assert "CUDA" in flykernels.torch.explain_sdpa(q, kv, kv)  # with the device checks: CPU tensors
 
 
-def test_opt_in_families_are_off_by_default_and_register_when_named(fly):
+def test_backward_and_grouped_families_are_on_by_default_and_switch_alone(fly):
     bwd_ops = ("aten::_scaled_dot_product_flash_attention_backward",
                "aten::_scaled_dot_product_efficient_attention_backward")
     fly.disable()
     stock = {op: dispatch_file(op) for op in bwd_ops + ("aten::_grouped_mm",)}
     fly.enable()
-    assert "sdpa_bwd" not in fly.active() and "grouped_mm" not in fly.active()
-    assert {op: dispatch_file(op) for op in stock} == stock
-    fly.enable(["sdpa_bwd", "grouped_mm"])
     assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())
     assert all("flykernels_torch.cpp" in dispatch_file(op) for op in stock)
     with fly.disabled():
         assert {op: dispatch_file(op) for op in stock} == stock
-    assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())  # the previous state, opt-ins included
+    assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())  # the previous state again
     fly.disable(["sdpa_bwd", "grouped_mm"])
     assert {op: dispatch_file(op) for op in stock} == stock
+    assert "sdpa" in fly.active()  # the others stay
+    fly.enable()
+
+
+def test_a_default_off_family_is_installed_only_when_named(fly, monkeypatch):
+    from flykernels import _ops
+
+    class Dummy:  # a family registered with default_on=False
+        kind, default_on, on = "eager", False, False
+
+        def supported(self):
+            return ""
+
+        def installed(self):
+            return self.on
+
+        def install(self):
+            self.on = True
+
+        def remove(self):
+            self.on = False
+
+    monkeypatch.setitem(_ops.REGISTRY, "dummy", Dummy())
+    fly.enable()
+    assert "dummy" not in fly.active()
+    fly.enable(["dummy"])
+    assert "dummy" in fly.active()
+    fly.disable(["dummy"])
+    assert "dummy" not in fly.active()
 
 
 def test_grouped_mm_eligibility():
@@ -364,5 +390,89 @@ def test_gemm_family_does_not_import_inductor_until_torch_does():
         print("RESTORED", not hasattr(mm.autotune_select_algorithm, "__wrapped__"))
     """)
     assert r.returncode == 0, r.stderr
-    assert "ACTIVE ['rms_norm', 'topk', 'gemm', 'sdpa', 'sdpa_cudnn'] False" in r.stdout
+    assert "ACTIVE ['rms_norm', 'topk', 'grouped_mm', 'gemm', 'sdpa', 'sdpa_cudnn', 'sdpa_bwd'] False" in r.stdout
     assert "WRAPPED True" in r.stdout and "RESTORED True" in r.stdout
+
+
+# ---- MX F.scaled_mm -------------------------------------------------------------------------
+def mx_operands(M, N, K, fmt="e4m3", device="cpu", swizzled=False):
+    dt = torch.float8_e4m3fn if fmt == "e4m3" else torch.float4_e2m1fn_x2
+    kb = K if fmt == "e4m3" else K // 2
+    a = torch.empty(M, kb, dtype=dt, device=device)
+    b = torch.empty(N, kb, dtype=dt, device=device).t()
+    if swizzled:
+        pad = lambda r: (r + 127) // 128 * 128 * ((K // 32 + 3) // 4 * 4)  # noqa: E731
+        sa = torch.empty(pad(M), dtype=torch.float8_e8m0fnu, device=device)
+        sb = torch.empty(pad(N), dtype=torch.float8_e8m0fnu, device=device)
+    else:
+        sa = torch.empty(M, K // 32, dtype=torch.float8_e8m0fnu, device=device)
+        sb = torch.empty(N, K // 32, dtype=torch.float8_e8m0fnu, device=device)
+    return a, b, sa, sb
+
+
+def test_scaled_mm_eligibility():
+    why = lambda *args, **kw: flykernels.torch.explain_scaled_mm(*args, check_device=False, **kw)  # noqa: E731
+    a, b, sa, sb = mx_operands(100, 256, 512)
+    assert why(a, b, sa, sb, 0, None, torch.bfloat16) == ""
+    assert why(a, b, sa, sb, 0, None, torch.float16) == ""
+    assert why(*mx_operands(100, 256, 512, "e2m1"), 0, None, torch.bfloat16) == ""
+    assert why(*mx_operands(100, 256, 512, swizzled=True), 1, None, torch.bfloat16) == ""
+    assert why(a, b, sa, sb, 0, torch.empty(256, dtype=torch.bfloat16), torch.bfloat16) == ""
+    assert "output dtype" in why(a, b, sa, sb, 0, None, torch.float32)
+    assert "output dtype" in why(a, b, sa, sb, 0, None, None)
+    assert "bias dtype" in why(a, b, sa, sb, 0, torch.empty(256, dtype=torch.float16), torch.bfloat16)
+    assert "bias not" in why(a, b, sa, sb, 0, torch.empty(255, dtype=torch.bfloat16), torch.bfloat16)
+    assert "padded" in why(a, b, sa, sb, 1, None, torch.bfloat16)  # unswizzled count, swizzled claim
+    assert "rows * K/32" in why(a, b, sa[:50], sb, 0, None, torch.bfloat16)
+    assert "e8m0" in why(a, b, sa.view(torch.uint8), sb, 0, None, torch.bfloat16)
+    assert "column-major" in why(a, b.t().contiguous().t().contiguous(), sa, sb, 0, None, torch.bfloat16)
+    assert "row-major" in why(a.t().contiguous().t(), b, sa, sb, 0, None, torch.bfloat16)
+    assert "multiple of 32" in why(*mx_operands(100, 256, 48), 0, None, torch.bfloat16)
+    assert "mixed" in why(a, mx_operands(100, 256, 512, "e2m1")[1], sa, sb, 0, None, torch.bfloat16)
+    f8 = torch.empty(100, 512, dtype=torch.float8_e5m2)
+    assert "e4m3" in why(f8, b, sa, sb, 0, None, torch.bfloat16)
+    assert "CUDA" in flykernels.torch.explain_scaled_mm(a, b, sa, sb, 0, None, torch.bfloat16)
+
+
+def test_scaled_mm_meta_traces_no_swizzle_scales_and_disable_restores_stock(fly):
+    """FakeTensor (what torch.compile traces with): the stock Meta kernel refuses NO_SWIZZLE MX scales on
+    CUDA; ours gives [M, N] of the output dtype for what we take and defers to stock for the rest."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.functional import ScalingType as S, SwizzleType as W
+
+    def call(fmt="e4m3", sw=W.NO_SWIZZLE, out=torch.bfloat16, v1=False):
+        a, b, sa, sb = mx_operands(100, 256, 512, fmt, "cuda", swizzled=sw == W.SWIZZLE_32_4_4)
+        if v1:
+            return torch._scaled_mm(a, b, sa, sb, out_dtype=out)
+        return F.scaled_mm(a, b, sa, S.BlockWise1x32, sb, S.BlockWise1x32, swizzle_a=sw, swizzle_b=sw,
+                           output_dtype=out)
+
+    fly.disable(["scaled_mm"])
+    with FakeTensorMode(), pytest.raises(RuntimeError, match="swizzle"):
+        call()
+    stock_meta = next(ln for ln in torch._C._dispatch_dump("aten::_scaled_mm_v2").splitlines() if ln.startswith("Meta:"))
+    fly.enable(["scaled_mm"])
+    assert "flykernels_torch.cpp" in dispatch_file("aten::_scaled_mm_v2")
+    assert "flykernels_torch.cpp" in dispatch_file("aten::_scaled_mm")
+    with FakeTensorMode():
+        for fmt in ("e4m3", "e2m1"):
+            for sw in (W.NO_SWIZZLE, W.SWIZZLE_32_4_4):
+                r = call(fmt, sw)
+                assert r.shape == (100, 256) and r.dtype == torch.bfloat16 and r.device.type == "cuda"
+        assert call(out=torch.float16).dtype == torch.float16
+        assert call(sw=W.SWIZZLE_32_4_4, v1=True).shape == (100, 256)
+        with pytest.raises(RuntimeError, match="swizzle"):  # fp32 output: not ours, the stock checks run
+            call(out=torch.float32)
+    fly.disable(["scaled_mm"])
+    assert "flykernels_torch.cpp" not in dispatch_file("aten::_scaled_mm_v2")
+    assert next(ln for ln in torch._C._dispatch_dump("aten::_scaled_mm_v2").splitlines()
+                if ln.startswith("Meta:")) == stock_meta
+    with FakeTensorMode(), pytest.raises(RuntimeError, match="swizzle"):
+        call()
+
+
+def test_mx_quantize_names_the_problem(fly):
+    with pytest.raises(ValueError, match="format"):
+        flykernels.torch.mx_quantize(torch.randn(4, 64), "e5m2")
+    with pytest.raises(ValueError, match="CUDA"):
+        flykernels.torch.mx_quantize(torch.randn(4, 64))

@@ -380,7 +380,7 @@ def test_plain_sdpa_reaches_ours_for_inference(on):
                                         (SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient")])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_training_step_matches_stock(on, backend, op, causal):
-    """Our forward, the stock backward on its output and log-sum-exp: gradients as stock's."""
+    """The default set (our forward and backward): output and gradients as stock's."""
     # Sq != Sk without causal (SDPA's flash rejects causal with Sq != Sk before any kernel)
     q, k, v = qkv(2, 4, 4, 300, 300 if causal else 417, 64, grad=True)
     dout = torch.randn(2, 4, 300, 64, device=DEV, dtype=torch.bfloat16)
@@ -415,9 +415,26 @@ def test_sdpa_decode_shape(on):
     assert rel_err(out, attn_ref(q, k, v, False)) < 1e-2
 
 
-@pytest.mark.parametrize("case", ["dropout", "mask", "fp32", "d512"])
+@pytest.mark.parametrize("D,causal", [(512, False), (512, True), (300, True)])
+def test_sdpa_wide_head_dims_reach_ours(on, D, causal):
+    """D 257..512: SDPA's memory-efficient op (its only backend there) runs our wide-head forward;
+    the stock backward on our output and log-sum-exp gives stock's gradients."""
+    q, k, v = qkv(1, 4, 4, 200, 200, D, grad=True)
+    dout = torch.randn(1, 4, 200, D, device=DEV, dtype=torch.bfloat16)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert on.dispatch_counts()["sdpa_efficient"][0] == 1, on.dispatch_counts()
+    assert rel_err(out, attn_ref(q, k, v, causal)) < 1e-2
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    with on.disabled():
+        sout = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        sgrads = torch.autograd.grad(sout, (q, k, v), dout)
+    for g, sg in zip(grads, sgrads):
+        assert rel_err(g, sg) < 2e-2
+
+
+@pytest.mark.parametrize("case", ["dropout", "mask", "fp32", "d1024"])
 def test_sdpa_ineligible_reaches_stock(on, case):
-    D = 512 if case == "d512" else 64
+    D = 1024 if case == "d1024" else 64
     q, k, v = qkv(1, 2, 2, 64, 64, D, dtype=torch.float32 if case == "fp32" else torch.bfloat16)
     kw = {}
     if case == "dropout":
@@ -428,13 +445,13 @@ def test_sdpa_ineligible_reaches_stock(on, case):
     counts = on.dispatch_counts()
     assert sum(counts[n][0] for n in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")) == 0, counts
     assert out.shape == q.shape and torch.isfinite(out).all()
-    if case in ("mask", "d512"):
+    if case in ("mask", "d1024"):
         mask = kw["attn_mask"].double() if case == "mask" else None
         ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
         assert rel_err(out, ref) < 2e-2
 
 
-# ---- opt-in families: SDPA backward, F.grouped_mm ---------------------------------------------
+# ---- SDPA backward, F.grouped_mm --------------------------------------------------------------
 @pytest.mark.parametrize("backend,op", [(SDPBackend.FLASH_ATTENTION, "sdpa_flash_bwd"),
                                         (SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient_bwd")])
 @pytest.mark.parametrize("causal", [False, True])
@@ -504,3 +521,115 @@ def test_grouped_mm_autograd_runs_ours_forward_and_matches_stock(fly):
         sgrads = torch.autograd.grad(F.grouped_mm(a, w, offs=offs), (a, w), dout)
     for g, sg in zip(grads, sgrads):
         assert rel_err(g, sg) < 1e-2
+
+
+# ---- MX F.scaled_mm (family scaled_mm, off until named) ---------------------------------------
+E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mx_dequant(q, scales):
+    """The exact values of an MX operand: [rows, K] float64 from q and its [rows, K/32] E8M0 scales."""
+    if q.dtype == torch.float4_e2m1fn_x2:
+        b = q.view(torch.uint8).long()
+        table = torch.tensor(E2M1_VALUES, device=q.device, dtype=torch.float64)
+        vals = torch.stack([table[b & 0xF], table[b >> 4]], dim=-1).reshape(q.shape[0], -1)  # low nibble first
+    else:
+        vals = q.double()
+    exp = scales.view(torch.uint8).double() - 127.0
+    return vals * torch.pow(2.0, exp).repeat_interleave(32, dim=1)
+
+
+def to_blocked(scales):
+    """cuBLAS's SWIZZLE_32_4_4 layout of [rows, K/32] scales (padded to 128 x 4 tiles)."""
+    rows, kb = scales.shape
+    R, C = (rows + 127) // 128 * 128, (kb + 3) // 4 * 4
+    padded = torch.zeros(R, C, dtype=torch.uint8, device=scales.device)
+    padded[:rows, :kb] = scales.view(torch.uint8)
+    blocked = padded.view(R // 128, 4, 32, C // 4, 4).permute(0, 3, 2, 1, 4).contiguous()
+    return blocked.flatten().view(torch.float8_e8m0fnu)
+
+
+def mx_case(M, N, K, fmt, spread=4.0):
+    x = torch.randn(M, K, device=DEV) * torch.exp2(torch.randint(-int(spread), int(spread) + 1, (M, 1), device=DEV).float())
+    w = torch.randn(N, K, device=DEV) * torch.exp2(torch.randint(-int(spread), int(spread) + 1, (1, K), device=DEV).float())
+    qa, sa = flykernels.torch.mx_quantize(x.bfloat16(), fmt)
+    qw, sw = flykernels.torch.mx_quantize(w.bfloat16(), fmt)
+    return qa, sa, qw, sw
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("M,N,K", [(1, 512, 1024), (100, 200, 320), (256, 1024, 2048)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_scaled_mm_mx_matches_dequantized_reference(fly, fmt, M, N, K, out_dtype, bias):
+    """The seed's call: F.scaled_mm(a, w.t(), sa, BlockWise1x32, sw, BlockWise1x32, NO_SWIZZLE, ...)."""
+    from torch.nn.functional import ScalingType, SwizzleType
+    fly.enable(["scaled_mm"])
+    fly.reset_counts()
+    qa, sa, qw, sw = mx_case(M, N, K, fmt)
+    b = torch.randn(N, device=DEV, dtype=out_dtype) if bias else None
+    out = F.scaled_mm(qa, qw.t(), sa, ScalingType.BlockWise1x32, sw, ScalingType.BlockWise1x32,
+                      swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE, bias=b, output_dtype=out_dtype)
+    assert fly.dispatch_counts()["scaled_mm"][0] == 1, fly.dispatch_counts()
+    ref = mx_dequant(qa, sa) @ mx_dequant(qw, sw).t()
+    if bias:
+        ref = ref + b.double()
+    assert out.shape == (M, N) and out.dtype == out_dtype
+    assert rel_err(out, ref) < 5e-3
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_scaled_mm_swizzled_scales_and_v1_give_the_same(fly, fmt):
+    from torch.nn.functional import ScalingType, SwizzleType
+    fly.enable(["scaled_mm"])
+    fly.reset_counts()
+    qa, sa, qw, sw = mx_case(200, 384, 640, fmt)
+    plain = F.scaled_mm(qa, qw.t(), sa, ScalingType.BlockWise1x32, sw, ScalingType.BlockWise1x32,
+                        swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE, output_dtype=torch.bfloat16)
+    swz = F.scaled_mm(qa, qw.t(), to_blocked(sa), ScalingType.BlockWise1x32, to_blocked(sw), ScalingType.BlockWise1x32,
+                      swizzle_a=SwizzleType.SWIZZLE_32_4_4, swizzle_b=SwizzleType.SWIZZLE_32_4_4,
+                      output_dtype=torch.bfloat16)
+    assert torch.equal(plain, swz)
+    assert fly.dispatch_counts()["scaled_mm"][0] == 2
+    if fmt == "e4m3":  # torchao's MXFP8 path: v1 with blocked E8M0 scales
+        v1 = torch._scaled_mm(qa, qw.t(), to_blocked(sa), to_blocked(sw), out_dtype=torch.bfloat16)
+        assert torch.equal(plain, v1)
+        assert fly.dispatch_counts()["scaled_mm_v1"][0] == 1
+
+
+def test_scaled_mm_under_torch_compile(fly):
+    from torch.nn.functional import ScalingType, SwizzleType
+    fly.enable(["scaled_mm"])
+    qa, sa, qw, sw = mx_case(128, 256, 512, "e4m3")
+
+    def f(a, w, s1, s2):
+        return F.scaled_mm(a, w.t(), s1, ScalingType.BlockWise1x32, s2, ScalingType.BlockWise1x32,
+                           swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE,
+                           output_dtype=torch.bfloat16) * 2
+
+    torch._dynamo.reset()
+    fly.reset_counts()
+    out = torch.compile(f)(qa, qw, sa, sw)
+    assert fly.dispatch_counts()["scaled_mm"][0] >= 1
+    assert rel_err(out, 2 * (mx_dequant(qa, sa) @ mx_dequant(qw, sw).t())) < 5e-3
+
+
+def test_scaled_mm_other_recipes_reach_stock(fly):
+    """FP8 tensorwise (cuBLAS runs it on sm_90) is not ours: the stock kernel, its result."""
+    fly.enable(["scaled_mm"])
+    fly.reset_counts()
+    a = torch.randn(64, 128, device=DEV).to(torch.float8_e4m3fn)
+    b = torch.randn(256, 128, device=DEV).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0, device=DEV)
+    out = torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+    assert fly.dispatch_counts()["scaled_mm_v1"] == (0, 1)
+    assert rel_err(out, a.double() @ b.double()) < 1e-2
+
+
+def test_mx_quantize_round_trip(fly):
+    x = torch.randn(64, 256, device=DEV, dtype=torch.bfloat16)
+    for fmt, tol in (("e4m3", 0.08), ("e2m1", 0.3)):
+        q, s = flykernels.torch.mx_quantize(x, fmt)
+        assert q.shape == ((64, 256) if fmt == "e4m3" else (64, 128)) and s.shape == (64, 8)
+        assert s.dtype == torch.float8_e8m0fnu
+        assert rel_err(mx_dequant(q, s), x) < tol

@@ -98,7 +98,7 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
   out->scale = prm->softmax_scale != 0 ? prm->softmax_scale : 1.0 / std::sqrt(double(D));
   out->hd = attn::padded_head_dim(D);
   if (out->hd == 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "q: head dim D = %" PRId64 " is above the largest compiled head dim (256) of this build",
+    return fail(FLY_ERROR_UNSUPPORTED, "q: head dim D = %" PRId64 " is above the largest compiled head dim (512) of this build",
                 D);
   const int64_t lim = int64_t(1) << 31;
   if (Sq >= lim || Sk >= lim || B > 65535 || Hq > 65535)
@@ -119,7 +119,8 @@ std::string default_variant(const AttnCall& c) {
     case 64: return "attention_fwd_" + d + "_hd64_m128_n192_st2_ov0";
     case 128: return "attention_fwd_" + d + "_hd128_m128_n128_st2_ov0";
     case 192: return "attention_fwd_" + d + "_hd192_m128_n112_st2_ov0";
-    default: return "attention_fwd_" + d + "_hd256_m128_n64_st2_ov0";
+    case 256: return "attention_fwd_" + d + "_hd256_m128_n64_st2_ov0";
+    default: return "attention_fwd_" + d + "_hd512_m64_n64_st1_ov0_mc1";  // the wide-head schedule
   }
 }
 
@@ -227,11 +228,16 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   if (log_level() >= LogLevel::kDebug)
     log(LogLevel::kDebug, "attention_fwd %s: grid %" PRId64 "x%" PRId64 "x%" PRId64 " splits %d pack_gqa %d", v->name.c_str(),
         g.m_blocks * splits, g.heads_y, s.B, splits, int(pack));
+  // Wide mc2 variants: clusters of 2 CTAs on adjacent m blocks multicast K and V (grid x padded to
+  // even; the padding CTA has no rows). Not with key splits or packed GQA (one m block per head).
+  const bool cluster = hd > 256 && v->get_int("mc", 1) == 2 && splits == 1 && !pack && g.m_blocks >= 2;
+  p.cluster = cluster ? 1 : 0;
   LaunchConfig cfg;
-  cfg.grid[0] = unsigned(g.m_blocks * splits);
+  cfg.grid[0] = unsigned(cluster ? (g.m_blocks + 1) / 2 * 2 : g.m_blocks * splits);
+  if (cluster) cfg.cluster[0] = 2;
   cfg.grid[1] = unsigned(g.heads_y);
   cfg.grid[2] = unsigned(s.B);
-  cfg.block[0] = unsigned(128 * (bm / 64 + 1));
+  cfg.block[0] = unsigned(attn::attn_threads(hd, bm));
   cfg.smem = smem;
   FLY_TRY(launch1(rk.f, cfg, stream, p));
   if (splits == 1) return FLY_SUCCESS;

@@ -33,7 +33,7 @@ bool variant_supports(const Variant& v, int64_t R, int64_t C, int64_t k) {
       return true;
     case Path::kSplit: {
       // The row index is blockIdx.y (<= 65535) and the per-row state lives in the workspace:
-      // the split path is for few rows, each cut into at least two chunks.
+      // the split path is for few rows longer than its largest piece.
       const int64_t chunk = v.get_int("chunk");
       return chunk > 0 && R <= 1024 && C > chunk;
     }
@@ -206,33 +206,50 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
       return launch1(f, cfg, stream, p);
     }
     case Path::kSplit: {
-      CUfunction fi = nullptr, fp = nullptr, fg = nullptr, fs = nullptr;
+      CUfunction fi = nullptr, fp = nullptr, ft = nullptr, fs = nullptr;
       FLY_TRY(get_function(*dc, *v, "fly_topk_split_init", &fi));
       FLY_TRY(get_function(*dc, *v, "fly_topk_split_pass", &fp));
-      FLY_TRY(get_function(*dc, *v, "fly_topk_split_gather", &fg));
       FLY_TRY(get_function(*dc, *v, "fly_topk_split_sort", &fs));
+      if (deterministic) FLY_TRY(get_function(*dc, *v, "fly_topk_split_tie", &ft));
       const auto plan = topk_plan::plan_split(R, C, k, v->get_int("chunk"));
-      p.splits = int32_t(plan.splits);
+      char* ws = static_cast<char*>(workspace);
       p.chunk = int32_t(plan.chunk);
+      p.pieces = int32_t(plan.pieces);
+      p.cap_a = int32_t(plan.cap_a);
+      p.cap_b = int32_t(plan.cap_b);
+      p.ldt = int32_t(plan.ldt);
       p.sort_in_smem = plan.sort_in_smem;
-      p.ws_state = reinterpret_cast<TopkRowState*>(static_cast<char*>(workspace) + plan.state_offset);
-      p.ws_cand = reinterpret_cast<uint64_t*>(static_cast<char*>(workspace) + plan.cand_offset);
+      p.ws_state = reinterpret_cast<TopkSplitState*>(ws + plan.state_offset);
+      p.ws_cand = reinterpret_cast<uint64_t*>(ws + plan.cand_offset);
+      p.ws_buf_a = reinterpret_cast<uint64_t*>(ws + plan.buf_a_offset);
+      p.ws_buf_b = reinterpret_cast<uint64_t*>(ws + plan.buf_b_offset);
+      p.ws_tiecnt = reinterpret_cast<uint32_t*>(ws + plan.tie_offset);
+      p.ws_ties = reinterpret_cast<uint64_t*>(ws + plan.ties_offset);
+      // CTAs per row: enough for every SM to hold as many as its threads allow, over all rows;
+      // each claims pieces until the row's pass is done, so extra CTAs only find nothing left.
+      const int64_t per_sm = std::max<int64_t>(1, 2048 / int64_t(threads));
+      const int64_t want = (int64_t(std::max(dc->sm_count, 1)) * per_sm + R - 1) / R;
+      p.splits = int32_t(std::max<int64_t>(1, std::min<int64_t>(plan.pieces, want)));
       LaunchConfig rows;  // one CTA per row
       rows.grid[0] = unsigned(R);
       rows.block[0] = threads;
-      LaunchConfig pieces;  // one CTA per chunk of each row
-      pieces.grid[0] = unsigned(plan.splits);
+      LaunchConfig pieces;  // the row's CTAs
+      pieces.grid[0] = unsigned(p.splits);
       pieces.grid[1] = unsigned(R);
       pieces.block[0] = threads;
+      pieces.smem = unsigned(plan.smem);
+      log(LogLevel::kDebug, "topk %s: %d CTAs per row, pieces of %d (%d), compaction %d / %d", v->name.c_str(),
+          p.splits, p.chunk, p.pieces, p.cap_a, p.cap_b);
       FLY_TRY(launch1(fi, rows, stream, p));
-      // Deterministic mode narrows through the index bytes too (the launches after the bucket
-      // is exact return at once); otherwise ties at the threshold are taken in any order.
-      const int npass = deterministic ? 8 : 4;
-      for (int pass = 0; pass < npass; ++pass) {
+      // Three radix levels and the gather: launches after the row is resolved return at once.
+      for (int pass = 0; pass < 4; ++pass) {
         p.pass = pass;
         FLY_TRY(launch1(fp, pieces, stream, p));
       }
-      FLY_TRY(launch1(fg, pieces, stream, p));
+      if (deterministic) {
+        p.pass = 4;  // many ties at the k-th key, in index order (returns at once otherwise)
+        FLY_TRY(launch1(ft, pieces, stream, p));
+      }
       LaunchConfig sort = rows;
       sort.smem = unsigned(plan.sort_smem);
       return launch1(fs, sort, stream, p);

@@ -144,10 +144,27 @@ TEST_CASE("attention_fwd rejects bad descriptors with a status and a message", "
     CHECK(zero.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("D = 0"));
   }
-  SECTION("head dims above the compiled ones are unsupported, not wrong") {
-    Call wide(1, 2, 2, 16, 16, 384);
-    CHECK(wide.run() == FLY_ERROR_UNSUPPORTED);
-    CHECK(mentions("head dim D = 384"));
+  SECTION("head dims 257..512 (the wide-head schedule) pass validation; 513 does not") {
+    for (int64_t d : {257, 300, 384, 400, 504, 512}) {
+      Call wide(1, 2, 2, 16, 16, d);
+      const int64_t ld = (d + 7) / 8 * 8;  // rows padded to 16 bytes, as SDPA pads D
+      for (fly_tensor* t : {&wide.q, &wide.k, &wide.v, &wide.o}) {
+        t->strides[2] = ld;
+        t->strides[1] = 16 * ld;
+        t->strides[0] = 2 * 16 * ld;
+      }
+      INFO("D = " << d);
+      CHECK(passes_validation(wide.run()));
+      size_t bytes = 1;
+      CHECK(fly_attention_fwd_workspace_size(&wide.p, &bytes) == FLY_SUCCESS);
+      CHECK(bytes == 0);  // one tile per head, too few keys to split
+    }
+    Call over(1, 2, 2, 16, 16, 520);
+    CHECK(over.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions("q: head dim D = 520 exceeds the maximum 512"));
+    Call odd(1, 2, 2, 16, 16, 300);  // the TMA rule still applies: contiguous 600-byte rows
+    CHECK(odd.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("q: sequence stride 300 elements is not a multiple of 8"));
   }
   SECTION("TMA rules: 16-byte strides and bases") {
     Call odd(1, 2, 2, 16, 16, 100);  // contiguous rows of 200 bytes
@@ -227,7 +244,20 @@ TEST_CASE("attention plan: head dims, GQA packing, key splits", "[attention][pla
   CHECK(padded_head_dim(64) == 64);
   CHECK(padded_head_dim(65) == 128);
   CHECK(padded_head_dim(200) == 256);
-  CHECK(padded_head_dim(257) == 0);
+  CHECK(padded_head_dim(257) == 512);
+  CHECK(padded_head_dim(512) == 512);
+  CHECK(padded_head_dim(513) == 0);
+  // the wide schedule: 64-row tiles, two 64-key slots, the 2 x 16 KiB score exchange, 384 threads
+  CHECK(attn_smem_bytes(512, 64, 64, 1) == 64 * 512 * 2 + 2 * 64 * 512 * 2 + 2 * 64 * 64 * 4 + 1280);
+  CHECK(attn_smem_bytes(512, 64, 64, 1) <= 232448);
+  CHECK(attn_threads(512, 64) == 384);
+  CHECK(attn_threads(128, 128) == 384);
+  CHECK(attn_threads(64, 64) == 256);
+  // decode at D 512 splits keys like the others; the size query covers it
+  const Shape wdec{1, 8, 1, 1, 16384, 512, false};
+  CHECK(use_pack_gqa(wdec, 64));
+  CHECK(choose_splits(wdec, 64, 64, 132) > 1);
+  CHECK(split_workspace_bytes(wdec, choose_splits(wdec, 64, 64, 132), 512) <= max_workspace_bytes(wdec));
   CHECK(padded_head_dim(0) == 0);
   // decode with GQA: the 4 query heads of a kv head share one CTA
   const Shape dec{8, 32, 8, 1, 8192, 128, false};

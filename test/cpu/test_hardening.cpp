@@ -95,8 +95,15 @@ TEST_CASE("topk workspace sizes never wrap (row-broadcast x, huge k)", "[hardeni
     CHECK(topk_plan::radix_workspace(4, 10000) == 4 * 16384 * 8);
     CHECK(topk_plan::radix_workspace(1000, 100) == 0);
     const auto sp = topk_plan::plan_split(3, 1 << 20, 100, 32768);
-    CHECK(sp.ws_bytes == sp.cand_offset + 3 * 128 * 8);
-    CHECK(sp.cand_offset == (3 * int64_t(sizeof(TopkRowState)) + 255) / 256 * 256);
+    CHECK(sp.cand_offset == (3 * int64_t(sizeof(TopkSplitState)) + 255) / 256 * 256);
+    CHECK(sp.buf_a_offset == (sp.cand_offset + 3 * 128 * 8 + 255) / 256 * 256);
+    CHECK(sp.buf_b_offset == (sp.buf_a_offset + 3 * ((1 << 20) / 8) * 8 + 255) / 256 * 256);
+    CHECK(sp.tie_offset == (sp.buf_b_offset + 3 * ((1 << 20) / 64) * 8 + 255) / 256 * 256);
+    CHECK(sp.ties_offset == (sp.tie_offset + 3 * sp.ldt * 4 + 255) / 256 * 256);
+    CHECK(sp.ws_bytes == sp.ties_offset + 3 * topk_plan::kSplitSmallTies * 8);
+    CHECK(sp.chunk == 2048);  // 3 rows of 2^20: ~2048 pieces in all (682 a row), at least 2048 long
+    CHECK(sp.pieces == 512);
+    CHECK(topk_plan::plan_split(16, 1 << 24, 100, 32768).chunk == 32768);  // capped by the variant
   }
   SECTION("the size query rejects what it cannot size") {
     fly_tensor x = mat(kX, FLY_F32, big, big, 0);

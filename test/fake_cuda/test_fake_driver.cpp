@@ -182,21 +182,57 @@ TEST_CASE("topk: every bundled variant's path launches as planned", "[fake][topk
         CHECK(L->smem == unsigned(plan.smem));
         CHECK(p.cache_row == int(plan.cache_row));
       } else {
-        CHECK(n == 1 + (det ? 8 : 4) + 1 + 1);  // init, radix passes, gather, sort
+        CHECK(n == 1 + 4 + (det ? 1 : 0) + 1);  // init, passes 0..3, the deterministic tie pass, sort
         CHECK(std::string(L->kernel) == "fly_topk_split_init");
+        CHECK(std::string(fake_cuda_get_launch(n - 2)->kernel) == (det ? "fly_topk_split_tie" : "fly_topk_split_pass"));
         CHECK(std::string(fake_cuda_get_launch(n - 1)->kernel) == "fly_topk_split_sort");
+        CHECK(fake_cuda_get_launch(n - 1)->grid[0] == unsigned(R));
         const fake_cuda_launch* pass = fake_cuda_get_launch(1);
         CHECK(std::string(pass->kernel) == "fly_topk_split_pass");
         CHECK(pass->grid[1] == unsigned(R));
-        CHECK(pass->grid[0] == 4u);  // 3 chunks and the 5-element tail
+        const auto plan = topk_plan::plan_split(R, C, k, v->get_int("chunk"));
         const auto pp = params_of<TopkParams>(pass);
+        CHECK(pp.pieces == plan.pieces);
+        CHECK(int64_t(pp.chunk) * pp.pieces >= C);
+        CHECK(int64_t(pp.chunk) * (pp.pieces - 1) < C);
+        CHECK(pass->grid[0] >= 1u);
+        CHECK(pass->grid[0] <= unsigned(plan.pieces));  // the row's CTAs claim its pieces
+        CHECK(pass->smem == unsigned(plan.smem));
         CHECK(reinterpret_cast<char*>(pp.ws_state) == static_cast<char*>(ws));
+        CHECK(reinterpret_cast<char*>(pp.ws_tiecnt) + int64_t(R) * pp.ldt * 4 <= static_cast<char*>(ws) + ws_bytes);
+        CHECK(pp.ldt > pp.pieces);  // offsets of every piece and the total
         CHECK(reinterpret_cast<char*>(pp.ws_cand) + int64_t(R) * pp.kpad * 8 <= static_cast<char*>(ws) + ws_bytes);
       }
     }
   }
   CHECK(paths.count("small") == 1);
   CHECK(paths.count("radix") == 1);
+}
+
+TEST_CASE("topk: few long rows dispatch to the split path through the shipped rows", "[fake][topk]") {
+  // The nearest-key lookup must not send R <= 16, C >= 2^18 to radix or small (one CTA per row):
+  // db/sm_90a.sql carries split rows for that band (docs/topk.md, "Dispatch").
+  void* s = fake_cuda_stream_create(0);
+  struct Case { int64_t R, C, k; };
+  const Case cases[] = {{1, 1 << 18, 1},   {1, 1 << 18, 4096}, {16, 1 << 18, 64},    {8, 1 << 20, 4},
+                        {4, 1000003, 2048}, {1, 1 << 24, 16},   {16, 1 << 24, 1024}, {3, 300007, 16},
+                        {16, 3000017, 256}, {2, 1 << 22, 100},  {1, 5000000, 7}};
+  for (const Case& c : cases)
+    for (int det : {0, 1})
+      for (int largest : {0, 1}) {
+        fly_tensor x = mat(fake_cuda_malloc(size_t(c.R * c.C * 4)), FLY_F32, c.R, c.C, c.C);
+        fly_tensor v = mat(fake_cuda_malloc(size_t(c.R * c.k * 4)), FLY_F32, c.R, c.k, c.k);
+        fly_tensor i = mat(fake_cuda_malloc(size_t(c.R * c.k * 8)), FLY_I64, c.R, c.k, c.k);
+        size_t ws_bytes = 0;
+        REQUIRE(fly_topk_workspace_size(&x, c.k, largest, det, &ws_bytes) == FLY_SUCCESS);
+        void* ws = fake_cuda_malloc(ws_bytes);
+        INFO("R=" << c.R << " C=" << c.C << " k=" << c.k << " det=" << det);
+        REQUIRE(fly_topk(&x, c.k, largest, det, &v, &i, ws, ws_bytes, s) == FLY_SUCCESS);
+        const std::string ran = fly_last_variant();
+        INFO("ran " << ran << " (" << fly_last_decision() << ")");
+        CHECK(ran.rfind("topk_split_", 0) == 0);
+        CHECK(std::string(fly_last_decision()).rfind("db:", 0) == 0);
+      }
 }
 
 TEST_CASE("gemm: every bundled variant plans legal tensor maps and launches", "[fake][gemm]") {

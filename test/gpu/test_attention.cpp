@@ -1,7 +1,8 @@
 // Attention forward on the GPU against an FP64 host reference on fresh random data: compiled and
 // odd head dims, Sq != Sk with and without causal (top-left), lengths off the tile (1, 17, 1000),
 // a single query against 8192 keys (split keys, GQA packing), GQA, BHSD and BSHD views, both
-// dtypes, every bundled variant. O (padding included) and LSE are poisoned beforehand.
+// dtypes, every bundled variant; the wide-head schedule (D 257..512) in [attention_wide]. O (padding
+// included) and LSE are poisoned beforehand.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -302,11 +303,19 @@ TEST_CASE("attention_fwd: Sk = 0 writes O = 0 and LSE = -inf; unsupported input 
   CHECK(r.o_rel == 0.0);
   CHECK(r.lse_ok);
   Case wide;
-  wide.D = 300;
+  wide.D = 520;
   wide.Sq = wide.Sk = 64;
   const Result w = run_case(wide);
-  CHECK(w.status == FLY_ERROR_UNSUPPORTED);
-  CHECK(w.msg.find("head dim D = 300") != std::string::npos);
+  CHECK(w.status == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(w.msg.find("head dim D = 520 exceeds the maximum 512") != std::string::npos);
+  Case wide0;  // Sk = 0 through the wide schedule
+  wide0.D = 512;
+  wide0.Sk = 0;
+  const Result w0 = run_case(wide0);
+  REQUIRE(w0.status == FLY_SUCCESS);
+  CHECK(w0.o_finite);
+  CHECK(w0.o_rel == 0.0);
+  CHECK(w0.lse_ok);
   Case odd;
   odd.D = 100;
   odd.ld = 100;  // 200-byte rows: not a TMA stride
@@ -335,4 +344,128 @@ TEST_CASE("attention_fwd: every bundled variant", "[attention][gpu]") {
     ++n;
   }
   CHECK(n >= 8);
+}
+
+// The wide-head schedule (compiled head dim 512, two consumer warpgroups splitting D): D 512 and
+// the odd head dims it serves (TMA zero-fills past D), causal and not, Sq != Sk, lengths off the
+// tile, GQA packed and unpacked, both layouts, padded rows, explicit scale, split-key decode.
+TEST_CASE("attention_fwd: wide head dims 257..512", "[attention][gpu][attention_wide]") {
+  for (int64_t d : {512, 300, 400, 257, 504})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.D = d;
+      c.Sq = 200;
+      c.Sk = 333;
+      c.causal = causal;
+      c.dt = (d % 2 == 0) ? FLY_BF16 : FLY_F16;
+      check_case(c);
+    }
+  for (auto sizes : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {17, 17}, {1000, 1000}, {100, 300}, {300, 100}, {1, 129}, {129, 1}, {64, 64}})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.Sq = sizes.first;
+      c.Sk = sizes.second;
+      c.causal = causal;
+      c.dt = causal ? FLY_F16 : FLY_BF16;
+      c.D = 512;
+      check_case(c);
+    }
+  for (bool bshd : {false, true})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.B = 2;
+      c.Hq = 8;
+      c.Hkv = 2;
+      c.Sq = 150;
+      c.Sk = 260;
+      c.D = 512;
+      c.causal = causal;
+      c.bshd = bshd;
+      check_case(c);
+      c.ld = 424;  // padded rows: padding must stay untouched
+      c.D = 400;
+      c.scale = 0.03;
+      c.dt = FLY_F16;
+      check_case(c);
+    }
+  for (bool causal : {false, true}) {  // packed GQA: 8 heads x 5 positions in one 64-row tile
+    Case c;
+    c.B = 2;
+    c.Hq = 16;
+    c.Hkv = 2;
+    c.Sq = 5;
+    c.Sk = 700;
+    c.D = 512;
+    c.causal = causal;
+    check_case(c);
+  }
+  for (bool ws : {true, false}) {  // decode: split keys (with a workspace) and unsplit
+    Case c;
+    c.B = 2;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.Sq = 1;
+    c.Sk = 8192;
+    c.D = 512;
+    c.workspace = ws;
+    check_case(c);
+  }
+}
+
+// Every bundled hd512 variant (mc2: multicast clusters of adjacent m blocks, padded to an even grid
+// when m_blocks is odd; the longer causal CTA's unshared key tiles) on shapes that reach each path.
+TEST_CASE("attention_fwd: wide head dims, every bundled hd512 variant", "[attention][gpu][attention_wide]") {
+  struct Shape { int64_t B, Hq, Hkv, Sq, Sk, D; bool causal; };
+  const Shape shapes[] = {{1, 2, 2, 150, 333, 512, false}, {1, 2, 2, 150, 333, 512, true}, {1, 2, 2, 1000, 1000, 512, true},
+                          {1, 2, 2, 130, 70, 400, true},   {2, 4, 2, 193, 17, 512, false}, {1, 1, 1, 256, 2000, 300, true},
+                          {1, 2, 2, 64, 500, 512, false}};
+  int n = 0;
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const std::string name = fly_variant_name(i);
+    if (name.rfind("attention_fwd_", 0) != 0 || name.find("_hd512_") == std::string::npos) continue;
+    for (const Shape& sh : shapes) {
+      Case c;
+      c.dt = name.find("_bf16_") != std::string::npos ? FLY_BF16 : FLY_F16;
+      c.B = sh.B, c.Hq = sh.Hq, c.Hkv = sh.Hkv, c.Sq = sh.Sq, c.Sk = sh.Sk, c.D = sh.D, c.causal = sh.causal;
+      c.force = name.c_str();
+      check_case(c);
+    }
+    ++n;
+  }
+  CHECK(n >= 2);
+}
+
+// Bounded shapes for racecheck: every wide code path once (masked tiles, causal, packed GQA,
+// split keys and the combine), both dtypes.
+TEST_CASE("attention_fwd: wide head dims, small (sanitizers)", "[attention_wide_small]") {
+  for (fly_dtype dt : {FLY_BF16, FLY_F16})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.dt = dt;
+      c.D = dt == FLY_BF16 ? 512 : 300;
+      c.Sq = 65;
+      c.Sk = 130;
+      c.causal = causal;
+      check_case(c);
+    }
+  Case c;
+  c.Hq = 4;
+  c.Hkv = 1;
+  c.Sq = 1;
+  c.Sk = 2048;
+  c.D = 512;
+  check_case(c);
+  for (fly_dtype dt : {FLY_BF16, FLY_F16}) {  // the multicast cluster path: 3 m blocks (one padding CTA), causal
+    Case m;
+    m.dt = dt;
+    m.Hq = m.Hkv = 1;
+    m.Sq = 150;
+    m.Sk = 200;
+    m.D = 512;
+    m.causal = true;
+    m.force = dt == FLY_BF16 ? "attention_fwd_bf16_hd512_m64_n64_st1_ov0_mc2" : "attention_fwd_fp16_hd512_m64_n64_st1_ov0_mc2";
+    bool bundled = false;
+    for (int i = 0; i < fly_variant_count(); ++i) bundled |= std::string(fly_variant_name(i)) == m.force;
+    if (bundled) check_case(m);
+  }
 }

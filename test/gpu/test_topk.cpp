@@ -35,15 +35,16 @@ struct DevMem {
 };
 
 
-enum Data { kUniform = 0, kTies = 1, kSpecials = 2, kAllEqual = 3 };
+enum Data { kUniform = 0, kTies = 1, kSpecials = 2, kAllEqual = 3, kNormal = 4, kTies16 = 5 };
 const char* data_name(int d) {
-  static const char* n[] = {"uniform", "ties", "specials", "all-equal"};
+  static const char* n[] = {"uniform", "ties", "specials", "all-equal", "normal", "16 values"};
   return n[d];
 }
 
 std::vector<float> make_data(int64_t n, int kind, uint64_t seed) {
   std::mt19937_64 g(seed);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& e : v) {
     switch (kind) {
@@ -55,6 +56,8 @@ std::vector<float> make_data(int64_t n, int kind, uint64_t seed) {
           : r == 5 ? -NAN : u(g);
         break;
       }
+      case kNormal: e = nd(g); break;                           // the top buckets are small
+      case kTies16: e = float(int(g() % 16)) * 0.25f - 1.5f; break;  // 16 distinct numbers
       default: e = 1.0f; break;
     }
   }
@@ -209,5 +212,64 @@ TEST_CASE("a forced variant that cannot take the shape is reported as unsupporte
     Run r = run_topk(hx, 256, 0, 4, 256, kmax + 1, true, false, kmax + 1, name);
     CHECK(r.status == FLY_ERROR_UNSUPPORTED);
     break;
+  }
+}
+
+// ---- few very long rows (the split path: many CTAs per row) -------------------------------
+namespace {
+std::string run_variant() { return fly_last_variant() ? fly_last_variant() : ""; }
+}  // namespace
+
+TEST_CASE("topk on few long rows picks the split path and matches a sort", "[topk][long]") {
+  // R <= 16, C >= 2^18: through the dispatch (database rows name split variants), any k, both
+  // orders, both modes; normal data (small top buckets: compaction), uniform data (a large top
+  // bucket: passes over x), 16 distinct values (the k-th key shared by many elements).
+  const Shape shapes[] = {{1, 1 << 18, 1}, {1, 1 << 18, 4096}, {4, (1 << 20) + 3, 64}, {3, 300007, 16},
+                          {16, 1 << 18, 256}, {2, 1 << 20, 1024}, {1, 3000017, 4}};
+  for (const Shape& s : shapes) {
+    check_shape(s, nullptr, 0, 0, 0, {kNormal, kUniform, kTies16});
+    auto hx = make_data(s.R * s.C, kNormal, 7);
+    Run r = run_topk(hx, s.C, 0, s.R, s.C, s.k, true, false, s.k);
+    REQUIRE(r.status == FLY_SUCCESS);
+    INFO("R=" << s.R << " C=" << s.C << " k=" << s.k << " ran " << run_variant());
+    CHECK(run_variant().rfind("topk_split_", 0) == 0);
+  }
+}
+
+TEST_CASE("split topk: strided and misaligned rows, specials, large k, k = C", "[topk][long]") {
+  const char* v = "topk_split_fp32_t512_c32768";  // a default: always bundled
+  check_shape({3, 200003, 300}, v, 5, 1, 3, {kNormal, kSpecials, kAllEqual});
+  check_shape({2, 100000, 9000}, v, 0, 0, 0, {kNormal, kTies16});   // sort beyond shared memory
+  check_shape({1, 70001, 70001}, v, 0, 0, 0, {kUniform});            // every element
+  check_shape({5, 65537, 1}, v, 1, 1, 0, {kTies, kSpecials});
+}
+
+TEST_CASE("deterministic split topk takes the lowest indices among many ties", "[topk][long]") {
+  // 16 distinct values: the k-th value is shared by ~C/16 elements, most of them not taken. The
+  // deterministic contract: equal values come lowest index first, so the indices are exactly the
+  // reference's (topk_ref::check compares them), and reruns repeat bit for bit.
+  const Shape shapes[] = {{1, 1 << 20, 4096}, {16, 1 << 18, 64}, {3, 500009, 1}, {2, (1 << 19) + 7, 30000}};
+  for (const Shape& s : shapes) {
+    auto hx = make_data(s.R * s.C, kTies16, 1234 + uint64_t(s.C));
+    for (int largest = 0; largest < 2; ++largest) {
+      INFO("R=" << s.R << " C=" << s.C << " k=" << s.k << " largest=" << largest);
+      Run a = run_topk(hx, s.C, 0, s.R, s.C, s.k, largest, true, s.k);
+      REQUIRE(a.status == FLY_SUCCESS);
+      CHECK(a.error == "");
+      INFO("ran " << run_variant());
+      CHECK(run_variant().rfind("topk_split_", 0) == 0);
+      // The first ties in index order, checked directly: rank j of a row holds the j-th
+      // smallest index among the elements equal to its value that the row selects.
+      auto ref = topk_ref::reference(hx.data(), s.C, s.R, s.C, s.k, largest);
+      for (int64_t r = 0; r < s.R; ++r)
+        for (int64_t j = 0; j < s.k; ++j)
+          REQUIRE(a.indices[size_t(r * s.k + j)] == int64_t(~uint32_t(ref[size_t(r * s.k + j)])));
+      Run b = run_topk(hx, s.C, 0, s.R, s.C, s.k, largest, true, s.k);
+      REQUIRE(b.status == FLY_SUCCESS);
+      CHECK(a.indices == b.indices);
+      Run n = run_topk(hx, s.C, 0, s.R, s.C, s.k, largest, false, s.k);
+      REQUIRE(n.status == FLY_SUCCESS);
+      CHECK(n.error == "");
+    }
   }
 }

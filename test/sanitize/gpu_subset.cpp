@@ -1,13 +1,17 @@
-// Bounded GPU workload for compute-sanitizer (docs/robustness.md): every rmsnorm and topk variant
-// and one GEMM variant of each kernel path (plain, multicast cluster, P multicast, split-K,
-// stream-K with workspace, kw2, e1/e2 epilogues, swap-AB, kb2, decode when bundled, the cp.async
-// kernel for strides TMA cannot take on odd leading dimensions and 2-byte aligned bases), each forced
-// and run on one shape it takes, outputs checked for NaN poison left unwritten.
-//   fly_gpu_subset [rmsnorm] [topk] [gemm] [--only NAME]... [--list]   (default: all three families)
+// Bounded GPU workload for compute-sanitizer (docs/robustness.md): every rmsnorm and topk variant,
+// one GEMM variant of each kernel path (plain, multicast cluster, P multicast, split-K, stream-K
+// with workspace, kw2, e1/e2 epilogues, swap-AB, kb2, decode when bundled, the cp.async kernel for
+// strides TMA cannot take on odd leading dimensions and 2-byte aligned bases), and every bundled
+// attention forward/backward, grouped GEMM and MX variant, each forced and run on small shapes it
+// takes (outputs poisoned first; workspaces the contract says need no initialization are left
+// uninitialized, so initcheck sees a read before write).
+//   fly_gpu_subset [rmsnorm] [topk] [gemm] [attention] [attention_bwd] [grouped_gemm] [mx]
+//                  [--only NAME]... [--list]   (default: every family)
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -31,9 +35,10 @@ int g_failures = 0;
 struct Buf {
   void* p = nullptr;
   size_t bytes = 0;
+  // fill < 0: left uninitialized (workspaces whose contents the callee must write before reading).
   explicit Buf(size_t n, int fill = 0x7f) : bytes(n) {
     CUDA_OK(cudaMalloc(&p, n ? n : 1));
-    CUDA_OK(cudaMemset(p, fill, n));  // 0x7f7f...: NaN for fp32 and large for 16-bit types
+    if (fill >= 0) CUDA_OK(cudaMemset(p, fill, n));  // 0x7f7f...: NaN for fp32 and large for 16-bit types
   }
   ~Buf() { cudaFree(p); }
 };
@@ -128,6 +133,117 @@ void run_gemm(const char* name, const std::string& ps) {
   ++g_failures;
 }
 
+int param(const std::string& ps, const char* key) {  // "key=<int>" of a variant's parameters, 0 if absent
+  const std::string all = ";" + ps, k = ";" + std::string(key) + "=";
+  const size_t at = all.find(k);
+  return at == std::string::npos ? 0 : std::atoi(all.c_str() + at + k.size());
+}
+
+fly_dtype dtype16(const std::string& ps) { return has(ps, "dtype=fp16") ? FLY_F16 : FLY_BF16; }
+
+// [B, H, S, D] in the BSHD layout (strides S*H*D... as a [B, S, H, D] buffer), or BHSD.
+fly_tensor bhsd(void* p, fly_dtype dt, int64_t B, int64_t H, int64_t S, int64_t D, bool bshd) {
+  return bshd ? flykernels::tensor(p, dt, {B, H, S, D}, {S * H * D, D, H * D, 1})
+              : flykernels::tensor(p, dt, {B, H, S, D}, {H * S * D, S * D, D, 1});
+}
+
+// Each variant on three problems: causal GQA with Sq != Sk in BSHD, a non-causal BHSD one with a
+// tail tile and the LSE, and a decode (Sq = 1, long Sk) with the split-key workspace.
+void run_attention(const char* name, const std::string& ps) {
+  const fly_dtype dt = dtype16(ps);
+  const int64_t D = param(ps, "hd");
+  struct P { int64_t B, Hq, Hkv, Sq, Sk; bool causal, bshd, lse, ws; const char* what; };
+  const P probs[] = {{1, 4, 2, 200, 333, true, true, true, false, "causal"},
+                     {2, 2, 2, 129, 129, false, false, true, false, "full"},
+                     {2, 8, 2, 1, 4096, false, false, true, true, "decode"}};
+  for (const P& p : probs) {
+    Buf q(p.B * p.Hq * p.Sq * D * 2, 0x3c), k(p.B * p.Hkv * p.Sk * D * 2, 0x3a), v(p.B * p.Hkv * p.Sk * D * 2, 0x3b);
+    Buf o(p.B * p.Hq * p.Sq * D * 2), lse(p.B * p.Hq * p.Sq * 4);
+    const fly_tensor tq = bhsd(q.p, dt, p.B, p.Hq, p.Sq, D, p.bshd), tk = bhsd(k.p, dt, p.B, p.Hkv, p.Sk, D, p.bshd);
+    const fly_tensor tv = bhsd(v.p, dt, p.B, p.Hkv, p.Sk, D, p.bshd), to = bhsd(o.p, dt, p.B, p.Hq, p.Sq, D, p.bshd);
+    const fly_tensor tl = flykernels::tensor(lse.p, FLY_F32, {p.B, p.Hq, p.Sq}, {p.Hq * p.Sq, p.Sq, 1});
+    fly_attention_fwd_params prm = flykernels::detail::attention_params(tq, tk, tv, to, p.lse ? &tl : nullptr, p.causal, 0.0);
+    size_t ws_bytes = 0;
+    if (p.ws) fly_attention_fwd_workspace_size(&prm, &ws_bytes);
+    Buf ws(ws_bytes, -1);
+    prm.workspace = ws_bytes ? ws.p : nullptr;
+    prm.workspace_bytes = ws_bytes;
+    report(name, fly_attention_fwd(&prm, nullptr), p.what);
+  }
+}
+
+void run_attention_bwd(const char* name, const std::string& ps) {
+  const fly_dtype dt = dtype16(ps);
+  const int64_t D = param(ps, "hd");
+  struct P { int64_t B, Hq, Hkv, Sq, Sk; bool causal, bshd; const char* what; };
+  const P probs[] = {{1, 4, 2, 200, 333, true, true, "causal"}, {2, 2, 2, 129, 129, false, false, "full"}};
+  for (const P& p : probs) {
+    const size_t qb = p.B * p.Hq * p.Sq * D * 2, kb = p.B * p.Hkv * p.Sk * D * 2;
+    Buf q(qb, 0x3c), k(kb, 0x3a), v(kb, 0x3b), o(qb, 0x3b), dout(qb, 0x3a), lse(p.B * p.Hq * p.Sq * 4, 0x41);
+    Buf dq(qb), dk(kb), dv(kb);  // lse 0x41414141 = 12.1: finite, above every row's true log-sum-exp
+    const fly_tensor tq = bhsd(q.p, dt, p.B, p.Hq, p.Sq, D, p.bshd), tk = bhsd(k.p, dt, p.B, p.Hkv, p.Sk, D, p.bshd);
+    const fly_tensor tv = bhsd(v.p, dt, p.B, p.Hkv, p.Sk, D, p.bshd), to = bhsd(o.p, dt, p.B, p.Hq, p.Sq, D, p.bshd);
+    const fly_tensor tdo = bhsd(dout.p, dt, p.B, p.Hq, p.Sq, D, p.bshd), tdq = bhsd(dq.p, dt, p.B, p.Hq, p.Sq, D, p.bshd);
+    const fly_tensor tdk = bhsd(dk.p, dt, p.B, p.Hkv, p.Sk, D, p.bshd), tdv = bhsd(dv.p, dt, p.B, p.Hkv, p.Sk, D, p.bshd);
+    const fly_tensor tl = flykernels::tensor(lse.p, FLY_F32, {p.B, p.Hq, p.Sq}, {p.Hq * p.Sq, p.Sq, 1});
+    const flykernels::AttentionBwdTensors t{&tq, &tk, &tv, &to, &tdo, &tl, &tdq, &tdk, &tdv};
+    fly_attention_bwd_params prm = flykernels::detail::attention_bwd_params(t, p.causal, 0.0);
+    size_t ws_bytes = 0;
+    fly_attention_bwd_workspace_size(&prm, &ws_bytes);
+    Buf ws(ws_bytes, -1);
+    prm.workspace = ws.p;
+    prm.workspace_bytes = ws_bytes;
+    report(name, fly_attention_bwd(&prm, nullptr), p.what);
+  }
+}
+
+// Three groups (one empty) over T = 200 rows, B with N contiguous and with K contiguous, with bias.
+void run_grouped_gemm(const char* name, const std::string& ps) {
+  const fly_dtype dt = dtype16(ps);
+  const int64_t G = 3, T = 200, K = 256, N = 384;
+  const int32_t ends[G] = {50, 50, 190};  // rows 190..199 past the last end: not written
+  Buf offs(sizeof ends, 0);
+  CUDA_OK(cudaMemcpy(offs.p, ends, sizeof ends, cudaMemcpyHostToDevice));
+  for (bool k_contig : {false, true}) {
+    Buf a(T * K * 2, 0x3c), b(G * K * N * 2, 0x3a), c(T * N * 2), bias(G * N * 2, 0x3c);
+    const fly_tensor ta = flykernels::tensor(a.p, dt, {T, K}, {K, 1});
+    const fly_tensor tb = k_contig ? flykernels::tensor(b.p, dt, {G, K, N}, {K * N, 1, K})
+                                   : flykernels::tensor(b.p, dt, {G, K, N}, {K * N, N, 1});
+    const fly_tensor to = flykernels::tensor(offs.p, FLY_I32, {G}, {1}), tc = flykernels::tensor(c.p, dt, {T, N}, {N, 1});
+    const fly_tensor tbias = flykernels::tensor(bias.p, dt, {G, N}, {N, 1});
+    report(name, fly_grouped_gemm(&ta, &tb, &to, k_contig ? nullptr : &tbias, &tc, nullptr, 0, nullptr),
+           k_contig ? "b[k]" : "b[n]+bias");
+  }
+}
+
+// The quantizer from BF16 to both formats, then the block-scaled GEMM on its outputs (both formats).
+void run_mx(const char* name, const std::string& fam) {
+  const int64_t M = 192, N = 160, K = 320;
+  for (int fmt : {FLY_MX_E4M3, FLY_MX_E2M1}) {
+    const bool f4 = fmt == FLY_MX_E2M1;
+    const int64_t kb = f4 ? K / 2 : K;
+    Buf xa(M * K * 2, 0x3c), xb(N * K * 2, 0xbc), qa(M * kb), qb(N * kb), sa(M * K / 32), sb(N * K / 32);
+    const fly_tensor txa = flykernels::tensor(xa.p, FLY_BF16, {M, K}, {K, 1}), txb = flykernels::tensor(xb.p, FLY_BF16, {N, K}, {K, 1});
+    const fly_dtype et = f4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
+    const fly_tensor tqa = flykernels::tensor(qa.p, et, {M, kb}, {kb, 1}), tqb = flykernels::tensor(qb.p, et, {N, kb}, {kb, 1});
+    const fly_tensor tsa = flykernels::tensor(sa.p, FLY_E8M0, {M, K / 32}, {K / 32, 1});
+    const fly_tensor tsb = flykernels::tensor(sb.p, FLY_E8M0, {N, K / 32}, {K / 32, 1});
+    if (fam == "mx_quantize") {
+      report(name, fly_mx_quantize(&txa, fmt, &tqa, &tsa, nullptr), f4 ? "e2m1 a" : "e4m3 a");
+      report(name, fly_mx_quantize(&txb, fmt | FLY_MX_SCALE_RCEIL, &tqb, &tsb, nullptr), f4 ? "e2m1 b" : "e4m3 b");
+      continue;
+    }
+    fly_force_variant(nullptr);  // the quantizer picks its own variant; the GEMM's is forced again below
+    fly_mx_quantize(&txa, fmt, &tqa, &tsa, nullptr);
+    fly_mx_quantize(&txb, fmt, &tqb, &tsb, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    fly_force_variant(name);
+    Buf c(M * N * 2), bias(N * 2, 0x3c);
+    const fly_tensor tc = flykernels::tensor(c.p, FLY_BF16, {M, N}, {N, 1}), tbias = flykernels::tensor(bias.p, FLY_BF16, {N}, {1});
+    report(name, fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, f4 ? nullptr : &tbias, &tc, nullptr, 0, nullptr), f4 ? "e2m1" : "e4m3+bias");
+  }
+}
+
 // One GEMM variant per kernel path: the first bundled one whose parameters hold every key.
 std::vector<std::string> gemm_representatives() {
   const std::vector<std::vector<const char*>> paths = {
@@ -161,19 +277,31 @@ std::vector<std::string> gemm_representatives() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, bool> want = {{"rmsnorm", argc == 1}, {"topk", argc == 1}, {"gemm", argc == 1}};
+  const char* every[] = {"rmsnorm", "topk", "gemm", "attention", "attention_bwd", "grouped_gemm", "mx"};
+  std::map<std::string, bool> want;
+  bool any = false;  // a family named on the command line: only those
+  for (int i = 1; i < argc; ++i) any = any || (argv[i][0] != '-' && (i == 1 || std::string(argv[i - 1]) != "--only"));
+  for (const char* f : every) want[f] = !any;
   std::vector<std::string> names;
   bool list = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--only" && i + 1 < argc) names.push_back(argv[++i]);  // one variant per process
     else if (std::string(argv[i]) == "--list") list = true;  // names only: a shell loop runs each alone
-    else want[argv[i]] = true;
+    else if (want.count(argv[i])) want[argv[i]] = true;
+    else {
+      std::printf("fly_gpu_subset: unknown family '%s'\n", argv[i]);
+      return 2;
+    }
   }
+  // Families whose every bundled variant runs (the mx flag covers the quantizer and the GEMM).
+  const std::map<std::string, std::string> whole = {{"rmsnorm", "rmsnorm"}, {"topk", "topk"}, {"attention", "attention"},
+                                                    {"attention_bwd", "attention_bwd"}, {"grouped_gemm", "grouped_gemm"},
+                                                    {"mx_quantize", "mx"}, {"mxfp", "mx"}};
   for (int i = 0; i < fly_variant_count(); ++i) {
     const char *fam = nullptr, *ps = nullptr;
     fly_variant_info(fly_variant_name(i), &fam, &ps);
-    if ((std::string(fam) == "rmsnorm" && want["rmsnorm"]) || (std::string(fam) == "topk" && want["topk"]))
-      names.push_back(fly_variant_name(i));
+    const auto w = whole.find(fam);
+    if (w != whole.end() && want[w->second]) names.push_back(fly_variant_name(i));
   }
   if (want["gemm"])
     for (auto& n : gemm_representatives()) names.push_back(n);
@@ -191,7 +319,15 @@ int main(int argc, char** argv) {
     const std::string f = fam;
     if (f == "rmsnorm") run_rmsnorm(n.c_str(), ps);
     else if (f == "topk") run_topk(n.c_str(), ps);
-    else run_gemm(n.c_str(), ps);
+    else if (f == "gemm") run_gemm(n.c_str(), ps);
+    else if (f == "attention") run_attention(n.c_str(), ps);
+    else if (f == "attention_bwd") run_attention_bwd(n.c_str(), ps);
+    else if (f == "grouped_gemm") run_grouped_gemm(n.c_str(), ps);
+    else if (f == "mx_quantize" || f == "mxfp") run_mx(n.c_str(), f);
+    else {
+      std::printf("%-48s family %s has no subset runner\n", n.c_str(), fam);
+      ++g_failures;
+    }
   }
   fly_force_variant(nullptr);
   std::printf("fly_gpu_subset: %zu variants, %d failures\n", names.size(), g_failures);

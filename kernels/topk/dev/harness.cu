@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(NT) k_spass(const TopkParams p) {
   fly_topk::split_pass_body<NT>(p);
 }
 template <int NT>
-__global__ void __launch_bounds__(NT) k_sgather(const TopkParams p) {
-  fly_topk::split_gather_body<NT>(p);
+__global__ void __launch_bounds__(NT) k_stie(const TopkParams p) {
+  fly_topk::split_tie_body<NT>(p);
 }
 template <int NT>
 __global__ void __launch_bounds__(NT) k_ssort(const TopkParams p) {
@@ -87,14 +87,14 @@ void add_split(int chunk) {
   char b[64];
   snprintf(b, sizeof b, "split_t%d_c%d", NT, chunk);
   CK(cudaFuncSetAttribute(k_ssort<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_limit));
-  g_cfgs.push_back({SPLIT, NT, 0, 0, chunk, k_sinit<NT>, k_spass<NT>, k_sgather<NT>, k_ssort<NT>, b});
+  g_cfgs.push_back({SPLIT, NT, 0, 0, chunk, k_sinit<NT>, k_spass<NT>, k_stie<NT>, k_ssort<NT>, b});
 }
 
 static bool supports(const Cfg& c, int64_t R, int64_t C, int64_t k) {
   switch (c.kind) {
     case SMALL: return k <= c.kmax;
     case RADIX: return true;
-    case SPLIT: return R <= 512 && C >= 2 * c.chunk;
+    case SPLIT: return R <= 1024 && C > c.chunk;
   }
   return false;
 }
@@ -116,19 +116,31 @@ static void launch(const Cfg& c, TopkParams p, void* ws, cudaStream_t s) {
     p.ws_cand = (uint64_t*)ws;
     c.f0<<<p.R, c.nt, pl.smem, s>>>(p);
   } else {
-    auto pl = topk_plan::plan_split(p.R, p.C, p.k, c.chunk);
-    p.splits = (int)pl.splits;
+    auto pl = topk_plan::plan_split(p.R, p.C, p.k, c.chunk);  // as src/ops/topk.cpp
+    char* w = (char*)ws;
     p.chunk = (int)pl.chunk;
+    p.pieces = (int)pl.pieces;
+    p.cap_a = (int)pl.cap_a;
+    p.cap_b = (int)pl.cap_b;
+    p.ldt = (int)pl.ldt;
     p.sort_in_smem = pl.sort_in_smem;
-    p.ws_state = (TopkRowState*)((char*)ws + pl.state_offset);
-    p.ws_cand = (uint64_t*)((char*)ws + pl.cand_offset);
+    p.ws_state = (TopkSplitState*)(w + pl.state_offset);
+    p.ws_cand = (uint64_t*)(w + pl.cand_offset);
+    p.ws_buf_a = (uint64_t*)(w + pl.buf_a_offset);
+    p.ws_buf_b = (uint64_t*)(w + pl.buf_b_offset);
+    p.ws_tiecnt = (uint32_t*)(w + pl.tie_offset);
+    p.ws_ties = (uint64_t*)(w + pl.ties_offset);
+    const int64_t want = (132 * std::max(1, 2048 / c.nt) + p.R - 1) / p.R;
+    p.splits = (int)std::max<int64_t>(1, std::min<int64_t>(pl.pieces, want));
     c.f0<<<p.R, c.nt, 0, s>>>(p);
-    int npass = p.deterministic ? 8 : 4;
-    for (int pass = 0; pass < npass; ++pass) {
+    for (int pass = 0; pass < 4; ++pass) {
       p.pass = pass;
-      c.f1<<<dim3(p.splits, p.R), c.nt, 0, s>>>(p);
+      c.f1<<<dim3(p.splits, p.R), c.nt, pl.smem, s>>>(p);
     }
-    c.f2<<<dim3(p.splits, p.R), c.nt, 0, s>>>(p);
+    if (p.deterministic) {
+      p.pass = 4;
+      c.f2<<<dim3(p.splits, p.R), c.nt, pl.smem, s>>>(p);
+    }
     c.f3<<<p.R, c.nt, pl.sort_smem, s>>>(p);
   }
 }

@@ -11,10 +11,9 @@ Two families, both CUDA-key overrides in the extension with the stock kernel as 
   (inference: no input requires grad). On the H200 SDPA picks cuDNN first, so this is what makes
   a plain F.scaled_dot_product_attention reach our kernel; with gradients, cuDNN keeps the call
   (its backward reads its own statistics). SDPA's backend priority is left as it is.
-- "sdpa_bwd" (off by default: flykernels.torch.enable(["sdpa_bwd"])):
-  aten::_scaled_dot_product_flash_attention_backward and _efficient_attention_backward through
-  fly_attention_bwd (deterministic), from the forward's output and log-sum-exp whoever computed
-  them. Off until its GPU tests have run on the H200 (they are in python/tests/test_gpu.py).
+- "sdpa_bwd": aten::_scaled_dot_product_flash_attention_backward and
+  _efficient_attention_backward through fly_attention_bwd (deterministic), from the forward's
+  output and log-sum-exp whoever computed them (GPU tests in python/tests/test_gpu.py).
 Not covered (stock kernel): dropout, attention masks, FP32, nested tensors, head dims or strides
 the library does not take (flykernels.torch.explain_sdpa says why).
 """
@@ -73,5 +72,4 @@ class SdpaOverride(EagerOverride):
 register(SdpaOverride())
 register(EagerOverride("sdpa_cudnn", ["aten::_scaled_dot_product_cudnn_attention"], _ext))
 register(EagerOverride("sdpa_bwd", ["aten::_scaled_dot_product_flash_attention_backward",
-                                     "aten::_scaled_dot_product_efficient_attention_backward"], _ext,
-                       default_on=False))
+                                     "aten::_scaled_dot_product_efficient_attention_backward"], _ext))

@@ -1,5 +1,6 @@
-"""Eager overrides that live in the extension: RMSNorm (aten::_fused_rms_norm) and TopK
-(aten::topk, aten::topk.values), each on the CUDA dispatch key with the stock kernel as fallback."""
+"""Eager overrides that live in the extension: RMSNorm (aten::_fused_rms_norm), TopK (aten::topk,
+aten::topk.values), grouped GEMM (aten::_grouped_mm) and MX scaled GEMM (aten::_scaled_mm_v2,
+aten::_scaled_mm), each on the CUDA dispatch key with the stock kernel as fallback."""
 from . import register
 
 
@@ -33,5 +34,28 @@ def _ext():
 
 register(EagerOverride("rms_norm", ["aten::_fused_rms_norm"], _ext))
 register(EagerOverride("topk", ["aten::topk", "aten::topk.values"], _ext))
-# F.grouped_mm's 2-D x 3-D form through fly_grouped_gemm; off until its GPU tests have run.
-register(EagerOverride("grouped_mm", ["aten::_grouped_mm"], _ext, default_on=False))
+# F.grouped_mm's 2-D x 3-D form through fly_grouped_gemm.
+register(EagerOverride("grouped_mm", ["aten::_grouped_mm"], _ext))
+
+
+class ScaledMmOverride(EagerOverride):
+    """F.scaled_mm with MX block scales (BlockWise1x32, E8M0) and _scaled_mm with E8M0 scales,
+    through fly_scaled_gemm; their Meta kernels too, so torch.compile traces NO_SWIZZLE scales.
+    FakeTensor caches shape results across modes: the cache is cleared at each switch, so a
+    trace after it sees the Meta kernel now current."""
+
+    def _clear_fake_cache(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        FakeTensorMode.cache.clear()
+
+    def install(self):
+        super().install()
+        self._clear_fake_cache()
+
+    def remove(self):
+        super().remove()
+        self._clear_fake_cache()
+
+
+# Off until named (enable(["scaled_mm"])): its GPU tests (python/tests/test_gpu.py) have not run yet.
+register(ScaledMmOverride("scaled_mm", ["aten::_scaled_mm_v2", "aten::_scaled_mm"], _ext, default_on=False))
