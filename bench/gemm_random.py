@@ -2,17 +2,24 @@
 """GEMM off the tuned keys: random shapes through the C ABI beside torch.mm / torch.addmm.
 
   python3 bench/gemm_random.py --lib build/libflykernels.so --seed 1 --count 60 [--json out.json]
+  python3 bench/gemm_random.py --lib build/libflykernels.so --seed 1 --count 12 --odd --max-tflop 2
 
 The distribution (documented so that runs with different seeds are comparable):
   M  log-uniform in 1..16384 (rounded down to an integer)
   N, K  multiples of 8, log-uniform in 256..32768
   dtype  FP16 or BF16, layout NN / NT / TN / TT, bias on half the shapes: each uniform
-Shapes whose operands would exceed --max-gib of device memory are redrawn.
+Shapes whose operands would exceed --max-gib of device memory (or --max-tflop of work) are redrawn.
+
+--odd (the strides TMA cannot take: the cp.async kernel, docs/gemm.md): the same shapes, but A and B
+are views into larger buffers whose leading dimension is the contiguous extent + 1 or + 3 elements
+and whose base is 0-3 elements into the buffer (uniform, from a second generator seeded by the
+seed), so every call has an operand TMA cannot address. torch.mm / addmm run on the same views. C
+is contiguous for both.
 
 Each shape is first checked against an FP32 reference (our output poisoned with NaN beforehand),
 then ours and torch's (mm, or addmm with the bias) are timed interleaved in one process
 (bench/timing.py: L2 flushed by a read before every call, rounds in a rotating order, medians).
-Calls we refuse (FLY_ERROR_UNSUPPORTED: leading dimensions TMA cannot take) are listed as such.
+Calls we refuse (FLY_ERROR_UNSUPPORTED) are listed as such; odd strides take the cp.async kernel.
 Prints a table sorted by ratio (torch time / ours: > 1 means we are faster) and the geomean.
 """
 import argparse
@@ -37,7 +44,7 @@ def log_uniform_int(rng, lo, hi):
     return int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))
 
 
-def draw_shapes(seed, count, max_gib):
+def draw_shapes(seed, count, max_gib, max_tflop=None):
     rng = random.Random(seed)
     shapes = []
     while len(shapes) < count:
@@ -49,13 +56,31 @@ def draw_shapes(seed, count, max_gib):
         bias = rng.random() < 0.5
         if (M * K + K * N + 2 * M * N) * 2 > max_gib * (1 << 30):
             continue
+        if max_tflop is not None and 2.0 * M * N * K > max_tflop * 1e12:
+            continue
         shapes.append({"M": M, "N": N, "K": K, "dtype": dtype, "layout": layout, "bias": bias})
     return shapes
 
 
-def operands(s):
+def odd_view(rows, cols, row_major, extra, off, dt):
+    """A [rows, cols] view with leading dimension = the contiguous extent + extra, off elements into
+    its buffer."""
+    inner, outer = (cols, rows) if row_major else (rows, cols)
+    ld = inner + extra
+    store = torch.randn(outer * ld + off, device="cuda", dtype=dt)
+    return store.as_strided((rows, cols), (ld, 1) if row_major else (1, ld), off)
+
+
+def operands(s, odd_rng=None):
     dt = torch.bfloat16 if s["dtype"] == "bf16" else torch.float16
-    a, b = make_operands(s["M"], s["N"], s["K"], s["layout"], dt)
+    if odd_rng is None:
+        a, b = make_operands(s["M"], s["N"], s["K"], s["layout"], dt)
+    else:
+        ea, eb = odd_rng.choice([1, 3]), odd_rng.choice([1, 3])
+        oa, ob = odd_rng.randrange(4), odd_rng.randrange(4)
+        s.update(lda_extra=ea, ldb_extra=eb, a_off=oa, b_off=ob)
+        a = odd_view(s["M"], s["K"], s["layout"][0] == "n", ea, oa, dt)
+        b = odd_view(s["K"], s["N"], s["layout"][1] == "n", eb, ob, dt)
     bias = torch.randn(s["N"], device="cuda", dtype=dt) if s["bias"] else None
     return a, b, bias
 
@@ -66,16 +91,21 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=60)
     ap.add_argument("--max-gib", type=float, default=8.0, help="redraw shapes larger than this")
+    ap.add_argument("--max-tflop", type=float, help="redraw shapes of more than this much work (2MNK / 1e12)")
+    ap.add_argument("--odd", action="store_true", help="leading dimensions extent + 1 / + 3, bases 0-3 elements in")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     lib = load(args.lib)
     rows = []
-    for i, s in enumerate(draw_shapes(args.seed, args.count, args.max_gib)):
+    odd_rng = random.Random(args.seed * 7919 + 1) if args.odd else None
+    for i, s in enumerate(draw_shapes(args.seed, args.count, args.max_gib, args.max_tflop)):
         torch.manual_seed(args.seed * 1000 + i)
-        a, b, bias = operands(s)
+        a, b, bias = operands(s, odd_rng)
         c = torch.empty(s["M"], s["N"], device="cuda", dtype=a.dtype)
         ref = a.float() @ b.float() + (bias.float() if bias is not None else 0.0)
         tag = f"{s['layout']} {s['dtype']} {s['M']}x{s['N']}x{s['K']}{' +bias' if bias is not None else ''}"
+        if args.odd:
+            tag += f" ld+{s['lda_extra']}/+{s['ldb_extra']} off {s['a_off']}/{s['b_off']}"
         try:
             ours = gemm_caller(lib, a, b, c, bias)
             c.fill_(float("nan"))
@@ -98,7 +128,7 @@ def main():
               f"{ratio:6.3f}x {variant}", flush=True)
         del a, b, c, bias
     ran = [r for r in rows if r["status"] != "refused"]
-    print(f"\nseed {args.seed}: {len(rows)} shapes, {len(ran)} ran, {len(rows) - len(ran)} refused, "
+    print(f"\n{'odd strides, ' if args.odd else ''}seed {args.seed}: {len(rows)} shapes, {len(ran)} ran, {len(rows) - len(ran)} refused, "
           f"{sum(r['status'] == 'WRONG' for r in ran)} wrong")
     print(f"{'ratio':>7} {'layout':6} {'dtype':5} {'M':>6} {'N':>6} {'K':>6} bias {'ours us':>9} {'torch us':>9}  variant")
     for r in sorted(ran, key=lambda r: r["ratio"]):

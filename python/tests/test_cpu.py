@@ -325,7 +325,10 @@ def test_gemm_candidate_eligibility():
     assert not gemm.gemm_shape_ok(torch.float32, torch.float32, torch.float32, *row_a, *row_b, (N, 1), "cuda")
     assert not gemm.gemm_shape_ok(bf, bf, bf, *row_a, *row_b, (N, 1), "cpu")
     assert not gemm.gemm_shape_ok(bf, torch.float16, bf, *row_a, *row_b, (N, 1), "cuda")
-    assert not gemm.gemm_shape_ok(bf, bf, bf, (M, 100), (100, 1), (100, N), (N, 1), (N, 1), "cuda")  # lda 100
+    # odd leading dimensions are offered (the cp.async kernel); strided inner dimensions are not
+    assert gemm.gemm_shape_ok(bf, bf, bf, (M, 100), (100, 1), (100, N), (N, 1), (N, 1), "cuda")  # lda 100
+    assert gemm.gemm_shape_ok(bf, bf, bf, (77, K), (1, 77), (K, N), (1, K + 1), (N, 1), "cuda")  # TN, M = 77
+    assert not gemm.gemm_shape_ok(bf, bf, bf, (M, K), (2 * K, 2), *row_b, (N, 1), "cuda")
     assert not gemm.gemm_shape_ok(bf, bf, bf, *row_a, *row_b, (1, M), "cuda")  # column-major out
     import sympy
     s = sympy.Symbol("s0")

@@ -7,6 +7,7 @@
 
 #include "core.hpp"
 #include "gemm/gemm_decode.h"
+#include "gemm/gemm_odd_plan.h"
 #include "gemm/gemm_params.h"
 #include "gemm/gemm_plan.h"
 
@@ -20,6 +21,9 @@ struct GemmCall {
   gemm::Problem pr{};
   fly_dtype dt = FLY_DTYPE_INVALID;
   std::string layout;  // "nt", "nn", "tn", "tt": A row (n) / col (t) major, B row (n) / col (t)
+  // Set when TMA cannot address A or B (gemm_plan.h operand_tma_problem): the call takes the
+  // cp.async kernel (gemm_odd_sm90.cu). Names the operand and the rule, for the info log.
+  std::string odd_reason;
 };
 
 // Row- or column-major view of a [rows, cols] tensor. A size-1 dimension makes one stride
@@ -104,10 +108,11 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
   if (M == 0 || N == 0) return FLY_SUCCESS;  // nothing to check further: no-op
   if (K == 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported: C would be just the bias");
+  // Operands TMA cannot address (16-byte rows and bases) go to the cp.async kernel instead.
   if (const char* why = gemm::operand_tma_problem(p.a, K, p.dtype))
-    return fail(FLY_ERROR_UNSUPPORTED, "a: %s (TMA needs 16-byte aligned rows; lda = %" PRId64 ")", why, lda);
+    out->odd_reason = std::string("a: ") + why + " (lda = " + std::to_string(lda) + ")";
   if (const char* why = gemm::operand_tma_problem(p.bt, K, p.dtype))
-    return fail(FLY_ERROR_UNSUPPORTED, "b: %s (TMA needs 16-byte aligned rows; ldb = %" PRId64 ")", why, ldb);
+    out->odd_reason += std::string(out->odd_reason.empty() ? "" : "; ") + "b: " + why + " (ldb = " + std::to_string(ldb) + ")";
   return FLY_SUCCESS;
 }
 
@@ -178,6 +183,40 @@ int64_t workspace_need(const GemmCall& call) {
   return need;
 }
 
+// ---- the cp.async path (kernels/gemm/gemm_odd_sm90.cu): operands TMA cannot address ----------
+// Its variants are named gemm_odd_<dtype>_bn<bn>_st<stages> (tuning/gemm.json). Chosen without
+// the database: the 128 x 128 tile with 6 stages (the only ones in `defaults`) for every shape;
+// a forced gemm_odd_ variant runs any call, aligned or not (for tests and benchmarks).
+bool is_odd(const Variant& v) { return v.name.rfind("gemm_odd_", 0) == 0; }
+std::string default_odd_variant(fly_dtype dt) { return std::string("gemm_odd_") + dtype_name(dt) + "_bn128_st6"; }
+
+fly_status launch_odd(const DeviceCtx& dc, const Variant& v, const gemm::Problem& pr, void* stream) {
+  CUfunction f = nullptr;
+  FLY_TRY(get_function(dc, v, "fly_gemm_odd_sm90", &f));
+  gemm::OddLaunch L;
+  gemm::plan_odd(pr, int(v.get_int("bn", 128)), int(v.get_int("stages", 6)), dc.sm_count, &L);
+  if (log_level() >= LogLevel::kInfo)
+    log(LogLevel::kInfo, "gemm: %s loads A with %d-byte and B with %d-byte copies, grid %u, split %u", v.name.c_str(),
+        L.params.tail.p.gran, L.params.tail.q.gran, L.grid, L.cluster);
+  return launch_planned(dc, v, f, L.grid, gemm::kOddThreads, L.smem, L.cluster, stream, L.params);
+}
+
+// A call TMA cannot address: the cp.async kernel, through the dispatch of op "gemm_odd" (a forced
+// variant, else the fallback: no database rows name this op).
+fly_status run_odd(const DeviceCtx& dc, const GemmCall& call, void* stream) {
+  DispatchRequest req = make_request(kFamily, "gemm_odd", dtype_name(call.dt), call.layout.c_str(),
+                                     {{"N", call.pr.N}, {"K", call.pr.K}, {"M", call.pr.M}});
+  const fly_dtype dt = call.dt;
+  req.supports = [dt](const Variant& v) { return is_odd(v) && v.get("dtype") == dtype_name(dt); };
+  req.fallback = [dt] { return default_odd_variant(dt); };
+  const Variant* v = nullptr;
+  FLY_TRY(choose_variant(dc, req, &v));
+  if (log_level() >= LogLevel::kInfo)
+    log(LogLevel::kInfo, "gemm: cp.async path %s, since TMA cannot address the operands: %s", v->name.c_str(),
+        call.odd_reason.c_str());
+  return launch_odd(dc, *v, call.pr, stream);
+}
+
 }  // namespace
 }  // namespace fly
 
@@ -213,6 +252,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(check_device_pointer(*c, "c"));
   if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
   if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
+  if (!call.odd_reason.empty()) return run_odd(*dc, call, stream);  // TMA cannot address A or B
 
   DispatchRequest req =
       make_request(kFamily, "gemm", dtype_name(call.dt), call.layout.c_str(), {{"N", pr.N}, {"K", pr.K}, {"M", pr.M}});
@@ -228,6 +268,7 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   // The two kernels of the family have their own entry symbols and parameter structs.
   const Variant* v = nullptr;
   FLY_TRY(choose_variant(*dc, req, &v));
+  if (is_odd(*v)) return launch_odd(*dc, *v, pr, stream);  // a forced cp.async variant
   CUfunction f = nullptr;
   FLY_TRY(get_function(*dc, *v, is_decode(*v) ? "fly_gemm_decode_sm90" : "fly_gemm_sm90", &f));
   const Driver* d = nullptr;

@@ -15,6 +15,7 @@
 #include "fake_cuda.h"
 #include "flykernels/flykernels.h"
 #include "gemm/gemm_decode.h"
+#include "gemm/gemm_odd_params.h"
 #include "gemm/gemm_params.h"
 #include "rmsnorm/rmsnorm_params.h"
 #include "test_tensors.hpp"
@@ -280,6 +281,15 @@ TEST_CASE("gemm: every bundled variant plans legal tensor maps and launches", "[
         const auto p = params_of<fly::gemm::DecodeParams>(L);
         CHECK(p.M == sh.M);
         CHECK(p.c == c.data);
+        continue;
+      }
+      if (v->name.rfind("gemm_odd_", 0) == 0) {  // the cp.async kernel (forced: takes aligned calls too)
+        CHECK(std::string(L->kernel) == "fly_gemm_odd_sm90");
+        const auto p = params_of<fly::gemm::OddGemmParams>(L);
+        CHECK(p.core.c == c.data);
+        CHECK(p.core.rows == sh.M);
+        CHECK(p.tail.p.data == a.data);
+        CHECK(p.tail.q.data == b.data);
         continue;
       }
       CHECK(std::string(L->kernel) == "fly_gemm_sm90");

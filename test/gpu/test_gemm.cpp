@@ -63,12 +63,20 @@ struct Case {
   int64_t pad;        // extra elements on every leading dimension (A, B and C)
   bool bias;
   fly_dtype dt;
+  // Odd strides ([gemm][odd]): nonzero leading dimensions replace the rounded ones above, and
+  // each base is moved this many elements into its buffer (1: only 2-byte aligned).
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t a_off = 0, b_off = 0, c_off = 0;
 };
 
 std::string describe(const Case& c) {
   return std::string(c.dt == FLY_BF16 ? "bf16 " : "fp16 ") + (c.a_row ? "n" : "t") + (c.b_row ? "n" : "t") +
          " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
-         " pad=" + std::to_string(c.pad) + (c.bias ? " bias" : "");
+         " pad=" + std::to_string(c.pad) + (c.bias ? " bias" : "") +
+         (c.lda || c.ldb || c.ldc ? " ld=" + std::to_string(c.lda) + "/" + std::to_string(c.ldb) + "/" + std::to_string(c.ldc) : "") +
+         (c.a_off || c.b_off || c.c_off
+              ? " off=" + std::to_string(c.a_off) + "/" + std::to_string(c.b_off) + "/" + std::to_string(c.c_off)
+              : "");
 }
 
 // Runs one case through fly_gemm and checks every element (and that padding is untouched).
@@ -81,8 +89,10 @@ fly_status run_case(const Case& cs, uint64_t seed = 1, bool repeat = false, int 
   const int64_t M = cs.M, N = cs.N, K = cs.K;
   const fly_dtype dt = cs.dt;
   // Leading dimensions: the contiguous extent rounded to 8 elements (TMA's 16-byte rule) + pad.
-  const int64_t lda = round8(cs.a_row ? K : M) + cs.pad, ldb = round8(cs.b_row ? N : K) + cs.pad;
-  const int64_t ldc = N + cs.pad;
+  const int64_t lda = cs.lda ? cs.lda : round8(cs.a_row ? K : M) + cs.pad;
+  const int64_t ldb = cs.ldb ? cs.ldb : round8(cs.b_row ? N : K) + cs.pad;
+  const int64_t ldc = cs.ldc ? cs.ldc : N + cs.pad;
+  const int64_t ao = cs.a_off, bo = cs.b_off, co = cs.c_off;  // element offsets of the bases
   const int64_t a_lines = cs.a_row ? M : K, b_lines = cs.b_row ? K : N;
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> d(-4, 4);
@@ -97,14 +107,18 @@ fly_status run_case(const Case& cs, uint64_t seed = 1, bool repeat = false, int 
   for (int64_t k = 0; k < K; ++k)
     for (int64_t n = 0; n < N; ++n) hb[size_t(cs.b_row ? k * ldb + n : n * ldb + k)] = enc(B[size_t(k * N + n)], dt);
   for (int64_t n = 0; n < N; ++n) hbias[size_t(n)] = enc(bias[size_t(n)], dt);
-  Dev da(ha.size() * 2), db(hb.size() * 2), dc(size_t(M * ldc) * 2), dbias(size_t(N) * 2);
-  REQUIRE(cudaMemcpy(da.p, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-  REQUIRE(cudaMemcpy(db.p, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  Dev da((ha.size() + size_t(ao)) * 2), db((hb.size() + size_t(bo)) * 2), dc(size_t(M * ldc + co) * 2),
+      dbias(size_t(N) * 2);
+  uint16_t* pa = static_cast<uint16_t*>(da.p) + ao;
+  uint16_t* pb = static_cast<uint16_t*>(db.p) + bo;
+  uint16_t* pc = static_cast<uint16_t*>(dc.p) + co;
+  REQUIRE(cudaMemcpy(pa, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(pb, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
   REQUIRE(cudaMemcpy(dbias.p, hbias.data(), hbias.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-  REQUIRE(cudaMemset(dc.p, 0xFF, size_t(M * ldc) * 2) == cudaSuccess);
-  fly_tensor ta = cs.a_row ? mat(da.p, dt, M, K, lda, 1) : mat(da.p, dt, M, K, 1, lda);
-  fly_tensor tb = cs.b_row ? mat(db.p, dt, K, N, ldb, 1) : mat(db.p, dt, K, N, 1, ldb);
-  fly_tensor tc = mat(dc.p, dt, M, N, ldc, 1);
+  REQUIRE(cudaMemset(dc.p, 0xFF, size_t(M * ldc + co) * 2) == cudaSuccess);
+  fly_tensor ta = cs.a_row ? mat(pa, dt, M, K, lda, 1) : mat(pa, dt, M, K, 1, lda);
+  fly_tensor tb = cs.b_row ? mat(pb, dt, K, N, ldb, 1) : mat(pb, dt, K, N, 1, ldb);
+  fly_tensor tc = mat(pc, dt, M, N, ldc, 1);
   fly_tensor tbias;
   std::memset(&tbias, 0, sizeof tbias);
   tbias.data = dbias.p;
@@ -131,7 +145,12 @@ fly_status run_case(const Case& cs, uint64_t seed = 1, bool repeat = false, int 
   }
   INFO("variant " << fly_last_variant() << " (" << fly_last_decision() << ")");
   std::vector<uint16_t> hc(static_cast<size_t>(M * ldc));
-  REQUIRE(cudaMemcpy(hc.data(), dc.p, hc.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(hc.data(), pc, hc.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  if (co > 0) {  // the elements before an offset C stay poisoned too
+    std::vector<uint16_t> pre(static_cast<size_t>(co));
+    REQUIRE(cudaMemcpy(pre.data(), dc.p, pre.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::all_of(pre.begin(), pre.end(), [](uint16_t h) { return h == 0xFFFF; }));
+  }
   const double rel = dt == FLY_BF16 ? 1.0 / 128 : 1.0 / 1024;
   int64_t bad = 0, first_m = -1, first_n = -1;
   double first_got = 0, first_want = 0;
@@ -160,10 +179,10 @@ fly_status run_case(const Case& cs, uint64_t seed = 1, bool repeat = false, int 
   INFO("first mismatch at (" << first_m << ", " << first_n << "): got " << first_got << ", want " << first_want);
   CHECK(bad == 0);
   if (repeat) {
-    REQUIRE(cudaMemset(dc.p, 0xFF, size_t(M * ldc) * 2) == cudaSuccess);
+    REQUIRE(cudaMemset(dc.p, 0xFF, size_t(M * ldc + co) * 2) == cudaSuccess);
     REQUIRE(fly_gemm(&ta, &tb, &tc, cs.bias ? &tbias : nullptr, dws.p, ws, nullptr) == FLY_SUCCESS);
     std::vector<uint16_t> hc2(hc.size());
-    REQUIRE(cudaMemcpy(hc2.data(), dc.p, hc2.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(hc2.data(), pc, hc2.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(std::memcmp(hc.data(), hc2.data(), hc.size() * 2) == 0);
   }
   return st;
@@ -374,11 +393,72 @@ TEST_CASE("gemm: raster strips taller than 8, the last one ragged", "[gemm][gpu]
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
 }
 
-TEST_CASE("gemm refuses misaligned leading dimensions on the device path", "[gemm][gpu]") {
+// ---- strides TMA cannot take: the cp.async kernel (gemm_odd_sm90.cu) ------------------------------
+// Leading dimensions of extent + 1 / + 3 elements (lines 2- or 4-byte aligned, or 8 where the
+// extent + 1 is a multiple of 4), bases moved 1-3 elements (2-byte aligned), an odd ldc and C base,
+// all four layouts, both dtypes, bias; the default dispatch must pick the cp.async path.
+namespace {
+Case odd_case(int64_t M, int64_t N, int64_t K, bool ar, bool br, int64_t extra, int64_t off, bool bias, fly_dtype dt) {
+  Case c{M, N, K, ar, br, 0, bias, dt};
+  c.lda = (ar ? K : M) + extra;
+  c.ldb = (br ? N : K) + extra;
+  c.ldc = N + extra;
+  c.a_off = off;
+  c.b_off = off ? off + 1 : 0;
+  c.c_off = off;
+  return c;
+}
+bool picked_odd() { return std::string(fly_last_variant()).rfind("gemm_odd_", 0) == 0; }
+}  // namespace
+
+TEST_CASE("gemm odd strides: all four layouts, both dtypes, bias, unaligned bases", "[gemm][odd]") {
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
-  Dev a(64 * 129 * 2), b(129 * 64 * 2), c(64 * 64 * 2);
-  fly_tensor ta = mat(a.p, FLY_BF16, 64, 129, 129, 1), tb = mat(b.p, FLY_BF16, 129, 64, 64, 1);
-  fly_tensor tc = mat(c.p, FLY_BF16, 64, 64, 64, 1);
-  CHECK(fly_gemm(&ta, &tb, &tc, nullptr, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
-  CHECK(std::string(fly_get_last_error()).find("a: leading dimension") != std::string::npos);
+  for (fly_dtype dt : {FLY_BF16, FLY_F16})
+    for (bool ar : {kRow, kCol})
+      for (bool br : {kRow, kCol}) {
+        // 77 x 515 x 1003: ld = extent + 1 (78, 516, 1004: 4- and 8-byte lines), bias
+        CHECK(run_case(odd_case(77, 515, 1003, ar, br, 1, 0, true, dt), 41) == FLY_SUCCESS);
+        CHECK(picked_odd());
+        // extent + 3 (80 is TMA-legal for a TN A of M = 77, so B decides: 518 / 1006), no bias, bases
+        // 1-2 elements in (2-byte aligned)
+        CHECK(run_case(odd_case(77, 515, 1003, ar, br, 3, 1, false, dt), 42) == FLY_SUCCESS);
+        CHECK(picked_odd());
+      }
+}
+
+TEST_CASE("gemm odd strides: 2-byte lines, several tiles per CTA, K tails", "[gemm][odd]") {
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  for (bool ar : {kRow, kCol})
+    for (bool br : {kRow, kCol}) {
+      // ld = extent exactly, odd: every other line starts 2 bytes off a 4-byte boundary
+      Case c{333, 141, 201, ar, br, 0, true, FLY_BF16};
+      c.lda = ar ? 201 : 333;
+      c.ldb = br ? 141 : 201;
+      c.ldc = 141;
+      CHECK(run_case(c, 43) == FLY_SUCCESS);
+      CHECK(picked_odd());
+    }
+  // More tiles than SMs (persistent CTAs take several, the ring laps across tiles), K = 1 and
+  // K = 65 (a k block of one element), M = 1.
+  CHECK(run_case(odd_case(1500, 1700, 130, kCol, kRow, 1, 0, true, FLY_F16), 44) == FLY_SUCCESS);
+  CHECK(run_case(odd_case(1500, 1700, 130, kRow, kCol, 3, 3, false, FLY_BF16), 45) == FLY_SUCCESS);
+  CHECK(run_case(odd_case(100, 200, 1, kCol, kCol, 1, 1, true, FLY_BF16), 46) == FLY_SUCCESS);
+  CHECK(run_case(odd_case(129, 257, 65, kRow, kRow, 1, 1, true, FLY_F16), 47) == FLY_SUCCESS);
+  CHECK(run_case(odd_case(1, 300, 777, kRow, kCol, 1, 1, true, FLY_BF16), 48) == FLY_SUCCESS);
+  CHECK(picked_odd());
+}
+
+TEST_CASE("gemm odd strides: aligned calls keep the TMA kernel; a forced cp.async variant runs them", "[gemm][odd]") {
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  CHECK(run_case({256, 512, 320, kCol, kRow, 0, true, FLY_BF16}, 49) == FLY_SUCCESS);
+  CHECK_FALSE(picked_odd());
+  for (const char* name : {"gemm_odd_bf16_bn128_st6", "gemm_odd_fp16_bn128_st6"}) {
+    INFO("forced variant " << name);
+    const fly_dtype dt = std::string(name).find("fp16") != std::string::npos ? FLY_F16 : FLY_BF16;
+    REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+    CHECK(run_case({256, 512, 320, kCol, kRow, 0, true, dt}, 50) == FLY_SUCCESS);  // 16-byte copies
+    CHECK(run_case({1000, 129, 200, kRow, kCol, 8, true, dt}, 51) == FLY_SUCCESS);
+    CHECK(std::string(fly_last_variant()) == name);
+  }
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
 }

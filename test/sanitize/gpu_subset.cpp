@@ -1,6 +1,7 @@
 // Bounded GPU workload for compute-sanitizer (docs/robustness.md): every rmsnorm and topk variant,
 // one GEMM variant of each kernel path (plain, multicast cluster, P multicast, split-K, stream-K
-// with workspace, kw2, e1/e2 epilogues, swap-AB, kb2, decode when bundled), and every bundled
+// with workspace, kw2, e1/e2 epilogues, swap-AB, kb2, decode when bundled, the cp.async kernel for
+// strides TMA cannot take on odd leading dimensions and 2-byte aligned bases), and every bundled
 // attention forward/backward, grouped GEMM and MX variant, each forced and run on small shapes it
 // takes (outputs poisoned first; workspaces the contract says need no initialization are left
 // uninitialized, so initcheck sees a read before write).
@@ -80,8 +81,32 @@ void run_topk(const char* name, const std::string& ps) {
   }
 }
 
+// The cp.async kernel (gemm_odd_ variants) on the strides it exists for: TN 77 x 515 x 1003 with
+// lda = M + 1 (4-byte lines), ldb = K + 1 (8-byte lines), ldc = N + 1 and C at a 2-byte offset, bias;
+// then NN 333 x 141 x 201 with odd lda and ldb (2-byte lines, element loads) and A 2 bytes in.
+void run_gemm_odd(const char* name, fly_dtype dt) {
+  {
+    const int64_t M = 77, N = 515, K = 1003;
+    Buf a((M + 1) * K * 2, 0x3c), b((K + 1) * N * 2, 0x3c), c((M * (N + 1) + 1) * 2), bias(N * 2, 0);
+    const fly_tensor ta = flykernels::tensor(a.p, dt, {M, K}, {1, M + 1});
+    const fly_tensor tb = flykernels::tensor(b.p, dt, {K, N}, {1, K + 1});
+    const fly_tensor tc = flykernels::tensor(static_cast<char*>(c.p) + 2, dt, {M, N}, {N + 1, 1});
+    const fly_tensor tbias = flykernels::tensor(bias.p, dt, {N}, {1});
+    report(name, fly_gemm(&ta, &tb, &tc, &tbias, nullptr, 0, nullptr), "tn-ld+1");
+  }
+  {
+    const int64_t M = 333, N = 141, K = 201;
+    Buf a((M * K + 1) * 2, 0x3c), b(K * N * 2, 0x3c), c(M * N * 2);
+    const fly_tensor ta = flykernels::tensor(static_cast<char*>(a.p) + 2, dt, {M, K}, {K, 1});
+    const fly_tensor tb = flykernels::tensor(b.p, dt, {K, N}, {N, 1});
+    const fly_tensor tc = flykernels::tensor(c.p, dt, {M, N}, {N, 1});
+    report(name, fly_gemm(&ta, &tb, &tc, nullptr, nullptr, 0, nullptr), "nn-2byte");
+  }
+}
+
 void run_gemm(const char* name, const std::string& ps) {
   const fly_dtype dt = has(ps, "dtype=fp16") ? FLY_F16 : FLY_BF16;
+  if (std::strncmp(name, "gemm_odd_", 9) == 0) return run_gemm_odd(name, dt);
   struct Shape { int64_t M, N, K; bool a_row, b_row; };
   const Shape shapes[] = {{256, 512, 640, true, false}, {64, 1024, 1024, true, false}, {8, 1024, 2048, true, false},
                           {256, 512, 640, true, true},  {256, 512, 640, false, false}, {128, 2048, 8192, true, false},
@@ -237,6 +262,9 @@ std::vector<std::string> gemm_representatives() {
         break;
       }
     }
+  }
+  for (int i = 0; i < fly_variant_count(); ++i) {  // the cp.async kernel
+    if (std::strncmp(fly_variant_name(i), "gemm_odd_", 9) == 0) { out.push_back(fly_variant_name(i)); break; }
   }
   for (int i = 0; i < fly_variant_count(); ++i) {  // the decode kernel, when bundled
     const char *fam = nullptr, *ps = nullptr;
