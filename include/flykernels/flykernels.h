@@ -123,8 +123,10 @@ FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int largest, int det
 /* ---- Dense GEMM -------------------------------------------------------------------------
  * C[M,N] = A[M,K] @ B[K,N] (+ bias[N]); FP16 or BF16 in and out (all the same dtype), FP32
  * accumulation. A and B may each be row- or column-major (read from the strides); leading
- * dimensions may be padded. C row-major with unit inner stride. Inputs the kernels cannot take
- * (for example a leading dimension breaking TMA's 16-byte rule) return FLY_ERROR_UNSUPPORTED.
+ * dimensions may be padded, any number of elements, and bases need only element alignment (what
+ * TMA cannot address runs a cp.async kernel, slower). C row-major with unit inner stride.
+ * FLY_ERROR_UNSUPPORTED remains for what no kernel takes: A or B neither row- nor column-major,
+ * K = 0 with M, N > 0, dimensions of 2^31 or more (docs/gemm.md).
  * Workspace (optional): stream-K variants keep flags and fp32 partial tiles there. Query
  * fly_gemm_workspace_size (device and shape independent, about 19 MB when stream-K variants are
  * bundled; 0 otherwise) and pass a 256-byte aligned device buffer that large, zero-filled once
