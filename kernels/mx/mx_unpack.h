@@ -1,0 +1,54 @@
+// E2M1 -> E4M3 widening of packed FP4 (torch.float4_e2m1fn_x2: element 2i in the low nibble of
+// byte i), four values per byte permute: every E2M1 value is exact in E4M3. Host and device
+// (test/cpu/test_mx_format.cpp checks it against mxe::e2m1_to_e4m3 for every 16-bit input).
+#pragma once
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define FLY_MXU_HD __host__ __device__ __forceinline__
+#else
+#define FLY_MXU_HD inline
+#endif
+
+namespace fly::mxu {
+
+// prmt's default mode on bytes {lo (0-3), hi (4-7)}, selector nibbles with bit 3 clear.
+FLY_MXU_HD uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(lo, hi, sel);
+#else
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t s = (sel >> (4 * i)) & 7;
+    const uint32_t b = s < 4 ? (lo >> (8 * s)) & 0xFF : (hi >> (8 * (s - 4))) & 0xFF;
+    r |= b << (8 * i);
+  }
+  return r;
+#endif
+}
+
+// Four E2M1 codes (the nibbles of h's low 16 bits, element 0 lowest) -> four E4M3 bytes.
+// Magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as E4M3 codes 0x00 0x30 0x38 0x3C 0x40 0x44 0x48 0x4C by
+// one byte permute; each nibble's sign bit (bit 4i + 3) moves to bit 8i + 7.
+FLY_MXU_HD uint32_t e2m1x4_to_e4m3x4(uint32_t h) {
+  const uint32_t mag = byte_perm(0x3C383000u, 0x4C484440u, h & 0x7777u);
+  const uint32_t sg = ((h & 0x8u) << 4) | ((h & 0x80u) << 8) | ((h & 0x800u) << 12) | ((h & 0x8000u) << 16);
+  return mag | sg;
+}
+
+// Eight packed bytes (16 codes) -> 16 E4M3 bytes.
+FLY_MXU_HD void e2m1x16_to_e4m3x16(uint32_t w0, uint32_t w1, uint32_t (&o)[4]) {
+  o[0] = e2m1x4_to_e4m3x4(w0 & 0xFFFFu);
+  o[1] = e2m1x4_to_e4m3x4(w0 >> 16);
+  o[2] = e2m1x4_to_e4m3x4(w1 & 0xFFFFu);
+  o[3] = e2m1x4_to_e4m3x4(w1 >> 16);
+}
+
+// Byte offset of (row r, byte k) in a 128B-swizzled K-major tile of 128-byte rows (1024-aligned
+// base): the 16-byte chunk index is XORed with r mod 8, as TMA's SWIZZLE_128B writes it and the
+// wgmma descriptor's swizzle mode 1 reads it.
+FLY_MXU_HD uint32_t sw128_offset(uint32_t r, uint32_t k) {
+  return r * 128u + ((((k >> 4) ^ (r & 7u)) & 7u) << 4) + (k & 15u);
+}
+
+}  // namespace fly::mxu

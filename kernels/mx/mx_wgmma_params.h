@@ -1,0 +1,46 @@
+// Kernel parameters and shared-memory plan of the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu), shared
+// by the launcher (src/ops/mx.cpp) and the kernel. Host and device; plain C++ plus CUtensorMap.
+#pragma once
+#include <cuda.h>  // CUtensorMap (a 64-byte aligned POD)
+#include <stdint.h>
+
+namespace fly::mxw {
+
+constexpr int kBM = 128;          // CTA tile rows: two consumer warpgroups of 64 rows
+constexpr int kKStep = 128;       // k elements per ring stage: four k32 blocks, one 128-byte FP8 row
+constexpr int kThreads = 384;     // producer warpgroup + two consumer warpgroups
+constexpr int kProducerRegs = 56;  // setmaxnreg split 56 / 224 (56 * 128 + 224 * 256 = 64512)
+constexpr int kConsumerRegs = 224;
+
+// One ring stage (every part a multiple of 1024 bytes, so each tile keeps the 128B-swizzle atom
+// alignment): A [128][128 B] and B [bn][128 B] E4M3 tiles (128B-swizzled, the wgmma operands),
+// the decoded scales as floats [4 k32][128] and [4][bn], and the raw packed E2M1 tiles [128][64 B]
+// and [bn][64 B] that MXFP4's TMA lands in before the producer widens them into A / B.
+constexpr int a_bytes() { return kBM * 128; }
+constexpr int b_bytes(int bn) { return bn * 128; }
+constexpr int sa_bytes() { return 4 * kBM * 4; }
+constexpr int sb_bytes(int bn) { return 4 * bn * 4; }
+constexpr int raw_bytes(int bn) { return (kBM + bn) * 64; }
+constexpr int stage_bytes(int bn) { return a_bytes() + b_bytes(bn) + sa_bytes() + sb_bytes(bn) + raw_bytes(bn); }
+constexpr int stages(int bn) { return bn <= 64 ? 5 : 4; }
+// Dynamic shared memory: 1024 bytes of alignment slack, the ring, 3 mbarriers per stage.
+constexpr int smem_bytes(int bn) { return 1024 + stages(bn) * stage_bytes(bn) + stages(bn) * 3 * 8; }
+
+struct Params {
+  // FP8: dims {K, rows} bytes, box {128, rows of the tile}, 128B swizzle.
+  // FP4: dims {K / 2, rows} bytes, box {64, rows of the tile}, no swizzle (widened in shared memory).
+  // Outside the matrix TMA fills zeros.
+  CUtensorMap tm_a;
+  CUtensorMap tm_b;
+  const uint8_t* sa;  // [M, K/32] E8M0, contiguous
+  const uint8_t* sb;  // [N, K/32] E8M0, contiguous
+  const void* bias;   // [N] in c's dtype, or nullptr
+  void* c;            // [M, N], row stride ldc elements
+  int64_t ldc;
+  int32_t M, N, K;
+  int32_t tiles_m, tiles_n, strip_m;  // tiles visited in column strips strip_m tile rows tall
+  int32_t fp4;        // operands are packed E2M1
+  int32_t out_bf16;   // 1: BF16 output, 0: FP16
+};
+
+}  // namespace fly::mxw
