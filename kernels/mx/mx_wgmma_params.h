@@ -4,6 +4,12 @@
 #include <cuda.h>  // CUtensorMap (a 64-byte aligned POD)
 #include <stdint.h>
 
+#if defined(__CUDACC__)
+#define FLY_MXW_HD __host__ __device__ __forceinline__
+#else
+#define FLY_MXW_HD inline
+#endif
+
 namespace fly::mxw {
 
 constexpr int kBM = 128;          // CTA tile rows: two consumer warpgroups of 64 rows
@@ -42,5 +48,26 @@ struct Params {
   int32_t fp4;        // operands are packed E2M1
   int32_t out_bf16;   // 1: BF16 output, 0: FP16
 };
+
+// Tile t of the persistent raster order: column strips strip_m tile rows tall (as the dense
+// GEMM's scheduler walks them, so CTAs running together share A rows and B columns in L2).
+struct Tile {
+  int tm, tn;
+};
+FLY_MXW_HD Tile tile_of(int tiles_m, int tiles_n, int strip_m, int t) {
+  const int strip = strip_m > 0 ? strip_m : 1;
+  const int per_strip = strip * tiles_n;
+  const int g = t / per_strip;
+  const int first = g * strip;
+  const int left = tiles_m - first;
+  const int gsz = left < strip ? left : strip;
+  const int r = t - g * per_strip;
+  return Tile{first + r % gsz, r / gsz};
+}
+
+// The wgmma m64nN D fragment: accumulator i of thread ct (0..127) of the warpgroup holds row
+// 16 (ct / 32) + (ct % 32) / 4 + 8 ((i / 2) % 2) and column 8 (i / 4) + 2 (ct % 4) + i % 2.
+FLY_MXW_HD int acc_row(int ct, int i) { return 16 * (ct / 32) + (ct % 32) / 4 + 8 * ((i / 2) % 2); }
+FLY_MXW_HD int acc_col(int ct, int i) { return 8 * (i / 4) + 2 * (ct % 4) + i % 2; }
 
 }  // namespace fly::mxw

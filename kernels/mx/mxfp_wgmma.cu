@@ -48,21 +48,6 @@ static_assert(smem_bytes(BN) <= 232448, "ring fits the 227 KiB of dynamic shared
 using Mma = sm90::WgmmaF8<BN, sm90::F8::kE4m3, sm90::F8::kE4m3>;
 static_assert(Mma::kRegs == ACC, "accumulator count");
 
-struct Tile {
-  int tm, tn;
-};
-// Tile t of the raster order (column strips strip_m tile rows tall, as the dense GEMM's
-// scheduler walks them: CTAs running together share A rows and B columns in L2).
-__device__ __forceinline__ Tile tile_of(const Params& p, int t) {
-  const int strip = p.strip_m > 0 ? p.strip_m : 1;
-  const int per_strip = strip * p.tiles_n;
-  const int g = t / per_strip;
-  const int first = g * strip;
-  const int gsz = min(p.tiles_m - first, strip);
-  const int r = t - g * per_strip;
-  return Tile{first + r % gsz, r / gsz};
-}
-
 __device__ __forceinline__ uint64_t desc_of(const uint8_t* tile) {
   return sm90::make_desc_sw128(sm90::smem_u32(tile), 16, 1024);
 }
@@ -80,17 +65,16 @@ __device__ __forceinline__ float to_float<__half>(__half v) { return __half2floa
 template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// Accumulator i of consumer thread ct: row 16 (ct / 32) + (ct % 32) / 4 + 8 ((i / 2) % 2),
-// column 8 (i / 4) + 2 (ct % 4) + i % 2 (the wgmma D fragment).
+// Accumulator i of consumer thread ct: row acc_row(ct, i), column acc_col(ct, i) of the
+// warpgroup's 64 x BN block (mx_wgmma_params.h): rows 16 w + lane / 4 (+8), column pairs.
 template <class T>
 __device__ __forceinline__ void store_tile(const Params& p, int64_t row0, int64_t col0, int ct, const float (&acc)[ACC]) {
   T* c = static_cast<T*>(p.c);
   const T* bias = static_cast<const T*>(p.bias);
-  const int lane = ct % 32, w = ct / 32;
-  const int64_t r0 = row0 + 16 * w + lane / 4;
+  const int64_t r0 = row0 + acc_row(ct, 0);
 #pragma unroll
   for (int c8 = 0; c8 < BN / 8; ++c8) {
-    const int64_t col = col0 + 8 * c8 + 2 * (lane % 4);
+    const int64_t col = col0 + acc_col(ct, 4 * c8);
     if (col >= p.N) continue;
     const bool two = col + 1 < p.N;
     const float b0 = bias ? to_float<T>(bias[col]) : 0.0f;
@@ -151,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
     int s = 0;
     uint32_t ph = 0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const Tile tl = tile_of(p, t);
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, t);
       const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
       for (int ks = 0; ks < ksteps; ++ks) {
         sm90::mbar_wait(&empty[s], ph ^ 1);
@@ -209,12 +193,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
     sm90::setmaxnreg_inc<kConsumerRegs>();
     const int cw = wg - 1;            // 64-row half of the tile
     const int ct = threadIdx.x - 128 * wg;
-    const int lane = ct % 32, w = ct / 32;
-    const int ra = cw * 64 + 16 * w + lane / 4;  // tile row of accumulators (h = 0); +8 for h = 1
+    const int ra = cw * 64 + acc_row(ct, 0);  // tile row of accumulators 4 c8 + {0, 1}; + 8 for {2, 3}
     int s = 0;
     uint32_t ph = 0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const Tile tl = tile_of(p, t);
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, t);
       float acc[ACC];
 #pragma unroll
       for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
@@ -239,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
             const float sa0 = sa_s[j * kBM + ra], sa1 = sa_s[j * kBM + ra + 8];
 #pragma unroll
             for (int c8 = 0; c8 < BN / 8; ++c8) {
-              const float2 sbv = *reinterpret_cast<const float2*>(&sb_s[j * BN + 8 * c8 + 2 * (lane % 4)]);
+              const float2 sbv = *reinterpret_cast<const float2*>(&sb_s[j * BN + acc_col(ct, 4 * c8)]);
               acc[4 * c8 + 0] = fmaf(tmp[4 * c8 + 0], sa0 * sbv.x, acc[4 * c8 + 0]);
               acc[4 * c8 + 1] = fmaf(tmp[4 * c8 + 1], sa0 * sbv.y, acc[4 * c8 + 1]);
               acc[4 * c8 + 2] = fmaf(tmp[4 * c8 + 2], sa1 * sbv.x, acc[4 * c8 + 2]);
