@@ -22,8 +22,14 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#if !defined(FLY_MX_HOST_EMU)
 #include "common/sm90.h"
 #include "common/wgmma_ops.h"
+#else
+// test/cpu/test_mx_wgmma_emu.cpp runs this file on host threads: it defines fly::sm90 (mbarriers,
+// TMA, wgmma emulated from their PTX ISA definitions) and the shared memory.
+uint8_t* fly_mxw_emu_smem();
+#endif
 #include "mx/mx_encode.h"
 #include "mx/mx_unpack.h"
 #include "mx/mx_wgmma_params.h"
@@ -104,7 +110,11 @@ __device__ __forceinline__ void store_tile(const Params& p, int64_t row0, int64_
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __grid_constant__ Params p) {
+#if defined(FLY_MX_HOST_EMU)
+  uint8_t* smem_raw = fly_mxw_emu_smem();
+#else
   extern __shared__ uint8_t smem_raw[];
+#endif
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + STAGES * STAGE);
   uint64_t* empty = full + STAGES;

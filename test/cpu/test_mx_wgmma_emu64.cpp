@@ -1,0 +1,9 @@
+// The wgmma MX GEMM's source (kernels/mx/mxfp_wgmma.cu, BN = 64) run on host threads against
+// the FP64 reference: harness in mx_wgmma_emu.hpp, cases in mx_wgmma_emu_cases.hpp.
+#include "mx_wgmma_emu.hpp"
+#define FLY_BN 64
+#define mxfp_wgmma mxfp_wgmma_emu_n64
+#define fly_mxw_emu_smem fly_mxw_emu_smem_n64
+#include "mx/mxfp_wgmma.cu"
+uint8_t* fly_mxw_emu_smem() { return emu::smem_base; }
+#include "mx_wgmma_emu_cases.hpp"
