@@ -33,19 +33,28 @@ FLY_MXU_HD uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t sel) {
 // s = h & 0x8888 holds nibble 1's and 3's signs at bit 7 of its bytes 0 and 1, s << 4 nibble 0's
 // and 2's; bytes {t0, s0, t1, s1} (selector 0x5140) put nibble i's sign at bit 7 of byte i, and
 // the mask drops the other sign bit each byte carries. About 6 ALU operations per 4 values.
-FLY_MXU_HD uint32_t e2m1x4_to_e4m3x4(uint32_t h) {
-  const uint32_t mag = byte_perm(0x3C383000u, 0x4C484440u, h & 0x7777u);
+constexpr uint32_t kMagLo = 0x3C383000u, kMagHi = 0x4C484440u;  // E4M3 codes of magnitudes 0..7
+FLY_MXU_HD uint32_t e2m1x4_to_e4m3x4(uint32_t h, uint32_t lo = kMagLo, uint32_t hi = kMagHi) {
+  const uint32_t mag = byte_perm(lo, hi, h & 0x7777u);
   const uint32_t s = h & 0x8888u;
   const uint32_t sg = byte_perm(s << 4, s, 0x5140u);
   return mag | (sg & 0x80808080u);
 }
 
-// Eight packed bytes (16 codes) -> 16 E4M3 bytes.
-FLY_MXU_HD void e2m1x16_to_e4m3x16(uint32_t w0, uint32_t w1, uint32_t (&o)[4]) {
-  o[0] = e2m1x4_to_e4m3x4(w0 & 0xFFFFu);
-  o[1] = e2m1x4_to_e4m3x4(w0 >> 16);
-  o[2] = e2m1x4_to_e4m3x4(w1 & 0xFFFFu);
-  o[3] = e2m1x4_to_e4m3x4(w1 >> 16);
+// The magnitude table of E2M1 * 2^-d (the k128 fold), 0 <= d <= 5: every nonzero code stays a
+// normal E4M3 value, so its exponent field just drops by d (8 d in the byte); code 0 stays 0.
+FLY_MXU_HD void e2m1_table_shifted(uint32_t d, uint32_t* lo, uint32_t* hi) {
+  *lo = kMagLo - (d << 3) * 0x01010100u;
+  *hi = kMagHi - (d << 3) * 0x01010101u;
+}
+
+// Eight packed bytes (16 codes) -> 16 E4M3 bytes (optionally through a shifted table).
+FLY_MXU_HD void e2m1x16_to_e4m3x16(uint32_t w0, uint32_t w1, uint32_t (&o)[4], uint32_t lo = kMagLo,
+                                   uint32_t hi = kMagHi) {
+  o[0] = e2m1x4_to_e4m3x4(w0 & 0xFFFFu, lo, hi);
+  o[1] = e2m1x4_to_e4m3x4(w0 >> 16, lo, hi);
+  o[2] = e2m1x4_to_e4m3x4(w1 & 0xFFFFu, lo, hi);
+  o[3] = e2m1x4_to_e4m3x4(w1 >> 16, lo, hi);
 }
 
 // Byte offset of (row r, byte k) in a 128B-swizzled K-major tile of 128-byte rows (1024-aligned

@@ -27,10 +27,18 @@ constexpr int b_bytes(int bn) { return bn * 128; }
 constexpr int sa_bytes() { return 4 * kBM * 4; }
 constexpr int sb_bytes(int bn) { return 4 * bn * 4; }
 constexpr int raw_bytes(int bn) { return (kBM + bn) * 64; }
-constexpr int stage_bytes(int bn) { return a_bytes() + b_bytes(bn) + sa_bytes() + sb_bytes(bn) + raw_bytes(bn); }
+// The k128 fold (variants with fold = 1, MXFP4 only): per row of the stage the folded scale (float),
+// the four k32 shifts (bytes of a uint32) and the stage's fold flag, rounded up to 1 KiB.
+constexpr int fold_bytes(int bn, bool fold) { return fold ? ((kBM + bn) * 8 + 16 + 1023) / 1024 * 1024 : 0; }
+constexpr int stage_bytes(int bn, bool fold = false) {
+  return a_bytes() + b_bytes(bn) + sa_bytes() + sb_bytes(bn) + raw_bytes(bn) + fold_bytes(bn, fold);
+}
 constexpr int stages(int bn) { return bn <= 64 ? 5 : 4; }
 // Dynamic shared memory: 1024 bytes of alignment slack, the ring, 3 mbarriers per stage.
-constexpr int smem_bytes(int bn) { return 1024 + stages(bn) * stage_bytes(bn) + stages(bn) * 3 * 8; }
+constexpr int smem_bytes(int bn, bool fold = false) { return 1024 + stages(bn) * stage_bytes(bn, fold) + stages(bn) * 3 * 8; }
+// Largest spread (binades) of a row's four k32 scales that the fold takes: E2M1 * 2^-d stays a
+// normal E4M3 code for d <= 5 (0.5 * 2^-5 = 2^-6), so the widening just lowers exponent fields.
+constexpr int kFoldMaxShift = 5;
 
 struct Params {
   // FP8: dims {K, rows} bytes, box {128, rows of the tile}, 128B swizzle.

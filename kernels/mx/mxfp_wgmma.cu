@@ -17,7 +17,13 @@
 //   k32 blocks past K are skipped (their scales are never read: a NaN scale there must not leak).
 // - epilogue straight from the accumulators: + bias, FP16/BF16 rounding, row/column tails
 //   clipped, 4-byte paired stores where the pair is inside N and aligned.
-// Variant constants (tools/flygen): FLY_BN (64 or 128).
+// k128 fold (FLY_FOLD = 1, MXFP4 only): when every row of a stage's A and B tiles has its four k32
+// scales within kFoldMaxShift binades (and none is NaN), the producer folds them into the data
+// (E2M1 * 2^(e_j - e_max) is exact in E4M3) and the consumers run the stage's four wgmma into one
+// scratch accumulator and promote once with 2^e_max(row) * 2^e_max(col): a quarter of the
+// promotion work. Otherwise (or for MXFP8) the stage runs per k32 as above. Decided per stage for
+// the whole CTA (a reduction over the producer warpgroup: named barrier 1).
+// Variant constants (tools/flygen): FLY_BN (64 or 128), FLY_FOLD (0 or 1).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -27,8 +33,9 @@
 #include "common/wgmma_ops.h"
 #else
 // test/cpu/test_mx_wgmma_emu.cpp runs this file on host threads: it defines fly::sm90 (mbarriers,
-// TMA, wgmma emulated from their PTX ISA definitions) and the shared memory.
+// TMA, wgmma emulated from their PTX ISA definitions), the shared memory and the producer AND.
 uint8_t* fly_mxw_emu_smem();
+bool fly_mxw_emu_and128(bool v);
 #endif
 #include "mx/mx_encode.h"
 #include "mx/mx_unpack.h"
@@ -40,19 +47,43 @@ using namespace fly::mxw;
 namespace sm90 = fly::sm90;
 
 constexpr int BN = FLY_BN;
+#if defined(FLY_FOLD)
+constexpr bool FOLD = FLY_FOLD != 0;
+#else
+constexpr bool FOLD = false;
+#endif
 constexpr int STAGES = stages(BN);
-constexpr int STAGE = stage_bytes(BN);
+constexpr int STAGE = stage_bytes(BN, FOLD);
 constexpr int OFF_B = a_bytes();
 constexpr int OFF_SA = OFF_B + b_bytes(BN);
 constexpr int OFF_SB = OFF_SA + sa_bytes();
 constexpr int OFF_RAW = OFF_SB + sb_bytes(BN);
+constexpr int OFF_FSC = OFF_RAW + raw_bytes(BN);        // fold: float [kBM + BN] folded scales
+constexpr int OFF_FSH = OFF_FSC + (kBM + BN) * 4;       // fold: uint32 [kBM + BN] k32 shifts (bytes)
+constexpr int OFF_FLAG = OFF_FSH + (kBM + BN) * 4;      // fold: uint32, 1 when the stage is folded
 constexpr int ACC = BN / 2;  // accumulators per consumer thread (m64nBN: BN/2 floats)
 static_assert(BN == 64 || BN == 128, "BN: 64 or 128 (two accumulator sets of BN/2 registers)");
 static_assert(OFF_B % 1024 == 0 && OFF_SA % 1024 == 0 && OFF_RAW % 1024 == 0 && STAGE % 1024 == 0,
               "stage parts keep the 1024-byte swizzle-atom alignment");
-static_assert(smem_bytes(BN) <= 232448, "ring fits the 227 KiB of dynamic shared memory");
+static_assert(smem_bytes(BN, FOLD) <= 232448, "ring fits the 227 KiB of dynamic shared memory");
+static_assert(!FOLD || OFF_FLAG + 4 <= STAGE, "fold area inside the stage");
 using Mma = sm90::WgmmaF8<BN, sm90::F8::kE4m3, sm90::F8::kE4m3>;
 static_assert(Mma::kRegs == ACC, "accumulator count");
+
+// AND of v over the 128 producer threads (bar.red on named barrier 1; only they use it).
+__device__ __forceinline__ bool producer_and(bool v) {
+#if defined(FLY_MX_HOST_EMU)
+  return fly_mxw_emu_and128(v);
+#else
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, 1, 128, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(uint32_t(v))
+      : "memory");
+  return r != 0;
+#endif
+}
 
 __device__ __forceinline__ uint64_t desc_of(const uint8_t* tile) {
   return sm90::make_desc_sw128(sm90::smem_u32(tile), 16, 1024);
@@ -165,6 +196,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
         float* sa_s = reinterpret_cast<float*>(st + OFF_SA);
         float* sb_s = reinterpret_cast<float*>(st + OFF_SB);
         const int kb0 = ks * 4;
+        bool fold_ok = true;  // this thread's rows allow the fold
         for (int r = pt; r < kBM + BN; r += 128) {
           const bool is_a = r < kBM;
           const int rr = is_a ? r : r - kBM;
@@ -173,20 +205,47 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
           const uint8_t* src = (is_a ? p.sa : p.sb) + grow * kbs;
           float* dst = is_a ? sa_s : sb_s;
           const int ld = is_a ? kBM : BN;
+          uint8_t e[4];
+          bool valid[4];
+          int emax = 0;
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const bool ok = in && kb0 + j < kbs;
-            dst[j * ld + rr] = ok ? fly::mxe::e8m0_to_float(src[kb0 + j]) : 0.0f;
+            valid[j] = in && kb0 + j < kbs;
+            e[j] = valid[j] ? src[kb0 + j] : uint8_t(0);
+            dst[j * ld + rr] = valid[j] ? fly::mxe::e8m0_to_float(e[j]) : 0.0f;
+            emax = e[j] > emax ? e[j] : emax;
+          }
+          if (FOLD && fp4) {
+            uint32_t sh = 0;
+            bool ok = emax != 0xFF;  // a NaN scale: per k32 (the NaN must reach its block only)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const int d = valid[j] ? emax - e[j] : 0;
+              ok = ok && d <= kFoldMaxShift;
+              sh |= uint32_t(d & 0xFF) << (8 * j);
+            }
+            fold_ok = fold_ok && ok;
+            reinterpret_cast<float*>(st + OFF_FSC)[r] = in ? fly::mxe::e8m0_to_float(uint8_t(emax)) : 0.0f;
+            reinterpret_cast<uint32_t*>(st + OFF_FSH)[r] = sh;
           }
         }
+        // uniform over the producer warpgroup; the barrier also orders the fold arrays' writes
+        // before the other producer threads read them below
+        const bool fold = FOLD && fp4 && producer_and(fold_ok);
+        if (FOLD && pt == 0) *reinterpret_cast<uint32_t*>(st + OFF_FLAG) = fold ? 1u : 0u;
         if (fp4) {
           sm90::mbar_wait(&raw_full[s], ph);
           const uint8_t* raw = st + OFF_RAW;
           for (int idx = pt; idx < (kBM + BN) * 8; idx += 128) {
             const uint32_t r = uint32_t(idx) / 8, ch = uint32_t(idx) % 8;
             const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + ch * 8);
+            uint32_t lo = fly::mxu::kMagLo, hi = fly::mxu::kMagHi;
+            if (fold) {  // chunk ch holds k elements 16 ch .. +16: k32 block ch / 2
+              const uint32_t d = (reinterpret_cast<const uint32_t*>(st + OFF_FSH)[r] >> (8 * (ch / 2))) & 0xFFu;
+              fly::mxu::e2m1_table_shifted(d, &lo, &hi);
+            }
             uint32_t o[4];
-            fly::mxu::e2m1x16_to_e4m3x16(v.x, v.y, o);
+            fly::mxu::e2m1x16_to_e4m3x16(v.x, v.y, o, lo, hi);
             *reinterpret_cast<uint4*>(st + fly::mxu::sw128_offset(r, ch * 16)) = make_uint4(o[0], o[1], o[2], o[3]);
           }
           sm90::fence_proxy_async_smem();  // the widened tiles are read by wgmma (async proxy)
@@ -219,10 +278,32 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
         const uint64_t da = desc_of(st + cw * 64 * 128), db = desc_of(st + OFF_B);
         const int left = kbs - ks * 4;
         const int jmax = left < 4 ? left : 4;
+        const bool fold = FOLD && *reinterpret_cast<const uint32_t*>(st + OFF_FLAG) != 0u;
+        float tmp[ACC];  // the scratch accumulator (one set for both paths)
+        if (fold) {
+          // the stage's k32 blocks into one scratch accumulator, one promotion with the folded scales
+          sm90::wgmma_fence();
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (j < jmax) Mma::mma(tmp, da + 2 * j, db + 2 * j, j > 0 ? 1 : 0);
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < ACC; ++i) sm90::reg_fence(tmp[i]);
+          const float* fsc = reinterpret_cast<const float*>(st + OFF_FSC);
+          const float sa0 = fsc[ra], sa1 = fsc[ra + 8];
+#pragma unroll
+          for (int c8 = 0; c8 < BN / 8; ++c8) {
+            const float2 sbv = *reinterpret_cast<const float2*>(&fsc[kBM + acc_col(ct, 4 * c8)]);
+            acc[4 * c8 + 0] = fmaf(tmp[4 * c8 + 0], sa0 * sbv.x, acc[4 * c8 + 0]);
+            acc[4 * c8 + 1] = fmaf(tmp[4 * c8 + 1], sa0 * sbv.y, acc[4 * c8 + 1]);
+            acc[4 * c8 + 2] = fmaf(tmp[4 * c8 + 2], sa1 * sbv.x, acc[4 * c8 + 2]);
+            acc[4 * c8 + 3] = fmaf(tmp[4 * c8 + 3], sa1 * sbv.y, acc[4 * c8 + 3]);
+          }
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          if (j < jmax) {
-            float tmp[ACC];
+          if (!fold && j < jmax) {
             sm90::wgmma_fence();
             Mma::mma(tmp, da + 2 * j, db + 2 * j, 0);  // +32 bytes of the 128-byte row per k32
             sm90::wgmma_commit();

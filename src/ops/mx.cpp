@@ -39,6 +39,7 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
                         const fly_tensor& b, const fly_tensor& sb, const fly_tensor* bias, const fly_tensor& c, bool fp4,
                         int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, void* stream) {
   const int bn = int(v.get_int("bn", 128));
+  const bool fold = v.get_int("fold", 0) != 0;
   if (bn != 64 && bn != 128) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
   const int64_t tiles_m = (M + mxw::kBM - 1) / mxw::kBM, tiles_n = (N + bn - 1) / bn;
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || tiles_m * tiles_n > INT32_MAX)
@@ -82,7 +83,7 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   LaunchConfig cfg;
   cfg.grid[0] = unsigned(tiles_m * tiles_n < sms ? tiles_m * tiles_n : sms);
   cfg.block[0] = mxw::kThreads;
-  cfg.smem = unsigned(mxw::smem_bytes(bn));
+  cfg.smem = unsigned(mxw::smem_bytes(bn, fold));
   return launch1(f, cfg, stream, p);
 }
 

@@ -78,6 +78,33 @@ class Barrier {  // __syncthreads: every thread of the CTA
   unsigned gen_ = 0;
 };
 Barrier* cta_bar = nullptr;
+// bar.red.and.pred over the 128 producer threads
+class AndBarrier {
+ public:
+  bool reduce(bool v) {
+    std::unique_lock<std::mutex> l(m_);
+    const unsigned gen = gen_;
+    acc_ = acc_ && v;
+    if (++count_ == 128) {
+      result_ = acc_;
+      acc_ = true;
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return result_;
+    }
+    cv_.wait(l, [&] { return gen != gen_; });
+    return result_;
+  }
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int count_ = 0;
+  bool acc_ = true, result_ = true;
+  unsigned gen_ = 0;
+};
+AndBarrier* producer_and = nullptr;
+int folded_stages = 0;  // stages the producers decided to fold (test coverage)
 inline float u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline uint32_t swz(uint32_t addr) { return addr ^ (((addr >> 7) & 7u) << 4); }
 inline uint8_t& smem_at(uint32_t addr) {

@@ -15,7 +15,7 @@ namespace mxw_emu {
 namespace mx = fly::mx;
 
 void run(const fly::mxw::Params& p, unsigned grid) {
-  const size_t bytes = size_t(fly::mxw::smem_bytes(FLY_BN));
+  const size_t bytes = size_t(fly::mxw::smem_bytes(FLY_BN, FLY_FOLD != 0));
   std::unique_ptr<uint8_t, void (*)(void*)> buf(static_cast<uint8_t*>(std::aligned_alloc(1024, (bytes + 1023) / 1024 * 1024)), std::free);
   emu::smem_base = buf.get();
   emu::smem_size = bytes;
@@ -29,6 +29,8 @@ void run(const fly::mxw::Params& p, unsigned grid) {
     }
     emu::Barrier cta(fly::mxw::kThreads);
     emu::cta_bar = &cta;
+    emu::AndBarrier pand;
+    emu::producer_and = &pand;
     std::vector<std::thread> th;
     for (unsigned t = 0; t < unsigned(fly::mxw::kThreads); ++t)
       th.emplace_back([&, t] {
@@ -56,8 +58,9 @@ float out_to_float(const std::vector<uint16_t>& c, size_t i, bool bf16) {
   return __half2float(h);
 }
 
-void gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bias, int a_lo, int a_hi, int b_lo,
-               int b_hi, unsigned grid_cap) {
+// Returns the number of stages the producers folded (fold variants, MXFP4).
+int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bias, int a_lo, int a_hi, int b_lo,
+              int b_hi, unsigned grid_cap) {
   const int64_t kbs = K / 32, cols = fp4 ? K / 2 : K;
   std::mt19937 rng(uint32_t(M * 3 + N * 5 + K + fp4 + 7 * FLY_BN));
   std::uniform_int_distribution<int> ub(0, 255), ua(a_lo, a_hi), ubs(b_lo, b_hi);
@@ -106,6 +109,7 @@ void gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_b
   emu::hung = false;
   emu::smem_oob = false;
   emu::over_arrivals = 0;
+  emu::folded_stages = 0;
   run(p, tiles < grid_cap ? tiles : grid_cap);
   CHECK_FALSE(emu::hung);
   CHECK_FALSE(emu::smem_oob);
@@ -139,12 +143,13 @@ void gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_b
              << " overflowed " << overflowed);
   CHECK(bad == 0);
   CHECK(overflowed * 10 < size_t(M * N));
+  return emu::folded_stages;
 }
 
 }  // namespace mxw_emu
 }  // namespace
 
-TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ") kernel source, run on the host, equals the FP64 reference", "[mx][emu][mxw]") {
+TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ", fold " MXW_STR(FLY_FOLD) ") kernel source, run on the host, equals the FP64 reference", "[mx][emu][mxw]") {
   for (bool fp4 : {false, true}) {
     mxw_emu::gemm_case(37, 100, 96, fp4, true, true, -20, 10, -6, 2, 132);     // N, K tails (K < one stage)
     mxw_emu::gemm_case(1, 70, 160, fp4, false, true, -8, -2, -8, -2, 132);     // M = 1, K = 1.25 stages
@@ -152,4 +157,12 @@ TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ") kernel source, run on the host, e
     mxw_emu::gemm_case(5, 96, 1056, fp4, false, true, -9, -3, -9, -3, 1);      // one CTA, the ring lapping
     mxw_emu::gemm_case(3, 40, 160, fp4, true, true, -127, 127, -127, -31, 132);  // 0xFE / 0x00 rows
   }
+  // scales within 5 binades per row: the fold variants fold every MXFP4 stage (and never MXFP8's);
+  // wide spreads above must not have folded a stage whose rows do not allow it (checked by value)
+  const int f8 = mxw_emu::gemm_case(130, FLY_BN + 9, 288, false, true, true, -9, -5, -4, 0, 2);
+  const int f4 = mxw_emu::gemm_case(130, FLY_BN + 9, 288, true, true, true, -9, -5, -4, 0, 2);
+  const int f4b = mxw_emu::gemm_case(1, 3 * FLY_BN, 1056, true, false, false, -100, -96, 90, 95, 132);
+  CHECK(f8 == 0);
+  CHECK(f4 == (FLY_FOLD ? 2 * 2 * 3 : 0));    // 2 x 2 tiles x 3 stages
+  CHECK(f4b == (FLY_FOLD ? 3 * 9 : 0));       // 3 tiles x 9 stages
 }

@@ -4,12 +4,14 @@
 // matches TMA's SWIZZLE_128B pattern), the accumulator fragment map the promotion and the
 // epilogue index with (each of the 64 x N cells exactly once), the persistent raster (every
 // tile exactly once), and the shared-memory plan (fits, alignment).
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <set>
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "gemm/gemm_mx.h"
 #include "mx/mx_encode.h"
 #include "mx/mx_unpack.h"
 #include "mx/mx_wgmma_params.h"
@@ -35,6 +37,27 @@ TEST_CASE("mxw: E2M1x4 -> E4M3x4 by byte permute equals the per-code table for e
   uint8_t out[16];
   std::memcpy(out, o, 16);
   for (int e = 0; e < 16; ++e) CHECK(out[e] == fly::mxe::e2m1_to_e4m3(uint8_t(e & 0xF)));
+}
+
+TEST_CASE("mxw: the k128 fold's shifted tables give E2M1 * 2^-d exactly, d <= kFoldMaxShift", "[mx][mxw]") {
+  for (uint32_t d = 0; d <= uint32_t(fly::mxw::kFoldMaxShift); ++d) {
+    uint32_t lo, hi;
+    fly::mxu::e2m1_table_shifted(d, &lo, &hi);
+    for (uint32_t c = 0; c < 16; ++c) {
+      const uint32_t h = c | (c << 4) | (c << 8) | (c << 12);
+      const uint32_t out = fly::mxu::e2m1x4_to_e4m3x4(h, lo, hi);
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t b = uint8_t(out >> (8 * i));
+        INFO("d " << d << " code " << c);
+        CHECK(double(fly::mx::decode_e4m3(b)) == std::ldexp(double(fly::mx::decode_e2m1(uint8_t(c))), -int(d)));
+        if ((c & 7) != 0) CHECK((b & 0x78) != 0);  // still a normal E4M3 code
+      }
+    }
+  }
+  uint32_t lo, hi;
+  fly::mxu::e2m1_table_shifted(0, &lo, &hi);
+  CHECK(lo == fly::mxu::kMagLo);
+  CHECK(hi == fly::mxu::kMagHi);
 }
 
 TEST_CASE("mxw: 128B-swizzle offsets are a chunk-preserving bijection with TMA's pattern", "[mx][mxw]") {
@@ -101,6 +124,9 @@ TEST_CASE("mxw: the shared-memory plan fits and keeps the swizzle atoms aligned"
   for (int bn : {64, 128}) {
     INFO("bn " << bn);
     CHECK(smem_bytes(bn) <= 232448);
+    CHECK(smem_bytes(bn, true) <= 232448);
+    CHECK(stage_bytes(bn, true) % 1024 == 0);
+    CHECK(fold_bytes(bn, true) >= (kBM + bn) * 8 + 4);
     CHECK(stage_bytes(bn) % 1024 == 0);
     CHECK(a_bytes() % 1024 == 0);
     CHECK((a_bytes() + b_bytes(bn)) % 1024 == 0);

@@ -131,8 +131,9 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
 TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake][mx]") {
   void* s = fake_cuda_stream_create(0);
   int seen = 0;
-  for (int bn : {64, 128}) {
-    const std::string name = "mxfp_wgmma_n" + std::to_string(bn);
+  for (int bn : {64, 128})
+  for (int fold : {0, 1}) {
+    const std::string name = "mxfp_wgmma_n" + std::to_string(bn) + "_f" + std::to_string(fold);
     if (!fly::find_variant(name)) continue;
     ++seen;
     struct Shape { int64_t M, N, K; };
@@ -160,7 +161,7 @@ TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake
         const fake_cuda_launch* L = mx_last_launch();
         CHECK(std::string(L->kernel) == "mxfp_wgmma");
         CHECK(L->block[0] == unsigned(fly::mxw::kThreads));
-        CHECK(L->smem == unsigned(fly::mxw::smem_bytes(bn)));
+        CHECK(L->smem == unsigned(fly::mxw::smem_bytes(bn, fold != 0)));
         const int64_t tiles_m = (M + 127) / 128, tiles_n = (N + bn - 1) / bn;
         CHECK(L->grid[0] == unsigned(std::min<int64_t>(tiles_m * tiles_n, 132)));
         CHECK(L->grid[1] == 1u);

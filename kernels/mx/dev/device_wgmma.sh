@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call for the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu, variants mxfp_wgmma_n64 /
-# mxfp_wgmma_n128, not in the defaults): build the MX families with every variant, the GPU tests
+# One device call for the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu, variants mxfp_wgmma_n{64,128}_f{0,1},
+# not in the defaults): build the MX families with every variant, the GPU tests
 # (every bundled mxfp variant forced), compute-sanitizer memcheck + racecheck, then flybench mxfp
 # and bench/mxfp_torch.py with each wgmma variant forced beside the default kernel and the torch
 # baselines (dequantize + cuBLAS BF16, cuBLAS BF16, cuBLAS FP8 rowwise).
@@ -60,7 +60,7 @@ if [ "$mode" = all ] || [ "$mode" = bench ]; then
   # flybench mxfp three times (default dispatch, each wgmma variant forced), then the torch
   # baselines on the same shapes in the same process run; flybench's own tables are in torch.log
   PYTHONUNBUFFERED=1 phase "mxfp_torch.py" 400 "$out/torch.log" python3 bench/mxfp_torch.py --flybench "./$bdir/flybench" \
-    --reps 10 --json "$out/torch.json" --variant mxfp_wgmma_n128 --variant mxfp_wgmma_n64
+    --reps 10 --json "$out/torch.json" --variant mxfp_wgmma_n128_f0 --variant mxfp_wgmma_n64_f0 --variant mxfp_wgmma_n128_f1
   grep -E "^(mxfp|fmt)|vs_default" "$out/torch.log" >"$out/bench.log"
   tail -8 "$out/torch.log" | tee -a "$out/summary.txt"
 fi
