@@ -7,7 +7,7 @@ quantized operands) and, in the same run on the same GPU, the torch baselines on
   fp8 rowwise torch._scaled_mm E4M3 with FP32 row/column scales (the FP8 roof, coarser scales)
 Usage: python3 bench/mxfp_torch.py --flybench build/flybench [--json out.json] [--variant NAME ...]
 --variant (repeatable) also times each named mxfp variant forced (flybench mxfp --variant, e.g.
-mxfp_wgmma_n128 of a -DFLY_ALL_VARIANTS=ON build) beside the default dispatch: one column each.
+mxfp_wgmma_n128_f0 of a -DFLY_ALL_VARIANTS=ON build) beside the default dispatch: one column each.
 """
 import argparse, json, math, os, subprocess, sys, tempfile
 

@@ -2,7 +2,7 @@
 // operands (time and bandwidth against a copy of the same bytes), then fly_scaled_gemm from the
 // quantized operands (time, TFLOP/s, effective bandwidth of the bytes it must read), MXFP8 and
 // MXFP4, BF16 output. bench/mxfp_torch.py runs this with --json beside the torch baselines.
-// --variant NAME forces that mxfp variant for the GEMM (fly_force_variant; e.g. mxfp_wgmma_n128,
+// --variant NAME forces that mxfp variant for the GEMM (fly_force_variant; e.g. mxfp_wgmma_n128_f1,
 // built with -DFLY_ALL_VARIANTS=ON); the output is then also compared with the default kernel's
 // on the same operands ("vs_default": max |forced - default| / max |default|).
 #include <algorithm>
