@@ -60,7 +60,7 @@ float out_to_float(const std::vector<uint16_t>& c, size_t i, bool bf16) {
 
 // Returns the number of stages the producers folded (fold variants, MXFP4).
 int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bias, int a_lo, int a_hi, int b_lo,
-              int b_hi, unsigned grid_cap) {
+              int b_hi, unsigned grid_cap, bool nan_scale = false) {
   const int64_t kbs = K / 32, cols = fp4 ? K / 2 : K;
   std::mt19937 rng(uint32_t(M * 3 + N * 5 + K + fp4 + 7 * FLY_BN));
   std::uniform_int_distribution<int> ub(0, 255), ua(a_lo, a_hi), ubs(b_lo, b_hi);
@@ -78,6 +78,10 @@ int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bi
   for (auto& s : sb) s = uint8_t(ubs(rng) + 127);
   if (a_hi >= 127) for (int64_t kb = 0; kb < kbs; ++kb) sa[size_t(kb)] = 0xFE;
   if (a_lo <= -127 && M > 1) for (int64_t kb = 0; kb < kbs; ++kb) sa[size_t(kbs + kb)] = 0x00;
+  // a NaN (0xFF) block scale in row 2 of A and column 5 of B: NaN out there, the rest exact
+  const int64_t nan_row = nan_scale && M > 2 ? 2 : -1, nan_col = nan_scale && N > 5 ? 5 : -1;
+  if (nan_row >= 0) sa[size_t(nan_row * kbs + kbs - 1)] = 0xFF;
+  if (nan_col >= 0) sb[size_t(nan_col * kbs)] = 0xFF;
   std::vector<uint8_t> pa(size_t(M * cols)), pb(size_t(N * cols));
   for (int64_t i = 0; i < M * cols; ++i) pa[size_t(i)] = fp4 ? mx::pack_e2m1x2(ca[size_t(2 * i)], ca[size_t(2 * i + 1)]) : ca[size_t(i)];
   for (int64_t i = 0; i < N * cols; ++i) pb[size_t(i)] = fp4 ? mx::pack_e2m1x2(cb[size_t(2 * i)], cb[size_t(2 * i + 1)]) : cb[size_t(i)];
@@ -126,6 +130,10 @@ int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bi
         sabs += std::fabs(v);
       }
       const double got = out_to_float(c, size_t(m * N + n), bf16);
+      if (m == nan_row || n == nan_col) {
+        if (!std::isnan(got)) ++bad;
+        continue;
+      }
       const double big = bf16 ? 3.38e38 : 65519.0;
       if (std::fabs(ref) > big) {  // beyond the output dtype: must be inf of the sign
         if (!(std::isinf(got) && (got > 0) == (ref > 0))) ++bad;
@@ -165,4 +173,11 @@ TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ", fold " MXW_STR(FLY_FOLD) ") kerne
   CHECK(f8 == 0);
   CHECK(f4 == (FLY_FOLD ? 2 * 2 * 3 : 0));    // 2 x 2 tiles x 3 stages
   CHECK(f4b == (FLY_FOLD ? 3 * 9 : 0));       // 3 tiles x 9 stages
+  // NaN block scales: their stages must not fold (row 2's last block, column 5's first)
+  for (bool fp4 : {false, true}) {
+    const int fn = mxw_emu::gemm_case(37, 100, 288, fp4, true, true, -3, -1, -3, -1, 132, true);
+    // tiles x 3 stages, minus row 2's last stage in every tile and column 5's first stage
+    const int tn = (100 + FLY_BN - 1) / FLY_BN;
+    CHECK(fn == (FLY_FOLD && fp4 ? tn * 3 - tn - 1 : 0));
+  }
 }

@@ -118,6 +118,7 @@ struct GemmCase {
   bool bias;
   int a_lo, a_hi, b_lo, b_hi;  // scale exponent ranges (row / column bases), jitter +-jit per block
   int jit;
+  bool nan_scale = false;  // row 2 of A and column 5 of B get one 0xFF (NaN) block scale: NaN out there
 };
 
 // sabs_log2: the tolerance's term in the sum of |products| (2^-12: FP32 accumulation of exact
@@ -155,6 +156,9 @@ void gemm_case(const GemmCase& g, int sabs_log2 = -12) {
   // the extremes: first row of A at 0xFE (2^127) or 0x00 (2^-127) when asked by the range
   if (g.a_hi >= 127) for (int64_t kb = 0; kb < kbs; ++kb) sa[size_t(kb)] = 0xFE;
   if (g.a_lo <= -127 && M > 1) for (int64_t kb = 0; kb < kbs; ++kb) sa[size_t(kbs + kb)] = 0x00;
+  const int64_t nan_row = g.nan_scale && M > 2 ? 2 : -1, nan_col = g.nan_scale && N > 5 ? 5 : -1;
+  if (nan_row >= 0) sa[size_t(nan_row * kbs + kbs - 1)] = 0xFF;
+  if (nan_col >= 0) sb[size_t(nan_col * kbs)] = 0xFF;
   const int64_t acols = g.fp4 ? K / 2 : K;
   auto pack = [&](const std::vector<uint8_t>& c, int64_t rows) {
     std::vector<uint8_t> p(size_t(rows * acols));
@@ -209,6 +213,10 @@ void gemm_case(const GemmCase& g, int sabs_log2 = -12) {
       }
       const double got = get(hc, size_t(m * N + n), g.out);
       ++checked;
+      if (m == nan_row || n == nan_col) {  // a NaN block scale makes its products NaN
+        if (!std::isnan(got)) ++bad;
+        continue;
+      }
       if (std::fabs(ref) > big) {  // the output dtype cannot hold it
         if (!(std::isinf(got) && (got > 0) == (ref > 0))) ++bad;
         continue;
@@ -250,6 +258,8 @@ static void gemm_suite(int sabs_log2, bool many_tiles) {
     // the extreme scales: row 0 at 2^127, row 1 at 2^-127, columns small enough that the
     // block products sa * sb stay inside FP32
     gemm_case({3, 96, 160, fp4, FLY_BF16, true, -127, 127, -127, -31, 0}, sabs_log2);
+    // NaN (0xFF) block scales: the rows / columns they touch are NaN, the rest exact
+    gemm_case({37, 100, 288, fp4, FLY_BF16, true, -3, 3, -3, 3, 1, true}, sabs_log2);
     // more tiles than SMs (the persistent loop and the ring lapping across tiles), M and N tails
     if (many_tiles) gemm_case({520, 4200, 288, fp4, FLY_F16, true, -10, -2, -10, -2, 3}, sabs_log2);
   }
