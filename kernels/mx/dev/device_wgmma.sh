@@ -14,6 +14,7 @@ mode=${1:-all}
 out=${OUT:-./out-mxw}
 mkdir -p "$out/more"
 bdir=${BUILD:-build-mxw}
+case $bdir in /*) bx=$bdir ;; *) bx=./$bdir ;; esac  # the binaries, run by path
 budget=${BUDGET_S:-570}
 t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }
@@ -43,23 +44,33 @@ phase() {  # phase <name> <timeout> <log> <cmd...>
   local ts=$(date +%s)
   timeout "$lim" "$@" >"$log" 2>&1
   local rc=$?
+  last_rc=$rc
   sum "$name: rc=$rc ($(( $(date +%s) - ts ))s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed|geomean' "$log" | head -6 | tr '\n' ' ')"
 }
 
 build || { tar czf "$out/logs.tgz" -C "$out" more; exit 1; }
+last_rc=0
+# smoke: every mx variant once on a small problem (fly_gpu_subset); a hang (rc 124) stops here
+phase "smoke subset" 60 "$out/more/smoke.log" "$bx/test/fly_gpu_subset" mx
+cat "$out/more/smoke.log" | tail -20 | tee -a "$out/summary.txt"
+if [ "$last_rc" -eq 124 ]; then
+  sum "smoke subset timed out: a kernel hangs; stopping"
+  tar czf "$out/logs.tgz" -C "$out" more
+  exit 1
+fi
 if [ "$mode" = all ] || [ "$mode" = check ]; then
-  phase "gpu tests [mx]" 150 "$out/gpu.log" "./$bdir/test/fly_gpu_tests" "[mx]" --durations yes
+  phase "gpu tests [mx]" 150 "$out/gpu.log" "$bx/test/fly_gpu_tests" "[mx]" --durations yes
   grep -E "worst \|err\|" "$out/gpu.log" | sort -u | tee -a "$out/summary.txt"
-  phase "memcheck subset" 90 "$out/memcheck.log" "$cs" --tool memcheck --error-exitcode 1 "./$bdir/test/fly_gpu_subset" mx
+  phase "memcheck subset" 90 "$out/memcheck.log" "$cs" --tool memcheck --error-exitcode 1 "$bx/test/fly_gpu_subset" mx
   phase "memcheck tests" 150 "$out/more/memcheck-tests.log" "$cs" --tool memcheck --error-exitcode 1 \
-    --report-api-errors no "./$bdir/test/fly_gpu_tests" "[mx][gemm]"
-  phase "racecheck subset" 120 "$out/racecheck.log" "$cs" --tool racecheck --error-exitcode 1 "./$bdir/test/fly_gpu_subset" mx
-  phase "synccheck subset" 60 "$out/more/synccheck.log" "$cs" --tool synccheck --error-exitcode 1 "./$bdir/test/fly_gpu_subset" mx
+    --report-api-errors no "$bx/test/fly_gpu_tests" "[mx][gemm]"
+  phase "racecheck subset" 120 "$out/racecheck.log" "$cs" --tool racecheck --error-exitcode 1 "$bx/test/fly_gpu_subset" mx
+  phase "synccheck subset" 60 "$out/more/synccheck.log" "$cs" --tool synccheck --error-exitcode 1 "$bx/test/fly_gpu_subset" mx
 fi
 if [ "$mode" = all ] || [ "$mode" = bench ]; then
   # flybench mxfp three times (default dispatch, each wgmma variant forced), then the torch
   # baselines on the same shapes in the same process run; flybench's own tables are in torch.log
-  PYTHONUNBUFFERED=1 phase "mxfp_torch.py" 400 "$out/torch.log" python3 bench/mxfp_torch.py --flybench "./$bdir/flybench" \
+  PYTHONUNBUFFERED=1 phase "mxfp_torch.py" 400 "$out/torch.log" python3 bench/mxfp_torch.py --flybench "$bx/flybench" \
     --reps 10 --json "$out/torch.json" --variant mxfp_wgmma_n128_f0 --variant mxfp_wgmma_n64_f0 --variant mxfp_wgmma_n128_f1
   grep -E "^(mxfp|fmt)|vs_default" "$out/torch.log" >"$out/bench.log"
   tail -8 "$out/torch.log" | tee -a "$out/summary.txt"
