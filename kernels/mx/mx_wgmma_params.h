@@ -18,14 +18,14 @@ constexpr int kThreads = 384;     // producer warpgroup + two consumer warpgroup
 constexpr int kProducerRegs = 56;  // setmaxnreg split 56 / 224 (56 * 128 + 224 * 256 = 64512)
 constexpr int kConsumerRegs = 224;
 
-// One ring stage (every part a multiple of 1024 bytes, so each tile keeps the 128B-swizzle atom
+// One ring stage (every part a multiple of 1024 bytes, the sb tile rounded up, so each tile keeps the 128B-swizzle atom
 // alignment): A [128][128 B] and B [bn][128 B] E4M3 tiles (128B-swizzled, the wgmma operands),
 // the decoded scales as floats [4 k32][128] and [4][bn], and the raw packed E2M1 tiles [128][64 B]
 // and [bn][64 B] that MXFP4's TMA lands in before the producer widens them into A / B.
 constexpr int a_bytes() { return kBM * 128; }
 constexpr int b_bytes(int bn) { return bn * 128; }
 constexpr int sa_bytes() { return 4 * kBM * 4; }
-constexpr int sb_bytes(int bn) { return 4 * bn * 4; }
+constexpr int sb_bytes(int bn) { return (4 * bn * 4 + 1023) / 1024 * 1024; }  // BN 32: 512 -> 1 KiB
 constexpr int raw_bytes(int bn) { return (kBM + bn) * 64; }
 // The k128 fold (variants with fold = 1, MXFP4 only): per row of the stage the folded scale (float),
 // the four k32 shifts (bytes of a uint32) and the stage's fold flag, rounded up to 1 KiB.
@@ -33,7 +33,7 @@ constexpr int fold_bytes(int bn, bool fold) { return fold ? ((kBM + bn) * 8 + 16
 constexpr int stage_bytes(int bn, bool fold = false) {
   return a_bytes() + b_bytes(bn) + sa_bytes() + sb_bytes(bn) + raw_bytes(bn) + fold_bytes(bn, fold);
 }
-constexpr int stages(int bn) { return bn <= 64 ? 5 : 4; }
+constexpr int stages(int bn) { return bn <= 32 ? 6 : bn <= 64 ? 5 : 4; }
 // Dynamic shared memory: 1024 bytes of alignment slack, the ring, 3 mbarriers per stage.
 constexpr int smem_bytes(int bn, bool fold = false) { return 1024 + stages(bn) * stage_bytes(bn, fold) + stages(bn) * 3 * 8; }
 // Largest spread (binades) of a row's four k32 scales that the fold takes: E2M1 * 2^-d stays a

@@ -23,7 +23,8 @@
 // scratch accumulator and promote once with 2^e_max(row) * 2^e_max(col): a quarter of the
 // promotion work. Otherwise (or for MXFP8) the stage runs per k32 as above. Decided per stage for
 // the whole CTA (a reduction over the producer warpgroup: named barrier 1).
-// Variant constants (tools/flygen): FLY_BN (64 or 128), FLY_FOLD (0 or 1).
+// Variant constants (tools/flygen): FLY_BN (32, 64 or 128; 32: twice the CTAs of 64 for the
+// decode shapes, whose B stream is the whole cost), FLY_FOLD (0 or 1).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -62,7 +63,7 @@ constexpr int OFF_FSC = OFF_RAW + raw_bytes(BN);        // fold: float [kBM + BN
 constexpr int OFF_FSH = OFF_FSC + (kBM + BN) * 4;       // fold: uint32 [kBM + BN] k32 shifts (bytes)
 constexpr int OFF_FLAG = OFF_FSH + (kBM + BN) * 4;      // fold: uint32, 1 when the stage is folded
 constexpr int ACC = BN / 2;  // accumulators per consumer thread (m64nBN: BN/2 floats)
-static_assert(BN == 64 || BN == 128, "BN: 64 or 128 (two accumulator sets of BN/2 registers)");
+static_assert(BN == 32 || BN == 64 || BN == 128, "BN: 32, 64 or 128 (two accumulator sets of BN/2 registers)");
 static_assert(OFF_B % 1024 == 0 && OFF_SA % 1024 == 0 && OFF_RAW % 1024 == 0 && STAGE % 1024 == 0,
               "stage parts keep the 1024-byte swizzle-atom alignment");
 static_assert(smem_bytes(BN, FOLD) <= 232448, "ring fits the 227 KiB of dynamic shared memory");

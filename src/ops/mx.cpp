@@ -40,7 +40,7 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
                         int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, void* stream) {
   const int bn = int(v.get_int("bn", 128));
   const bool fold = v.get_int("fold", 0) != 0;
-  if (bn != 64 && bn != 128) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
+  if (bn != 32 && bn != 64 && bn != 128) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
   const int64_t tiles_m = (M + mxw::kBM - 1) / mxw::kBM, tiles_n = (N + bn - 1) / bn;
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || tiles_m * tiles_n > INT32_MAX)
     return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 ", N = %" PRId64 ", K = %" PRId64

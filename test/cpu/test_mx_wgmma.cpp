@@ -78,7 +78,7 @@ TEST_CASE("mxw: 128B-swizzle offsets are a chunk-preserving bijection with TMA's
 }
 
 TEST_CASE("mxw: the accumulator fragment map covers the 64 x N block exactly once", "[mx][mxw]") {
-  for (int n : {64, 128}) {
+  for (int n : {32, 64, 128}) {
     std::vector<int> cnt(size_t(64) * n, 0);
     for (int ct = 0; ct < 128; ++ct)
       for (int i = 0; i < n / 2; ++i) {
@@ -121,7 +121,7 @@ TEST_CASE("mxw: the persistent raster visits every tile once", "[mx][mxw]") {
 
 TEST_CASE("mxw: the shared-memory plan fits and keeps the swizzle atoms aligned", "[mx][mxw]") {
   using namespace fly::mxw;
-  for (int bn : {64, 128}) {
+  for (int bn : {32, 64, 128}) {
     INFO("bn " << bn);
     CHECK(smem_bytes(bn) <= 232448);
     CHECK(smem_bytes(bn, true) <= 232448);

@@ -131,7 +131,7 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
 TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake][mx]") {
   void* s = fake_cuda_stream_create(0);
   int seen = 0;
-  for (int bn : {64, 128})
+  for (int bn : {32, 64, 128})
   for (int fold : {0, 1}) {
     const std::string name = "mxfp_wgmma_n" + std::to_string(bn) + "_f" + std::to_string(fold);
     if (!fly::find_variant(name)) continue;

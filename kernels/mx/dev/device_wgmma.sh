@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu, variants mxfp_wgmma_n{64,128}_f{0,1},
+# One device call for the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu, variants mxfp_wgmma_n{32,64,128}_f{0,1},
 # not in the defaults): build the MX families with every variant, the GPU tests
 # (every bundled mxfp variant forced), compute-sanitizer memcheck + racecheck, then flybench mxfp
 # and bench/mxfp_torch.py with each wgmma variant forced beside the default kernel and the torch
@@ -68,10 +68,11 @@ if [ "$mode" = all ] || [ "$mode" = check ]; then
   phase "synccheck subset" 60 "$out/more/synccheck.log" "$cs" --tool synccheck --error-exitcode 1 "$bx/test/fly_gpu_subset" mx
 fi
 if [ "$mode" = all ] || [ "$mode" = bench ]; then
-  # flybench mxfp three times (default dispatch, each wgmma variant forced), then the torch
+  # flybench mxfp five times (default dispatch, four wgmma variants forced), then the torch
   # baselines on the same shapes in the same process run; flybench's own tables are in torch.log
-  PYTHONUNBUFFERED=1 phase "mxfp_torch.py" 400 "$out/torch.log" python3 bench/mxfp_torch.py --flybench "$bx/flybench" \
-    --reps 10 --json "$out/torch.json" --variant mxfp_wgmma_n128_f0 --variant mxfp_wgmma_n64_f0 --variant mxfp_wgmma_n128_f1
+  PYTHONUNBUFFERED=1 phase "mxfp_torch.py" 480 "$out/torch.log" python3 bench/mxfp_torch.py --flybench "$bx/flybench" \
+    --reps 10 --json "$out/torch.json" --variant mxfp_wgmma_n128_f0 --variant mxfp_wgmma_n64_f0 --variant mxfp_wgmma_n32_f0 \
+    --variant mxfp_wgmma_n128_f1
   grep -E "^(mxfp|fmt)|vs_default" "$out/torch.log" >"$out/bench.log"
   tail -8 "$out/torch.log" | tee -a "$out/summary.txt"
 fi
