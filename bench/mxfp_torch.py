@@ -5,7 +5,9 @@ quantized operands) and, in the same run on the same GPU, the torch baselines on
               timed from the quantized operands (what a Hopper user can do today)
   cuBLAS bf16 matmul on pre-dequantized BF16 operands
   fp8 rowwise torch._scaled_mm E4M3 with FP32 row/column scales (the FP8 roof, coarser scales)
-Usage: python3 bench/mxfp_torch.py --flybench build/flybench [--json out.json]
+Usage: python3 bench/mxfp_torch.py --flybench build/flybench [--json out.json] [--variant NAME ...]
+--variant (repeatable) also times each named mxfp variant forced (flybench mxfp --variant, e.g.
+mxfp_wgmma_n128_f0 of a -DFLY_ALL_VARIANTS=ON build) beside the default dispatch: one column each.
 """
 import argparse, json, math, os, subprocess, sys, tempfile
 
@@ -16,13 +18,19 @@ p.add_argument("--flybench", default="build/flybench")
 p.add_argument("--suite", default=os.path.join(os.path.dirname(__file__), "..", "suites", "mxfp.json"))
 p.add_argument("--json", default="")
 p.add_argument("--reps", type=int, default=15)
+p.add_argument("--variant", action="append", default=[])
 args = p.parse_args()
 
-with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-    fly_json = f.name
-subprocess.run([args.flybench, "mxfp", "--suite", args.suite, "--json", fly_json], check=True)
-fly = json.load(open(fly_json))
-fly_us = {(c["format"], c["M"], c["N"], c["K"]): c["us"] for c in fly["cases"]}
+variants = [""] + args.variant  # "" = the library's own dispatch
+fly_us, vs_default = {}, {}
+for v in variants:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        fly_json = f.name
+    cmd = [args.flybench, "mxfp", "--suite", args.suite, "--json", fly_json] + (["--variant", v] if v else [])
+    subprocess.run(cmd, check=True)
+    for c in json.load(open(fly_json))["cases"]:
+        fly_us[(v, c["format"], c["M"], c["N"], c["K"])] = c["us"]
+        vs_default[(v, c["format"], c["M"], c["N"], c["K"])] = c.get("vs_default", -1)
 
 dev = "cuda"
 flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
@@ -59,7 +67,7 @@ def deq_fp4(q, s):  # q uint8 [R,K/2] packed, low nibble first
 
 rows = []
 print(f"{'fmt':5} {'M':>6} {'N':>6} {'K':>6} {'fly_us':>9} {'deq+cuBLAS':>11} {'bf16':>9} {'fp8row':>9}"
-      f" {'x deq':>7} {'x bf16':>7} {'x fp8':>7}")
+      f" {'x deq':>7} {'x bf16':>7} {'x fp8':>7}" + "".join(f" {v[-16:]:>16} {'x bf16':>7}" for v in variants[1:]))
 for c in json.load(open(args.suite))["cases"]:
     M, N, K = c["M"], c["N"], c["K"]
     a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
@@ -80,12 +88,18 @@ for c in json.load(open(args.suite))["cases"]:
             qa = torch.randint(0, 256, (M, K // 2), dtype=torch.uint8, device=dev)
             qb = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev)
             deq_us = timed(lambda: deq_fp4(qa, sa) @ deq_fp4(qb, sb).t())
-        f_us = fly_us.get((fmt, M, N, K), float("nan"))
+        f_us = fly_us.get(("", fmt, M, N, K), float("nan"))
         r = dict(format=fmt, M=M, N=N, K=K, fly_us=f_us, deq_cublas_us=deq_us, cublas_bf16_us=bf16_us,
                  fp8_rowwise_us=fp8_us, x_deq=deq_us / f_us, x_bf16=bf16_us / f_us, x_fp8=fp8_us / f_us)
+        extra = ""
+        for v in variants[1:]:
+            v_us = fly_us.get((v, fmt, M, N, K), float("nan"))
+            r.setdefault("forced", {})[v] = dict(us=v_us, x_deq=deq_us / v_us, x_bf16=bf16_us / v_us,
+                                                 x_fp8=fp8_us / v_us, vs_default=vs_default.get((v, fmt, M, N, K)))
+            extra += f" {v_us:16.1f} {bf16_us / v_us:7.2f}"
         rows.append(r)
         print(f"{fmt:5} {M:6} {N:6} {K:6} {f_us:9.1f} {deq_us:11.1f} {bf16_us:9.1f} {fp8_us:9.1f}"
-              f" {r['x_deq']:7.2f} {r['x_bf16']:7.2f} {r['x_fp8']:7.2f}")
+              f" {r['x_deq']:7.2f} {r['x_bf16']:7.2f} {r['x_fp8']:7.2f}" + extra)
 
 
 def geo(xs):
@@ -97,5 +111,9 @@ for fmt in ("mxfp8", "mxfp4"):
     rs = [r for r in rows if r["format"] == fmt]
     print(f"{fmt}: geomean speedup over deq+cuBLAS {geo([r['x_deq'] for r in rs]):.2f}x, over cuBLAS bf16 "
           f"{geo([r['x_bf16'] for r in rs]):.2f}x, over fp8 rowwise {geo([r['x_fp8'] for r in rs]):.2f}x")
+    for v in variants[1:]:
+        fs = [r["forced"][v] for r in rs]
+        print(f"{fmt} forced {v}: geomean over deq+cuBLAS {geo([x['x_deq'] for x in fs]):.2f}x, over cuBLAS bf16 "
+              f"{geo([x['x_bf16'] for x in fs]):.2f}x, over fp8 rowwise {geo([x['x_fp8'] for x in fs]):.2f}x")
 if args.json:
     json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, open(args.json, "w"), indent=1)

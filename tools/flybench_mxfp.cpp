@@ -2,6 +2,11 @@
 // operands (time and bandwidth against a copy of the same bytes), then fly_scaled_gemm from the
 // quantized operands (time, TFLOP/s, effective bandwidth of the bytes it must read), MXFP8 and
 // MXFP4, BF16 output. bench/mxfp_torch.py runs this with --json beside the torch baselines.
+// --variant NAME forces that mxfp variant for the GEMM (fly_force_variant; e.g. mxfp_wgmma_n128_f1,
+// built with -DFLY_ALL_VARIANTS=ON); the output is then also compared with the default kernel's
+// on the same operands ("vs_default": max |forced - default| / max |default|).
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "tool_common.hpp"
@@ -13,6 +18,7 @@ int bench_mxfp(const Args& args) {
   cudaStream_t s = 0;
   const double copy_bw = copy_bandwidth_bytes_per_s();
   const bool flush = !args.has("no-flush");
+  const std::string force = args.get("variant", "");
   std::printf("flybench mxfp on %s: copy bandwidth %.2f TB/s, L2 flush: %s\n", gpu_name().c_str(), copy_bw / 1e12,
               l2_flush_method());
   std::printf("%-5s %6s %6s %6s %10s %9s %8s %10s %8s  %s\n", "fmt", "M", "N", "K", "gemm_us", "TFLOP/s", "TB/s",
@@ -38,16 +44,37 @@ int bench_mxfp(const Args& args) {
       // the quantizer on the weight operand (the larger one): bytes read + written vs a copy
       const double qus = time_median_us([&] { TOOL_FLY(fly_mx_quantize(&tb, fmt, &tqb, &tsb, s)); }, s, 3, 15, flush);
       const double qbytes = double(N * K) * 2 + double(N * cols) + double(N * K / 32);
+      double vs_default = -1;
+      if (!force.empty()) {
+        TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, nullptr, 0, s));
+        TOOL_CUDA(cudaStreamSynchronize(s));
+        const std::vector<double> ref = to_host_double(cbuf.ptr, size_t(M * N), FLY_BF16);
+        TOOL_FLY(fly_force_variant(force.c_str()));
+        TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, nullptr, 0, s));
+        TOOL_CUDA(cudaStreamSynchronize(s));
+        const std::vector<double> got = to_host_double(cbuf.ptr, size_t(M * N), FLY_BF16);
+        double dmax = 0, rmax = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          const double d = std::fabs(got[i] - ref[i]);
+          dmax = std::isnan(d) ? INFINITY : std::max(dmax, d);
+          rmax = std::max(rmax, std::fabs(ref[i]));
+        }
+        vs_default = rmax > 0 ? dmax / rmax : dmax;
+      }
       const double us = time_median_us(
           [&] { TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, nullptr, 0, s)); }, s, 3, 15, flush, 20);
       const std::string variant = fly_last_variant();
+      if (!force.empty()) TOOL_FLY(fly_force_variant(nullptr));
       const double tflops = 2.0 * M * N * K / (us * 1e-6) / 1e12;
       const double gbytes = double((M + N) * cols) + double((M + N) * K / 32) + double(M * N) * 2;
-      std::printf("%-5s %6lld %6lld %6lld %10.2f %9.1f %8.3f %10.2f %7.1f%%  %s\n", fp4 ? "mxfp4" : "mxfp8",
+      std::printf("%-5s %6lld %6lld %6lld %10.2f %9.1f %8.3f %10.2f %7.1f%%  %s", fp4 ? "mxfp4" : "mxfp8",
                   (long long)M, (long long)N, (long long)K, us, tflops, gbytes / (us * 1e-6) / 1e12, qus,
                   100 * qbytes / (qus * 1e-6) / copy_bw, variant.c_str());
+      if (vs_default >= 0) std::printf("  vs_default %.2e", vs_default);
+      std::printf("\n");
       out.push_back({{"format", fp4 ? "mxfp4" : "mxfp8"}, {"M", M}, {"N", N}, {"K", K}, {"us", us}, {"tflops", tflops},
-                     {"quant_us", qus}, {"quant_copy_fraction", qbytes / (qus * 1e-6) / copy_bw}, {"variant", variant}});
+                     {"quant_us", qus}, {"quant_copy_fraction", qbytes / (qus * 1e-6) / copy_bw}, {"variant", variant},
+                     {"vs_default", vs_default}});
     }
   }
   if (args.has("json")) {

@@ -5,6 +5,7 @@
 
 #include "core.hpp"
 #include "mx/mx_params.h"
+#include "mx/mx_wgmma_params.h"
 
 namespace fly {
 namespace {
@@ -29,6 +30,62 @@ fly_status check_dense(const fly_tensor& t, const char* what, int64_t rows, int6
   return FLY_SUCCESS;
 }
 int64_t row_stride(const fly_tensor& t) { return t.sizes[0] > 1 ? t.strides[0] : t.sizes[1]; }
+
+// The wgmma design (kernels/mx/mxfp_wgmma.cu, variants mxfp_wgmma_n<bn>): TMA maps of the
+// operands (MXFP8: K bytes x rows, box {128, tile rows}, 128B swizzle; MXFP4: K/2 bytes x rows,
+// box {64, tile rows}, no swizzle), persistent grid of min(tiles, SMs) CTAs of 384 threads.
+// The caller validated shapes, strides (multiples of 16 bytes) and alignment (16 bytes).
+fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor& a, const fly_tensor& sa,
+                        const fly_tensor& b, const fly_tensor& sb, const fly_tensor* bias, const fly_tensor& c, bool fp4,
+                        int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, void* stream) {
+  const int bn = int(v.get_int("bn", 128));
+  const bool fold = v.get_int("fold", 0) != 0;
+  if (bn != 32 && bn != 64 && bn != 128) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
+  const int64_t tiles_m = (M + mxw::kBM - 1) / mxw::kBM, tiles_n = (N + bn - 1) / bn;
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || tiles_m * tiles_n > INT32_MAX)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 ", N = %" PRId64 ", K = %" PRId64
+                " exceed the wgmma MX kernel's 32-bit tile indices", M, N, K);
+  const Driver* d = nullptr;
+  FLY_TRY(driver(&d));
+  CUfunction f = nullptr;
+  FLY_TRY(get_function(dc, v, "mxfp_wgmma", &f));
+  mxw::Params p{};
+  const int64_t kbytes = fp4 ? K / 2 : K;
+  const cuuint32_t box_k = fp4 ? 64 : 128;
+  const CUtensorMapSwizzle sw = fp4 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B;
+  auto encode = [&](CUtensorMap* m, const fly_tensor& t, int64_t rows, int64_t ld, int box_rows) -> fly_status {
+    const cuuint64_t dims[2] = {cuuint64_t(kbytes), cuuint64_t(rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(ld)};
+    const cuuint32_t box[2] = {box_k, cuuint32_t(box_rows)};
+    const cuuint32_t es[2] = {1, 1};
+    FLY_CU(d->cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, t.data, dims, strides, box, es,
+                                     CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+           "cuTensorMapEncodeTiled");
+    return FLY_SUCCESS;
+  };
+  FLY_TRY(encode(&p.tm_a, a, M, lda, mxw::kBM));
+  FLY_TRY(encode(&p.tm_b, b, N, ldb, bn));
+  p.sa = static_cast<const uint8_t*>(sa.data);
+  p.sb = static_cast<const uint8_t*>(sb.data);
+  p.bias = bias ? bias->data : nullptr;
+  p.c = c.data;
+  p.ldc = row_stride(c);
+  p.M = int32_t(M);
+  p.N = int32_t(N);
+  p.K = int32_t(K);
+  p.tiles_m = int32_t(tiles_m);
+  p.tiles_n = int32_t(tiles_n);
+  p.strip_m = int32_t(tiles_m < 8 ? tiles_m : 8);
+  p.fp4 = fp4;
+  p.out_bf16 = c.dtype == FLY_BF16;
+  const int64_t sms = dc.sm_count > 0 ? dc.sm_count : 132;
+  LaunchConfig cfg;
+  cfg.grid[0] = unsigned(tiles_m * tiles_n < sms ? tiles_m * tiles_n : sms);
+  cfg.block[0] = mxw::kThreads;
+  cfg.smem = unsigned(mxw::smem_bytes(bn, fold));
+  return launch1(f, cfg, stream, p);
+}
 
 }  // namespace
 }  // namespace fly
@@ -165,6 +222,10 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   DispatchRequest req = make_request("mxfp", "scaled_gemm", fp4 ? "mxfp4" : "mxfp8", "nt",
                                      {{"N", N}, {"K", K}, {"M", M}});
   req.fallback = [] { return std::string("mxfp_gemm_m64_n64"); };
+  const Variant* chosen = nullptr;
+  FLY_TRY(choose_variant(*dc, req, &chosen));
+  if (chosen->name.rfind("mxfp_wgmma", 0) == 0)
+    return launch_wgmma(*dc, *chosen, *a, *scale_a, *b, *scale_b, bias, *c, fp4, M, N, K, lda, ldb, stream);
   ResolvedKernel rk;
   FLY_TRY(resolve_kernel(*dc, req, "mxfp_gemm", &rk));
   MxGemmParams p{};

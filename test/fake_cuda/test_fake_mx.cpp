@@ -1,5 +1,6 @@
 // The MX entries behind the device check, on the stand-in driver: dispatch to the bundled
 // variants, launch geometry and the parameters the kernels receive (no kernel runs).
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -8,6 +9,7 @@
 #include "fake_cuda.h"
 #include "flykernels/flykernels.h"
 #include "mx/mx_params.h"
+#include "mx/mx_wgmma_params.h"
 #include "test_tensors.hpp"
 
 namespace {
@@ -121,4 +123,81 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
   fly_tensor sa = mat(ok, FLY_E8M0, 8, 4, 4), sb = mat(ok, FLY_E8M0, 64, 4, 4), c = mat(ok, FLY_BF16, 8, 64, 64);
   CHECK(fly_scaled_gemm(&a, &sa, &b, &sb, nullptr, &c, nullptr, 0, s) == FLY_ERROR_INVALID_ARGUMENT);
   CHECK(fly_test::mentions("a"));
+}
+
+// The wgmma variants (not in the defaults: present in -DFLY_ALL_VARIANTS=ON builds), forced: the
+// persistent grid, 384 threads, the planned shared memory, and the TMA maps of both operands
+// (MXFP8: K bytes x rows, box {128, tile rows}, 128B swizzle; MXFP4: K/2 bytes, box {64, ..}, none).
+TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake][mx]") {
+  void* s = fake_cuda_stream_create(0);
+  int seen = 0;
+  for (int bn : {32, 64, 128})
+  for (int fold : {0, 1}) {
+    const std::string name = "mxfp_wgmma_n" + std::to_string(bn) + "_f" + std::to_string(fold);
+    if (!fly::find_variant(name)) continue;
+    ++seen;
+    struct Shape { int64_t M, N, K; };
+    for (Shape sh : {Shape{1, 4096, 4096}, Shape{37, 100, 96}, Shape{1030, 2570, 1056}})
+      for (int fp4 = 0; fp4 < 2; ++fp4) {
+        const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
+        const fly_dtype et = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
+        void* ad = fake_cuda_malloc(size_t(M * cols));
+        void* bd = fake_cuda_malloc(size_t(N * cols));
+        void* sad = fake_cuda_malloc(size_t(M * K / 32));
+        void* sbd = fake_cuda_malloc(size_t(N * K / 32));
+        void* cd = fake_cuda_malloc(size_t(M * N * 2));
+        void* biasd = fake_cuda_malloc(size_t(N * 2));
+        fly_tensor a = mat(ad, et, M, cols, cols), b = mat(bd, et, N, cols, cols);
+        fly_tensor sa = mat(sad, FLY_E8M0, M, K / 32, K / 32), sb = mat(sbd, FLY_E8M0, N, K / 32, K / 32);
+        fly_tensor c = mat(cd, FLY_BF16, M, N, N), bias = vec(biasd, FLY_BF16, N);
+        fake_cuda_clear_records();
+        REQUIRE(fly_force_variant(name.c_str()) == FLY_SUCCESS);
+        const fly_status st = fly_scaled_gemm(&a, &sa, &b, &sb, &bias, &c, nullptr, 0, s);
+        fly_force_variant(nullptr);
+        INFO(name << " M " << M << " N " << N << " K " << K << " fp4 " << fp4 << " " << fly_get_last_error() << " "
+                  << fake_cuda_last_refusal());
+        REQUIRE(st == FLY_SUCCESS);
+        REQUIRE(fake_cuda_launch_count() == 1);
+        const fake_cuda_launch* L = mx_last_launch();
+        CHECK(std::string(L->kernel) == "mxfp_wgmma");
+        CHECK(L->block[0] == unsigned(fly::mxw::kThreads));
+        CHECK(L->smem == unsigned(fly::mxw::smem_bytes(bn, fold != 0)));
+        const int64_t tiles_m = (M + 127) / 128, tiles_n = (N + bn - 1) / bn;
+        CHECK(L->grid[0] == unsigned(std::min<int64_t>(tiles_m * tiles_n, 132)));
+        CHECK(L->grid[1] == 1u);
+        const auto p = mx_params_of<fly::mxw::Params>(L);
+        CHECK(p.sa == sad);
+        CHECK(p.sb == sbd);
+        CHECK(p.c == cd);
+        CHECK(p.bias == biasd);
+        CHECK(p.M == M);
+        CHECK(p.N == N);
+        CHECK(p.K == K);
+        CHECK(p.ldc == N);
+        CHECK(p.tiles_m == tiles_m);
+        CHECK(p.tiles_n == tiles_n);
+        CHECK(p.strip_m >= 1);
+        CHECK(p.fp4 == fp4);
+        CHECK(p.out_bf16 == 1);
+        const int ia = fake_cuda_tensor_map_index(&p.tm_a), ib = fake_cuda_tensor_map_index(&p.tm_b);
+        REQUIRE(ia >= 0);
+        REQUIRE(ib >= 0);
+        const fake_cuda_tensor_map* ma = fake_cuda_get_tensor_map(ia);
+        const fake_cuda_tensor_map* mb = fake_cuda_get_tensor_map(ib);
+        CHECK(ma->address == uint64_t(reinterpret_cast<uintptr_t>(ad)));
+        CHECK(mb->address == uint64_t(reinterpret_cast<uintptr_t>(bd)));
+        CHECK(ma->rank == 2u);
+        CHECK(ma->dims[0] == uint64_t(cols));
+        CHECK(ma->dims[1] == uint64_t(M));
+        CHECK(mb->dims[0] == uint64_t(cols));
+        CHECK(mb->dims[1] == uint64_t(N));
+        CHECK(ma->strides[0] == uint64_t(cols));
+        CHECK(ma->box[0] == (fp4 ? 64u : 128u));
+        CHECK(ma->box[1] == 128u);
+        CHECK(mb->box[1] == unsigned(bn));
+        CHECK(ma->swizzle == int(fp4 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B));
+        CHECK(mb->swizzle == ma->swizzle);
+      }
+  }
+  if (!seen) WARN("no mxfp_wgmma variant in this build");
 }

@@ -118,9 +118,15 @@ struct GemmCase {
   bool bias;
   int a_lo, a_hi, b_lo, b_hi;  // scale exponent ranges (row / column bases), jitter +-jit per block
   int jit;
+  bool nan_scale = false;  // row 2 of A and column 5 of B get one 0xFF (NaN) block scale: NaN out there
 };
 
-void gemm_case(const GemmCase& g) {
+// sabs_log2: the tolerance's term in the sum of |products| (2^-12: FP32 accumulation of exact
+// k32 partials). The wgmma variants sum each k32 block on the FP8 tensor core, which keeps about
+// 14 bits of the aligned products (docs/mxfp.md), so they are checked at 2^-10; the worst
+// |err| / sum|products| measured is reported either way.
+double g_worst_rel_sabs = 0;
+void gemm_case(const GemmCase& g, int sabs_log2 = -12) {
   const int64_t M = g.M, N = g.N, K = g.K, kbs = K / 32;
   std::mt19937 rng(uint32_t(M * 131 + N * 7 + K + g.fp4 * 5 + g.out));
   std::uniform_int_distribution<int> ub(0, 255);
@@ -150,6 +156,9 @@ void gemm_case(const GemmCase& g) {
   // the extremes: first row of A at 0xFE (2^127) or 0x00 (2^-127) when asked by the range
   if (g.a_hi >= 127) for (int64_t kb = 0; kb < kbs; ++kb) sa[size_t(kb)] = 0xFE;
   if (g.a_lo <= -127 && M > 1) for (int64_t kb = 0; kb < kbs; ++kb) sa[size_t(kbs + kb)] = 0x00;
+  const int64_t nan_row = g.nan_scale && M > 2 ? 2 : -1, nan_col = g.nan_scale && N > 5 ? 5 : -1;
+  if (nan_row >= 0) sa[size_t(nan_row * kbs + kbs - 1)] = 0xFF;
+  if (nan_col >= 0) sb[size_t(nan_col * kbs)] = 0xFF;
   const int64_t acols = g.fp4 ? K / 2 : K;
   auto pack = [&](const std::vector<uint8_t>& c, int64_t rows) {
     std::vector<uint8_t> p(size_t(rows * acols));
@@ -204,12 +213,17 @@ void gemm_case(const GemmCase& g) {
       }
       const double got = get(hc, size_t(m * N + n), g.out);
       ++checked;
+      if (m == nan_row || n == nan_col) {  // a NaN block scale makes its products NaN
+        if (!std::isnan(got)) ++bad;
+        continue;
+      }
       if (std::fabs(ref) > big) {  // the output dtype cannot hold it
         if (!(std::isinf(got) && (got > 0) == (ref > 0))) ++bad;
         continue;
       }
       if (!std::isfinite(got)) { ++nonfinite; ++bad; continue; }
-      const double err = std::fabs(got - ref), tol = rel * std::fabs(ref) + std::ldexp(sabs, -12) + abs_tol;
+      const double err = std::fabs(got - ref), tol = rel * std::fabs(ref) + std::ldexp(sabs, sabs_log2) + abs_tol;
+      if (sabs > 0 && err / sabs > g_worst_rel_sabs) g_worst_rel_sabs = err / sabs;
       if (err > tol) ++bad;
       if (tol > 0 && err / tol > worst) worst = err / tol;
     }
@@ -231,18 +245,51 @@ TEST_CASE("mx_quantize matches the reference bit for bit", "[gpu][mx][quantize]"
   quantize_case(FLY_BF16, false, false, 4099, 1024, 1024, 0);  // a grid that walks rows
 }
 
-TEST_CASE("scaled_gemm equals the FP64 GEMM of the dequantized operands", "[gpu][mx][gemm]") {
+static void gemm_suite(int sabs_log2, bool many_tiles) {
   for (bool fp4 : {false, true}) {
     // FP16 out: moderate scales; BF16 out: scales over most of E8M0's range
-    gemm_case({1, 192, 512, fp4, FLY_F16, true, -12, -4, -12, -4, 2});
-    gemm_case({1, 192, 512, fp4, FLY_BF16, false, -90, 70, -15, 15, 5});
-    gemm_case({37, 100, 96, fp4, FLY_BF16, true, -90, 70, -15, 15, 5});
-    gemm_case({37, 100, 96, fp4, FLY_F16, false, -12, -4, -12, -4, 2});
-    gemm_case({130, 257, 1056, fp4, FLY_BF16, true, -60, 60, -10, 10, 4});
-    gemm_case({64, 64, 32, fp4, FLY_F16, true, -9, -3, -9, -3, 1});
-    gemm_case({200, 320, 4096, fp4, FLY_BF16, false, -20, 20, -20, 20, 6});
+    gemm_case({1, 192, 512, fp4, FLY_F16, true, -12, -4, -12, -4, 2}, sabs_log2);
+    gemm_case({1, 192, 512, fp4, FLY_BF16, false, -90, 70, -15, 15, 5}, sabs_log2);
+    gemm_case({37, 100, 96, fp4, FLY_BF16, true, -90, 70, -15, 15, 5}, sabs_log2);
+    gemm_case({37, 100, 96, fp4, FLY_F16, false, -12, -4, -12, -4, 2}, sabs_log2);
+    gemm_case({130, 257, 1056, fp4, FLY_BF16, true, -60, 60, -10, 10, 4}, sabs_log2);
+    gemm_case({64, 64, 32, fp4, FLY_F16, true, -9, -3, -9, -3, 1}, sabs_log2);
+    gemm_case({200, 320, 4096, fp4, FLY_BF16, false, -20, 20, -20, 20, 6}, sabs_log2);
     // the extreme scales: row 0 at 2^127, row 1 at 2^-127, columns small enough that the
     // block products sa * sb stay inside FP32
-    gemm_case({3, 96, 160, fp4, FLY_BF16, true, -127, 127, -127, -31, 0});
+    gemm_case({3, 96, 160, fp4, FLY_BF16, true, -127, 127, -127, -31, 0}, sabs_log2);
+    // NaN (0xFF) block scales: the rows / columns they touch are NaN, the rest exact
+    gemm_case({37, 100, 288, fp4, FLY_BF16, true, -3, 3, -3, 3, 1, true}, sabs_log2);
+    // more tiles than SMs (the persistent loop and the ring lapping across tiles), M and N tails
+    if (many_tiles) gemm_case({520, 4200, 288, fp4, FLY_F16, true, -10, -2, -10, -2, 3}, sabs_log2);
   }
+}
+
+TEST_CASE("scaled_gemm equals the FP64 GEMM of the dequantized operands", "[gpu][mx][gemm]") {
+  gemm_suite(-12, false);
+}
+
+// Every bundled variant of the mxfp family forced (the wgmma variants are not in the defaults or
+// the DB: built with -DFLY_ALL_VARIANTS=ON, e.g. by kernels/mx/dev/device_wgmma.sh).
+TEST_CASE("scaled_gemm: every bundled mxfp variant is right", "[gpu][mx][gemm]") {
+  struct Unforce {
+    ~Unforce() { fly_force_variant(nullptr); }
+  } unforce;
+  int forced = 0;
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const char* name = fly_variant_name(i);
+    const char *family = nullptr, *params = nullptr;
+    REQUIRE(fly_variant_info(name, &family, &params) == FLY_SUCCESS);
+    if (std::string(family) != "mxfp") continue;
+    const bool wgmma = std::string(name).rfind("mxfp_wgmma", 0) == 0;
+    INFO("forced variant " << name);
+    REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+    g_worst_rel_sabs = 0;
+    gemm_suite(wgmma ? -10 : -12, true);
+    WARN("variant " << name << ": worst |err| / sum|products| = " << g_worst_rel_sabs << " (2^"
+                    << (g_worst_rel_sabs > 0 ? std::log2(g_worst_rel_sabs) : -999.0) << ")");
+    ++forced;
+  }
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  CHECK(forced >= 1);
 }
