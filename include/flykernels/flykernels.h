@@ -261,8 +261,8 @@ FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_tensor* b, co
 FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, const fly_tensor* q,
                                    const fly_tensor* scales, void* stream);
 
-/* EXPERIMENTAL: fly_mx_quantize and fly_scaled_gemm have been checked on the CPU (emulated kernels,
- * bit-exact encoders) but not yet run on a GPU; docs/mxfp.md says how to validate them.
+/* fly_mx_quantize and fly_scaled_gemm are tested on the H200 (docs/mxfp.md); the default GEMM
+ * kernel is a first design, correct but not yet fast (no benchmark figures yet).
  * fly_scaled_gemm: C[M,N] = sum_k (A[m,k] * sa[m,k/32]) * (B[n,k] * sb[n,k/32]) (+ bias[N]).
  * a: [M, K] FLY_F8_E4M3 or [M, K/2] FLY_F4_E2M1X2, row-major (unit inner stride).
  * b: the [K, N] operand given column-major, i.e. N rows of K (NT): [N, K] E4M3 or [N, K/2]
