@@ -760,6 +760,10 @@ const char* mx_scale_ineligible(const at::Tensor& sc, int64_t rows, int64_t kb, 
   return nullptr;
 }
 
+// True when a tensor's sizes or strides are symbolic (dynamic-shape tracing): only dtypes and ranks
+// can be checked then; the CUDA override checks the rest on the concrete call.
+bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+
 const char* scaled_mm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
                                  int64_t swizzle, const at::Tensor* bias, std::optional<at::ScalarType> out_dtype,
                                  bool check_device) {
@@ -768,20 +772,23 @@ const char* scaled_mm_ineligible(const at::Tensor& a, const at::Tensor& b, const
     return "operands not float8_e4m3fn / float4_e2m1fn_x2 (MXFP8 / MXFP4)";
   if (b.scalar_type() != a.scalar_type()) return "mixed operand dtypes";
   if (a.dim() != 2 || b.dim() != 2) return "operands not 2-D";
+  if (sa.scalar_type() != at::kFloat8_e8m0fnu || sb.scalar_type() != at::kFloat8_e8m0fnu) return "scales not float8_e8m0fnu";
+  if (!out_dtype.has_value() || (*out_dtype != at::kBFloat16 && *out_dtype != at::kHalf))
+    return "output dtype not bf16 / fp16";
+  if (bias != nullptr && bias->defined() && bias->scalar_type() != *out_dtype) return "bias dtype differs from the output's";
+  if (swizzle != kSwizzleNone && swizzle != kSwizzle32_4_4) return "unknown scale swizzle";
+  if (!check_device && (symbolic(a) || symbolic(b) || symbolic(sa) || symbolic(sb) ||
+                        (bias != nullptr && bias->defined() && symbolic(*bias))))
+    return nullptr;  // shape inference with symbolic sizes (the Meta kernel): the dtypes say MX
   if (a.size(1) != b.size(0)) return "K of A and B differ";
   const int64_t M = a.size(0), N = b.size(1), K = mx_k(a);
   if (K % 32 != 0) return "K not a multiple of 32";
   if (a.stride(1) != 1 || (M > 1 && a.stride(0) < a.size(1))) return "A not row-major";
   if (b.stride(0) != 1 || (N > 1 && b.stride(1) < b.size(0))) return "B not column-major";
-  if (!out_dtype.has_value() || (*out_dtype != at::kBFloat16 && *out_dtype != at::kHalf))
-    return "output dtype not bf16 / fp16";
-  if (swizzle != kSwizzleNone && swizzle != kSwizzle32_4_4) return "unknown scale swizzle";
   if (const char* why = mx_scale_ineligible(sa, M, K / 32, swizzle)) return why;
   if (const char* why = mx_scale_ineligible(sb, N, K / 32, swizzle)) return why;
-  if (bias != nullptr && bias->defined()) {
-    if (bias->scalar_type() != *out_dtype) return "bias dtype differs from the output's";
-    if (bias->dim() != 1 || bias->size(0) != N || (N > 1 && bias->stride(0) != 1)) return "bias not a contiguous [N]";
-  }
+  if (bias != nullptr && bias->defined() && (bias->dim() != 1 || bias->size(0) != N || (N > 1 && bias->stride(0) != 1)))
+    return "bias not a contiguous [N]";
   if (check_device) {
     const c10::Device d = a.device();
     if (b.device() != d || sa.device() != d || sb.device() != d || (bias && bias->defined() && bias->device() != d))
@@ -923,7 +930,7 @@ void scaled_mm_meta_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   if (why == nullptr) {
     const at::Tensor& a = s[b0].toTensor();
     const at::ScalarType od = s[b0 + (kV1 ? 6 : 9)].toScalarType();
-    at::Tensor c = at::empty({a.size(0), s[b0 + 1].toTensor().size(1)}, a.options().dtype(od));
+    at::Tensor c = at::empty_symint({a.sym_size(0), s[b0 + 1].toTensor().sym_size(1)}, a.options().dtype(od));
     torch::jit::drop(s, n);
     torch::jit::push(s, std::move(c));
     return;

@@ -512,3 +512,31 @@ def test_grouped_candidate_family_wraps_the_grouped_lowering_and_restores_it(fly
     assert "gemm" in fly.active()  # the dense candidates stay
     fly.disable(["gemm"])
     assert mg.autotune_select_algorithm is original
+
+
+def test_scaled_mm_meta_with_symbolic_sizes(fly):
+    """Dynamic-shape tracing (symbolic sizes): ours gives [M, N] from the dtypes alone; the stock
+    Meta kernel refuses NO_SWIZZLE scales there too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    from torch.nn.functional import ScalingType as S, SwizzleType as W
+
+    def run():
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        with torch.device("meta"):
+            ts = [torch.empty(100, 512, dtype=torch.float8_e4m3fn), torch.empty(256, 512, dtype=torch.float8_e4m3fn),
+                  torch.empty(100, 16, dtype=torch.float8_e8m0fnu), torch.empty(256, 16, dtype=torch.float8_e8m0fnu)]
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2)
+        a, bt, sa, sb = (mode.from_tensor(t, symbolic_context=ctx) for t in ts)
+        with mode:
+            a, bt, sa, sb = (t.to("cuda") for t in (a, bt, sa, sb))
+            return F.scaled_mm(a, bt.t(), sa, S.BlockWise1x32, sb, S.BlockWise1x32, swizzle_a=W.NO_SWIZZLE,
+                               swizzle_b=W.NO_SWIZZLE, output_dtype=torch.bfloat16)
+
+    fly.enable(["scaled_mm"])
+    out = run()
+    assert out.dim() == 2 and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+    assert not isinstance(out.shape[0], int)  # symbolic M
+    fly.disable(["scaled_mm"])
+    with pytest.raises(RuntimeError, match="swizzle"):
+        run()
