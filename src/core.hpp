@@ -165,12 +165,13 @@ fly_status launch1(CUfunction f, const LaunchConfig& cfg, void* stream, const P&
 
 // ---- dispatch -------------------------------------------------------------------------------
 // Key of one call. k[] holds the shape features the family tunes on, most significant first
-// (rmsnorm: N, M; topk: C, k, R; gemm: N, K, M). Missing ones are 0.
+// (rmsnorm: N, M; topk: C, k, R; gemm: N, K, M; grouped_gemm: N, K, mean M, G). Missing ones are 0.
+constexpr int kKeyDims = 4;
 struct DispatchKey {
   std::string op;       // "rmsnorm_fwd", "topk", "gemm"
   std::string dtype;    // "bf16"
   std::string layout;   // "row", "nt", ... ("-" when none)
-  int64_t k[3] = {0, 0, 0};
+  int64_t k[kKeyDims] = {0, 0, 0, 0};
   std::string str() const;  // for logs: "rmsnorm_fwd bf16 row N=4096 M=8192"
 };
 // Decides the variant for one call:
@@ -182,7 +183,7 @@ struct DispatchKey {
 struct DispatchRequest {
   DispatchKey key;
   const char* family;
-  const char* key_names[3] = {"k0", "k1", "k2"};
+  const char* key_names[kKeyDims] = {"k0", "k1", "k2", "k3"};
   std::function<bool(const Variant&)> supports;        // may be empty: everything supported
   std::function<std::string()> fallback;               // name of the default variant
   // Everything `supports` depends on beyond `key` (alignment, workspace size, flags), so that

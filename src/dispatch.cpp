@@ -119,7 +119,8 @@ void ensure_loaded(DispatchState& s) {
 
 std::string key_text(const DispatchRequest& req) {
   std::string s = req.key.op + " " + req.key.dtype + " " + req.key.layout;
-  for (int i = 0; i < 3; ++i) s += " " + std::string(req.key_names[i]) + "=" + std::to_string(req.key.k[i]);
+  for (int i = 0; i < kKeyDims; ++i)
+    if (req.key_names[i][0] != '-') s += " " + std::string(req.key_names[i]) + "=" + std::to_string(req.key.k[i]);
   return s;
 }
 
@@ -133,8 +134,9 @@ void record(const Variant* v, const std::string& how, const DispatchRequest& req
 }  // namespace
 
 std::string DispatchKey::str() const {
-  return op + " " + dtype + " " + layout + " " + std::to_string(k[0]) + " " + std::to_string(k[1]) +
-         " " + std::to_string(k[2]);
+  std::string s = op + " " + dtype + " " + layout;
+  for (int i = 0; i < kKeyDims; ++i) s += " " + std::to_string(k[i]);
+  return s;
 }
 
 DispatchRequest make_request(const char* family, const char* op, const std::string& dtype, const char* layout,
@@ -146,11 +148,11 @@ DispatchRequest make_request(const char* family, const char* op, const std::stri
   req.key.layout = layout;
   int i = 0;
   for (const KeyDim& d : dims) {
-    if (i == 3) break;  // the DB key has three dimensions
+    if (i == kKeyDims) break;  // the DB key has kKeyDims dimensions
     req.key.k[i] = d.value;
     req.key_names[i++] = d.name;
   }
-  for (; i < 3; ++i) req.key_names[i] = "-";
+  for (; i < kKeyDims; ++i) req.key_names[i] = "-";
   return req;
 }
 

@@ -13,10 +13,10 @@
 
 namespace fly {
 
-double key_distance(const int64_t a[3], const int64_t b[3]) {
-  static const double kWeight[3] = {4.0, 2.0, 1.0};
+double key_distance(const int64_t a[kKeyDims], const int64_t b[kKeyDims]) {
+  static const double kWeight[kKeyDims] = {4.0, 2.0, 1.0, 1.0};
   double d = 0;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kKeyDims; ++i) {
     double la = std::log2(double(std::max<int64_t>(a[i], 1)));
     double lb = std::log2(double(std::max<int64_t>(b[i], 1)));
     d += kWeight[i] * std::fabs(la - lb);
@@ -138,10 +138,13 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
   if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
     version = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
-  if (version != "1")
-    return fail(FLY_ERROR_DATABASE, "tuning database %s: schema version '%s', this library reads 1",
+  // Version 2 added the fourth key dimension k3; a version 1 database reads as k3 = 0.
+  if (version != "1" && version != "2")
+    return fail(FLY_ERROR_DATABASE, "tuning database %s: schema version '%s', this library reads 1 and 2",
                 what.c_str(), printable(version.c_str(), 32).c_str());
-  const char* q = "SELECT arch, op, dtype, layout, k0, k1, k2, variant, coalesce(time_us, 0) FROM tuning";
+  const char* q = version == "1"
+                      ? "SELECT arch, op, dtype, layout, k0, k1, k2, 0, variant, coalesce(time_us, 0) FROM tuning"
+                      : "SELECT arch, op, dtype, layout, k0, k1, k2, k3, variant, coalesce(time_us, 0) FROM tuning";
   if (sqlite3_prepare_v2(db, q, -1, &st, nullptr) != SQLITE_OK) {
     std::string m = sqlite3_errmsg(db);
     sqlite3_finalize(st);
@@ -158,9 +161,9 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
     r.op = text(1);
     r.dtype = text(2);
     r.layout = text(3);
-    for (int i = 0; i < 3; ++i) r.k[i] = sqlite3_column_int64(st, 4 + i);
-    r.variant = text(7);
-    r.time_us = sqlite3_column_double(st, 8);
+    for (int i = 0; i < kKeyDims; ++i) r.k[i] = sqlite3_column_int64(st, 4 + i);
+    r.variant = text(8);
+    r.time_us = sqlite3_column_double(st, 9);
     rows_.push_back(std::move(r));
     if (rows_.size() > kMaxRows) break;
   }
@@ -187,8 +190,7 @@ static bool same_group(const TuningRow& r, const std::string& arch, const Dispat
 
 const TuningRow* TuningDb::exact(const std::string& arch, const DispatchKey& key) const {
   for (auto& r : rows_)
-    if (same_group(r, arch, key) && r.k[0] == key.k[0] && r.k[1] == key.k[1] && r.k[2] == key.k[2])
-      return &r;
+    if (same_group(r, arch, key) && std::equal(r.k, r.k + kKeyDims, key.k)) return &r;
   return nullptr;
 }
 

@@ -13,7 +13,7 @@ namespace fly {
 
 struct TuningRow {
   std::string arch, op, dtype, layout;
-  int64_t k[3] = {0, 0, 0};
+  int64_t k[kKeyDims] = {0, 0, 0, 0};
   std::string variant;
   double time_us = 0;
 };
@@ -37,8 +37,8 @@ class TuningDb {
   std::string source_;
 };
 
-// Weighted log2 distance between two shape keys: k[0] counts 4x, k[1] 2x, k[2] 1x.
-double key_distance(const int64_t a[3], const int64_t b[3]);
+// Weighted log2 distance between two shape keys: k[0] counts 4x, k[1] 2x, k[2] and k[3] 1x.
+double key_distance(const int64_t a[kKeyDims], const int64_t b[kKeyDims]);
 
 // Clears the per-shape dispatch cache (tests; fly_set_tuning_db does it too).
 void clear_dispatch_cache();

@@ -1,14 +1,14 @@
 // The key of one line of a db/<arch>.sql tuning dump (header-only: the tools and the CPU tests
 // use it). A line is "INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,
-// 4096,64,'variant',...);" and its key is the first seven values joined by '|' with the quotes
-// dropped: "sm_90a|gemm|bf16|nt|4096|4096|64".
+// 4096,64,0,'variant',...);" and its key is the first eight values joined by '|' with the quotes
+// dropped: "sm_90a|gemm|bf16|nt|4096|4096|64|0".
 #pragma once
 #include <initializer_list>
 #include <string>
 
 namespace fly::tools {
 
-// A key from its seven values (arch, op, dtype, layout, k0, k1, k2), as dump_line_key reads it.
+// A key from its eight values (arch, op, dtype, layout, k0, k1, k2, k3), as dump_line_key reads it.
 inline std::string tuning_key(std::initializer_list<std::string> values) {
   std::string key;
   for (const std::string& v : values) {
@@ -18,7 +18,9 @@ inline std::string tuning_key(std::initializer_list<std::string> values) {
   return key;
 }
 
-// "" for a line that is not a tuning row (a comment, a blank line, fewer than seven values).
+constexpr int kDumpKeyFields = 8;
+
+// "" for a line that is not a tuning row (a comment, a blank line, fewer than eight values).
 inline std::string dump_line_key(const std::string& line) {
   if (line.rfind("INSERT", 0) != 0) return std::string();
   const size_t open = line.find('(');
@@ -33,7 +35,7 @@ inline std::string dump_line_key(const std::string& line) {
       continue;
     }
     if (c == ',' && !inq) {
-      if (++fields == 7) return key;
+      if (++fields == kDumpKeyFields) return key;
       key += '|';
       continue;
     }

@@ -61,7 +61,7 @@ int tune_gemm(const Args& args) {
   }
   auto tuned = [&](const std::string& layout, int64_t N, int64_t K, int64_t M) {
     return !have.empty() && have.count(tuning_key({arch, "gemm", dname, layout, std::to_string(N), std::to_string(K),
-                                                   std::to_string(M)})) != 0;
+                                                   std::to_string(M), "0"})) != 0;
   };
   size_t todo = 0;
   for (auto& layout : layouts)

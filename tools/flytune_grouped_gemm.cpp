@@ -2,7 +2,7 @@
 // grouped_gemm variant of the dtype that can take the shape (fly_force_variant), spot-checks it
 // against a double reference, times it (median, L2 flushed) and writes the fastest per dispatch
 // key to the tuning database. Key (src/ops/grouped_gemm.cpp): op grouped_gemm, dtype, layout
-// "<nt|nn>_g<G>", k0 = N, k1 = K, k2 = mean rows per group rounded up to a power of two. Cases
+// "nt" | "nn", k0 = N, k1 = K, k2 = mean rows per group rounded up to a power of two, k3 = G. Cases
 // sharing a key (the suite's G = 8, 4096 x 4096 uniform and ragged cases) get the variant with the
 // smallest total time over them.
 //   flytune grouped_gemm [--suite FILE] [--layouts nt,nn] [--dtype bf16] [--quick] [--db F] [--dump F] [--times F]
@@ -45,15 +45,16 @@ int tune_grouped_gemm(const Args& args) {
       int64_t bucket = 1;
       const int64_t mean = (p.T + G - 1) / G;
       while (bucket < mean) bucket <<= 1;
-      const std::string layout_key = layout + "_g" + std::to_string(G);
-      const std::string key = layout_key + " " + std::to_string(N) + " " + std::to_string(K) + " " + std::to_string(bucket);
+      const std::string key = layout + " " + std::to_string(N) + " " + std::to_string(K) + " " + std::to_string(bucket) +
+                              " G" + std::to_string(G);
       KeyTimes& kt = keys[key];
       kt.key.op = "grouped_gemm";
       kt.key.dtype = dts;
-      kt.key.layout = layout_key;
+      kt.key.layout = layout;
       kt.key.k0 = N;
       kt.key.k1 = K;
       kt.key.k2 = bucket;
+      kt.key.k3 = G;
       ++kt.cases;
       std::vector<std::pair<double, std::string>> timed;
       for (const auto& name : variants) {

@@ -404,6 +404,24 @@ std::string quote(const std::string& s) {
   for (char c : s) { if (c == '\'') o += "''"; else o += c; }
   return o + "'";
 }
+// Applies the schema script; a tuning table of schema version 1 (no k3, so a narrower primary key)
+// is rebuilt in the current schema first, its rows with k3 = 0.
+void apply_schema(sqlite3* db, const std::string& schema) {
+  sqlite3_stmt* st = nullptr;
+  std::string version;
+  if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &st, nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+    version = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  if (version != "1") {
+    exec(db, schema);
+    return;
+  }
+  exec(db, "BEGIN; ALTER TABLE tuning RENAME TO tuning_v1;");
+  exec(db, schema);
+  exec(db, "INSERT INTO tuning SELECT arch, op, dtype, layout, k0, k1, k2, 0, variant, time_us, runner_up, "
+           "runner_up_us, gpu, tuned_at FROM tuning_v1; DROP TABLE tuning_v1; COMMIT;");
+}
 }  // namespace
 
 namespace {
@@ -468,11 +486,11 @@ void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
     sqlite3_close(db);
     throw std::runtime_error("cannot read " + schema_path + " (pass --data-dir DIR)");
   }
-  exec(db, schema);
+  apply_schema(db, schema);
   exec(db, "BEGIN");
   sqlite3_stmt* st = nullptr;
   sqlite3_prepare_v2(db,
-                     "INSERT OR REPLACE INTO tuning VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+                     "INSERT OR REPLACE INTO tuning VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
                      -1, &st, nullptr);
   for (auto& r : rows) {
     sqlite3_bind_text(st, 1, arch.c_str(), -1, SQLITE_TRANSIENT);
@@ -482,12 +500,13 @@ void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
     sqlite3_bind_int64(st, 5, r.k0);
     sqlite3_bind_int64(st, 6, r.k1);
     sqlite3_bind_int64(st, 7, r.k2);
-    sqlite3_bind_text(st, 8, r.variant.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_double(st, 9, r.time_us);
-    sqlite3_bind_text(st, 10, r.runner_up.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_double(st, 11, r.runner_up_us);
-    sqlite3_bind_text(st, 12, gpu.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 13, date.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, 8, r.k3);
+    sqlite3_bind_text(st, 9, r.variant.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_double(st, 10, r.time_us);
+    sqlite3_bind_text(st, 11, r.runner_up.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_double(st, 12, r.runner_up_us);
+    sqlite3_bind_text(st, 13, gpu.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 14, date.c_str(), -1, SQLITE_TRANSIENT);
     if (sqlite3_step(st) != SQLITE_DONE) {
       std::string m = sqlite3_errmsg(db);
       sqlite3_finalize(st);
@@ -504,22 +523,22 @@ void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
     std::vector<std::string> lines;
     std::set<std::string> keys;
     sqlite3_prepare_v2(db,
-                       "SELECT arch,op,dtype,layout,k0,k1,k2,variant,time_us,runner_up,runner_up_us,gpu,tuned_at "
-                       "FROM tuning ORDER BY arch,op,dtype,layout,k0,k1,k2", -1, &st, nullptr);
+                       "SELECT arch,op,dtype,layout,k0,k1,k2,k3,variant,time_us,runner_up,runner_up_us,gpu,tuned_at "
+                       "FROM tuning ORDER BY arch,op,dtype,layout,k0,k1,k2,k3", -1, &st, nullptr);
     auto col = [&](int c) {
       const unsigned char* t = sqlite3_column_text(st, c);
       return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
     };
     while (sqlite3_step(st) == SQLITE_ROW) {
-      keys.insert(tuning_key({col(0), col(1), col(2), col(3), col(4), col(5), col(6)}));
+      keys.insert(tuning_key({col(0), col(1), col(2), col(3), col(4), col(5), col(6), col(7)}));
       char buf[96];
-      std::snprintf(buf, sizeof buf, "%.3f", sqlite3_column_double(st, 8));
+      std::snprintf(buf, sizeof buf, "%.3f", sqlite3_column_double(st, 9));
       std::string t1 = buf;
-      std::snprintf(buf, sizeof buf, "%.3f", sqlite3_column_double(st, 10));
+      std::snprintf(buf, sizeof buf, "%.3f", sqlite3_column_double(st, 11));
       lines.push_back("INSERT OR REPLACE INTO tuning VALUES (" + quote(col(0)) + "," + quote(col(1)) + "," +
                       quote(col(2)) + "," + quote(col(3)) + "," + col(4) + "," + col(5) + "," + col(6) + "," +
-                      quote(col(7)) + "," + t1 + "," + quote(col(9)) + "," + buf + "," + quote(col(11)) +
-                      "," + quote(col(12)) + ");");
+                      col(7) + "," + quote(col(8)) + "," + t1 + "," + quote(col(10)) + "," + buf + "," +
+                      quote(col(12)) + "," + quote(col(13)) + ");");
     }
     sqlite3_finalize(st);
     // Keep rows of the existing dump that this database has never seen (other ops' tuning).

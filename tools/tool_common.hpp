@@ -138,13 +138,13 @@ std::string today();
 // One tuning result. Columns as in db/schema.sql.
 struct TuneRow {
   std::string op, dtype, layout;
-  int64_t k0 = 0, k1 = 0, k2 = 0;
+  int64_t k0 = 0, k1 = 0, k2 = 0, k3 = 0;
   std::string variant;
   double time_us = 0;
   std::string runner_up;
   double runner_up_us = 0;
 };
-// Every key of a db/<arch>.sql dump ("arch|op|dtype|layout|k0|k1|k2", dump_key.hpp); empty when
+// Every key of a db/<arch>.sql dump ("arch|op|dtype|layout|k0|k1|k2|k3", dump_key.hpp); empty when
 // the file cannot be read.
 std::set<std::string> dump_keys(const std::string& dump_path);
 

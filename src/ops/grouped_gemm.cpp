@@ -247,11 +247,10 @@ extern "C" FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_te
   if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
   if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
 
-  // Key: (dtype, B order and G, N, K, mean-M bucket). G goes into the layout string (the key has
-  // three dimensions): nearest-bucket lookups stay among rows of the same G.
-  const std::string layout = std::string(call.b_kmajor ? "nt" : "nn") + "_g" + std::to_string(call.G);
-  DispatchRequest req = make_request(kFamily, "grouped_gemm", dtype_name(call.dt), layout.c_str(),
-                                     {{"N", call.N}, {"K", call.K}, {"M", mean_m_bucket(call.T, call.G)}});
+  // Key: (dtype, B order; N, K, mean-M bucket, G): a G without rows of its own takes the nearest
+  // G's (log2 distance, weighted as the mean M).
+  DispatchRequest req = make_request(kFamily, "grouped_gemm", dtype_name(call.dt), call.b_kmajor ? "nt" : "nn",
+                                     {{"N", call.N}, {"K", call.K}, {"M", mean_m_bucket(call.T, call.G)}, {"G", call.G}});
   const GroupedCall cc = call;
   req.supports = [cc](const Variant& v) { return variant_fits(v, cc); };
   req.fallback = [cc] { return default_variant(cc); };

@@ -46,9 +46,10 @@ struct TempDb {
 };
 
 std::string row(const std::string& op, const std::string& dt, int64_t k0, int64_t k1, int64_t k2,
-                const std::string& variant) {
+                const std::string& variant, int64_t k3 = 0) {
   return "INSERT INTO tuning VALUES ('sm_90a','" + op + "','" + dt + "','row'," + std::to_string(k0) + "," +
-         std::to_string(k1) + "," + std::to_string(k2) + ",'" + variant + "',1.0,'',0,'test','2026-01-01');";
+         std::to_string(k1) + "," + std::to_string(k2) + "," + std::to_string(k3) + ",'" + variant +
+         "',1.0,'',0,'test','2026-01-01');";
 }
 
 fly::DispatchKey key(int64_t n, int64_t m) {
@@ -107,10 +108,44 @@ TEST_CASE("nearest bucket orders rows by weighted log2 distance, N first", "[db]
   CHECK(near[0]->variant == "N1024_M8192");
   CHECK(near[1]->variant == "N4096_M64");
   CHECK(near[2]->variant == "N65536");
-  int64_t a[3] = {4096, 8192, 0}, b[3] = {8192, 8192, 0}, c[3] = {4096, 16384, 0};
+  int64_t a[fly::kKeyDims] = {4096, 8192, 0, 0}, b[fly::kKeyDims] = {8192, 8192, 0, 0};
+  int64_t c[fly::kKeyDims] = {4096, 16384, 0, 0}, d[fly::kKeyDims] = {4096, 8192, 0, 32};
   CHECK(fly::key_distance(a, a) == 0.0);
   CHECK(fly::key_distance(a, b) == 4.0);
   CHECK(fly::key_distance(a, c) == 2.0);
+  CHECK(fly::key_distance(a, d) == 5.0);  // k3: 5 octaves, weight 1
+}
+
+TEST_CASE("the fourth key dimension: exact matches need it, nearest rows weigh it", "[db]") {
+  TempDb t(row("grouped_gemm", "bf16", 4096, 4096, 512, "G8", 8) + row("grouped_gemm", "bf16", 4096, 4096, 512, "G64", 64));
+  fly::TuningDb db;
+  REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+  fly::DispatchKey k = key(4096, 4096);
+  k.op = "grouped_gemm";
+  k.k[2] = 512;
+  k.k[3] = 64;
+  REQUIRE(db.exact("sm_90a", k) != nullptr);
+  CHECK(db.exact("sm_90a", k)->variant == "G64");
+  k.k[3] = 16;  // no row of its own: nearest is G8 (1 octave) before G64 (2)
+  CHECK(db.exact("sm_90a", k) == nullptr);
+  auto near = db.nearest("sm_90a", k);
+  REQUIRE(near.size() == 2);
+  CHECK(near[0]->variant == "G8");
+}
+
+TEST_CASE("a schema version 1 database (no k3) still loads, as k3 = 0", "[db]") {
+  TempDb t("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+           "INSERT INTO meta VALUES ('schema_version', '1');"
+           "CREATE TABLE tuning (arch TEXT, op TEXT, dtype TEXT, layout TEXT, k0 INTEGER, k1 INTEGER, k2 INTEGER,"
+           " variant TEXT, time_us REAL, runner_up TEXT, runner_up_us REAL, gpu TEXT, tuned_at TEXT);"
+           "INSERT INTO tuning VALUES ('sm_90a','rmsnorm_fwd','bf16','row',4096,64,0,'old',1.0,'',0,'g','d');",
+           false);
+  fly::TuningDb db;
+  REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+  REQUIRE(db.rows().size() == 1);
+  CHECK(db.rows()[0].variant == "old");
+  CHECK(db.rows()[0].k[3] == 0);
+  CHECK(db.exact("sm_90a", key(4096, 64)) != nullptr);
 }
 
 TEST_CASE("broken databases are reported, not used", "[db]") {
@@ -314,19 +349,19 @@ TEST_CASE("FLYKERNELS_TUNING_DB: a broken file fails dispatch loudly, a good one
   CHECK(std::string(fly_last_decision()) != "overlay:exact");
 }
 
-TEST_CASE("dump keys: the first seven values of a tuning row; the shipped dump has no duplicates", "[db]") {
+TEST_CASE("dump keys: the first eight values of a tuning row; the shipped dump has no duplicates", "[db]") {
   using fly::tools::dump_line_key;
-  CHECK(dump_line_key("INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,4096,64,"
+  CHECK(dump_line_key("INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,4096,64,0,"
                       "'gemm_bf16_bm64_bn32_st7_sw0_kb2',14.912,'x',15.1,'NVIDIA H200','2026-11-30');") ==
-        "sm_90a|gemm|bf16|nt|4096|4096|64");
+        "sm_90a|gemm|bf16|nt|4096|4096|64|0");
   // A comma inside a quoted value does not end a field.
-  CHECK(dump_line_key("INSERT INTO t VALUES ('a,b','op','d','l',1,2,3,'v');") == "a,b|op|d|l|1|2|3");
+  CHECK(dump_line_key("INSERT INTO t VALUES ('a,b','op','d','l',1,2,3,4,'v');") == "a,b|op|d|l|1|2|3|4");
   CHECK(dump_line_key("-- sm_90a tuning rows").empty());
   CHECK(dump_line_key("").empty());
-  CHECK(dump_line_key("INSERT INTO t VALUES ('a','b',1);").empty());  // fewer than seven values
+  CHECK(dump_line_key("INSERT INTO t VALUES ('a','b',1);").empty());  // fewer than eight values
   // The key the tools build from values (flytune --missing) is the one read from a line.
-  CHECK(fly::tools::tuning_key({"sm_90a", "gemm", "bf16", "nt", "4096", "4096", "64"}) ==
-        "sm_90a|gemm|bf16|nt|4096|4096|64");
+  CHECK(fly::tools::tuning_key({"sm_90a", "gemm", "bf16", "nt", "4096", "4096", "64", "0"}) ==
+        "sm_90a|gemm|bf16|nt|4096|4096|64|0");
 
   std::ifstream in(std::string(FLY_SOURCE_DIR) + "/db/sm_90a.sql");
   REQUIRE(in.good());

@@ -118,3 +118,26 @@ TEST_CASE("grouped gemm: every bundled variant plans its maps and one persistent
   CHECK(fake_cuda_launch_count() == 0);
   (void)tma_c;
 }
+
+TEST_CASE("grouped gemm: G is the key's fourth dimension (exact rows per G, nearest G otherwise)", "[fake][grouped_gemm]") {
+  void* s = fake_cuda_stream_create(0);
+  // Shipped rows: bf16, B K-contiguous, N = K = 4096, mean 512 rows per group, G = 8.
+  auto run = [&](int64_t G) {
+    const int64_t T = 512 * G, K = 4096, N = 4096;
+    void* da = fake_cuda_malloc(size_t(T * K * 2));
+    void* db = fake_cuda_malloc(size_t(G * K * N * 2));
+    void* dc = fake_cuda_malloc(size_t(T * N * 2));
+    void* doffs = fake_cuda_malloc(size_t(G * 4));
+    fly_tensor a = flykernels::tensor(da, FLY_BF16, {T, K}, {K, 1});
+    fly_tensor b = flykernels::tensor(db, FLY_BF16, {G, K, N}, {K * N, 1, K});
+    fly_tensor c = flykernels::tensor(dc, FLY_BF16, {T, N}, {N, 1});
+    fly_tensor offs = flykernels::tensor(doffs, FLY_I32, {G}, {1});
+    const fly_status st = fly_grouped_gemm(&a, &b, &offs, nullptr, &c, nullptr, 0, s);
+    INFO(fly_get_last_error());
+    REQUIRE(st == FLY_SUCCESS);
+    return std::string(fly_last_decision()) + " " + fly_last_variant();
+  };
+  CHECK(run(8) == "db:exact grouped_gemm_bf16_bm128_bn256_st4_e2");
+  // G = 16 has no row of its own: the nearest is the G = 8 row (one octave away), not the default rule.
+  CHECK(run(16) == "db:nearest grouped_gemm_bf16_bm128_bn256_st4_e2");
+}
