@@ -1,6 +1,7 @@
 // Per-call variant choice: forced -> overlay/embedded exact -> nearest bucket -> family default.
 #include <atomic>
 #include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <memory>
@@ -23,6 +24,7 @@ namespace {
 struct Decision {
   const Variant* variant;
   std::string how;
+  std::string why;  // for the log: the row a nearest decision took, or why the default rule ran
 };
 
 // Per-shape decisions of one op, at most kDispatchCacheEntries of them, replaced by the clock
@@ -65,7 +67,7 @@ class DecisionCache {
  private:
   struct Slot {
     std::string key;
-    Decision decision{nullptr, std::string()};
+    Decision decision{nullptr, std::string(), std::string()};
     mutable std::atomic<bool> used{false};
     Slot() = default;
     Slot(Slot&& o) noexcept : key(std::move(o.key)), decision(std::move(o.decision)), used(o.used.load()) {}
@@ -124,11 +126,22 @@ std::string key_text(const DispatchRequest& req) {
   return s;
 }
 
-void record(const Variant* v, const std::string& how, const DispatchRequest& req, bool cached) {
+void record(const Variant* v, const std::string& how, const DispatchRequest& req, bool cached,
+            const std::string& why = std::string()) {
   t_last_variant = v->name;
   t_last_decision = how;
-  log(LogLevel::kInfo, "dispatch %s -> %s (%s%s)", key_text(req).c_str(), v->name.c_str(),
-      how.c_str(), cached ? ", cached" : "");
+  log(LogLevel::kInfo, "dispatch %s -> %s (%s%s%s%s)", key_text(req).c_str(), v->name.c_str(), how.c_str(),
+      why.empty() ? "" : ": ", why.c_str(), cached ? ", cached" : "");
+}
+
+// "row k0=.. k1=.. [k2=..] [k3=..], log2 distance d" of a nearest-bucket decision, named as the request names k[].
+std::string nearest_text(const DispatchRequest& req, const TuningRow& r, double dist) {
+  std::string s = "row";
+  for (int i = 0; i < kKeyDims; ++i)
+    if (req.key_names[i][0] != '-') s += " " + std::string(req.key_names[i]) + "=" + std::to_string(r.k[i]);
+  char d[32];
+  std::snprintf(d, sizeof d, ", log2 distance %.2f", dist);
+  return s + d;
 }
 
 }  // namespace
@@ -194,7 +207,7 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
       const Decision* hit = op != s.cache.end() ? op->second.find(ckey) : nullptr;
       if (hit) {
         *out = hit->variant;
-        record(*out, hit->how, req, true);
+        record(*out, hit->how, req, true, hit->why);
         return FLY_SUCCESS;
       }
     }
@@ -205,15 +218,15 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
   if (s.overlay_status != FLY_SUCCESS) return fail(s.overlay_status, "%s", s.overlay_error.c_str());
 
   const Variant* chosen = nullptr;
-  std::string how;
-  auto consider = [&](const TuningRow* r, const char* why) {
+  std::string how, why;
+  auto consider = [&](const TuningRow* r, const char* rule) {
     if (chosen || !r) return;
     const Variant* v = find_variant(r->variant);
     if (ok(v)) {
       chosen = v;
-      how = why;
+      how = rule;
     } else {
-      log(LogLevel::kDebug, "dispatch %s: skipping %s row %s (%s)", key_text(req).c_str(), why,
+      log(LogLevel::kDebug, "dispatch %s: skipping %s row %s (%s)", key_text(req).c_str(), rule,
           r->variant.c_str(), v ? "cannot run this shape" : "not bundled");
     }
   };
@@ -221,7 +234,7 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
   consider(s.embedded.exact(dc.arch, req.key), "db:exact");
   if (!chosen) {
     // Nearest bucket over both databases; the overlay wins ties (stable sort, overlay first).
-    struct Near { double dist; const TuningRow* row; const char* why; };
+    struct Near { double dist; const TuningRow* row; const char* rule; };
     std::vector<Near> near;
     if (s.overlay)
       for (auto* r : s.overlay->nearest(dc.arch, req.key))
@@ -230,8 +243,11 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
       near.push_back({key_distance(r->k, req.key.k), r, "db:nearest"});
     std::stable_sort(near.begin(), near.end(), [](const Near& a, const Near& b) { return a.dist < b.dist; });
     for (auto& n : near) {
-      consider(n.row, n.why);
-      if (chosen) break;
+      consider(n.row, n.rule);
+      if (chosen) {
+        why = nearest_text(req, *n.row, n.dist);
+        break;
+      }
     }
   }
   if (!chosen) {
@@ -245,10 +261,12 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
       return fail(FLY_ERROR_UNSUPPORTED, "no %s variant in this build can run %s", req.family, key_text(req).c_str());
     chosen = v;
     how = "default";
+    why = s.overlay ? "no row in either database for this op, dtype and layout can run it"
+                    : "no row in the embedded database for this op, dtype and layout can run it";
   }
-  s.cache[req.key.op].insert(ckey, Decision{chosen, how});
+  s.cache[req.key.op].insert(ckey, Decision{chosen, how, why});
   *out = chosen;
-  record(chosen, how, req, false);
+  record(chosen, how, req, false, why);
   return FLY_SUCCESS;
 }
 
