@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "common/convert.cuh"
 #include "mx/mx_encode.h"
 #include "mx/mx_params.h"
 
@@ -133,18 +134,8 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <class T>
-__device__ __forceinline__ T from_float(float f);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float f) { return __float2half_rn(f); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
-template <class T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+using fly::from_float;  // common/convert.cuh
+using fly::to_float;
 
 template <class T>
 __device__ __forceinline__ void epilogue(const MxGemmParams& p, int64_t m0, int64_t n0, const float (&acc)[2][4][4]) {

@@ -29,6 +29,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "common/convert.cuh"
 #if !defined(FLY_MX_HOST_EMU)
 #include "common/sm90.h"
 #include "common/wgmma_ops.h"
@@ -90,18 +91,8 @@ __device__ __forceinline__ uint64_t desc_of(const uint8_t* tile) {
   return sm90::make_desc_sw128(sm90::smem_u32(tile), 16, 1024);
 }
 
-template <class T>
-__device__ __forceinline__ T from_float(float f);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float f) { return __float2half_rn(f); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
-template <class T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+using fly::from_float;  // common/convert.cuh
+using fly::to_float;
 
 // Accumulator i of consumer thread ct: row acc_row(ct, i), column acc_col(ct, i) of the
 // warpgroup's 64 x BN block (mx_wgmma_params.h): rows 16 w + lane / 4 (+8), column pairs.
