@@ -119,11 +119,16 @@ void ensure_loaded(DispatchState& s) {
   }
 }
 
-std::string key_text(const DispatchRequest& req) {
-  std::string s = req.key.op + " " + req.key.dtype + " " + req.key.layout;
+// " N=4096 K=64 ..." of shape values k[] under the request's dimension names (unnamed ones left out).
+std::string dims_text(const DispatchRequest& req, const int64_t (&k)[kKeyDims]) {
+  std::string s;
   for (int i = 0; i < kKeyDims; ++i)
-    if (req.key_names[i][0] != '-') s += " " + std::string(req.key_names[i]) + "=" + std::to_string(req.key.k[i]);
+    if (req.key_names[i][0] != '-') s += " " + std::string(req.key_names[i]) + "=" + std::to_string(k[i]);
   return s;
+}
+
+std::string key_text(const DispatchRequest& req) {
+  return req.key.op + " " + req.key.dtype + " " + req.key.layout + dims_text(req, req.key.k);
 }
 
 void record(const Variant* v, const std::string& how, const DispatchRequest& req, bool cached,
@@ -134,14 +139,11 @@ void record(const Variant* v, const std::string& how, const DispatchRequest& req
       why.empty() ? "" : ": ", why.c_str(), cached ? ", cached" : "");
 }
 
-// "row k0=.. k1=.. [k2=..] [k3=..], log2 distance d" of a nearest-bucket decision, named as the request names k[].
+// "row N=.. K=.., log2 distance d" of a nearest-bucket decision.
 std::string nearest_text(const DispatchRequest& req, const TuningRow& r, double dist) {
-  std::string s = "row";
-  for (int i = 0; i < kKeyDims; ++i)
-    if (req.key_names[i][0] != '-') s += " " + std::string(req.key_names[i]) + "=" + std::to_string(r.k[i]);
   char d[32];
   std::snprintf(d, sizeof d, ", log2 distance %.2f", dist);
-  return s + d;
+  return "row" + dims_text(req, r.k) + d;
 }
 
 }  // namespace
