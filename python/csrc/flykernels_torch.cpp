@@ -698,6 +698,21 @@ const char* grouped_mm_ineligible(const at::Tensor& a, const at::Tensor& b, cons
   return nullptr;
 }
 
+// fly_grouped_gemm of a, b, offs into c (no bias); false, with the reason noted, where the library
+// declines the call (fallback statuses), an error for anything else.
+bool grouped_mm_run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const at::Tensor& c) {
+  c10::DeviceGuard guard(a.device());
+  fly_tensor ad = desc_nd(a), bd = desc_nd(b), od = desc_nd(offs), cd = desc_nd(c);
+  const fly_status st = fly_grouped_gemm(&ad, &bd, &od, nullptr, &cd, nullptr, 0, current_stream(a.device()));
+  if (st == FLY_SUCCESS) {
+    note_ours(kGroupedMm);
+    return true;
+  }
+  TORCH_CHECK(status_means_fallback(st), "flykernels grouped_mm: ", fly_status_string(st), ": ", fly_get_last_error());
+  note_fallback(kGroupedMm, fly_get_last_error());
+  return false;
+}
+
 void grouped_mm_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   auto& s = *stack;
   const size_t b0 = s.size() - 5;
@@ -709,19 +724,13 @@ void grouped_mm_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
       s[b0 + 4].isNone() ? std::nullopt : std::optional<at::ScalarType>(s[b0 + 4].toScalarType());
   const char* why = grouped_mm_ineligible(a, b, offs, bias, out_dtype, true);
   if (why == nullptr) {
-    c10::DeviceGuard guard(a.device());
+    c10::DeviceGuard guard(a.device());  // the output is allocated on a's device
     at::Tensor c = empty_unfilled({a.size(0), b.size(2)}, a.scalar_type());
-    fly_tensor ad = desc_nd(a), bd = desc_nd(b), od = desc_nd(*offs), cd = desc_nd(c);
-    fly_status st = fly_grouped_gemm(&ad, &bd, &od, nullptr, &cd, nullptr, 0, current_stream(a.device()));
-    if (st == FLY_SUCCESS) {
-      note_ours(kGroupedMm);
+    if (grouped_mm_run(a, b, *offs, c)) {
       torch::jit::drop(s, 5);
       torch::jit::push(s, std::move(c));
       return;
     }
-    TORCH_CHECK(status_means_fallback(st), "flykernels grouped_mm: ", fly_status_string(st), ": ",
-                fly_get_last_error());
-    note_fallback(kGroupedMm, fly_get_last_error());
   } else {
     note_fallback(kGroupedMm, why);
   }
@@ -1171,16 +1180,7 @@ void grouped_mm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& 
                           out.stride(1) == 1 && (out.size(0) <= 1 || out.stride(0) == out.size(1))))
     why = "output not a row-major [T, N]";
   if (why == nullptr) {
-    c10::DeviceGuard guard(a.device());
-    fly_tensor ad = desc_nd(a), bd = desc_nd(b), od = desc_nd(offs), cd = desc_nd(out);
-    const fly_status st = fly_grouped_gemm(&ad, &bd, &od, nullptr, &cd, nullptr, 0, current_stream(a.device()));
-    if (st == FLY_SUCCESS) {
-      note_ours(kGroupedMm);
-      return;
-    }
-    TORCH_CHECK(status_means_fallback(st), "flykernels grouped_mm: ", fly_status_string(st), ": ",
-                fly_get_last_error());
-    note_fallback(kGroupedMm, fly_get_last_error());
+    if (grouped_mm_run(a, b, offs, out)) return;
   } else {
     note_fallback(kGroupedMm, why);
   }
