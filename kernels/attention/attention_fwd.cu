@@ -45,23 +45,29 @@ struct Ring {
   uint64_t* empty;   // [ST]: every consumer warp arrives once it has read the stage's K and V
 };
 
+// The producer's start on a tile, both schedules: prefetch the three maps, then the tile's Q
+// (BM rows; packed GQA: box {64, Sq, group, 1}, rows g * Sq + s dense from row 0, chunks still BM
+// rows apart) onto q_full.
+__device__ __forceinline__ void load_q_tile(const AttnFwdParams& p, const TileCoord& t, uint8_t* sq, uint64_t* q_full) {
+  sm90::tma_prefetch_desc(&p.tm_q);
+  sm90::tma_prefetch_desc(&p.tm_k);
+  sm90::tma_prefetch_desc(&p.tm_v);
+  sm90::mbar_arrive_expect_tx(q_full, p.q_bytes);
+  if (p.pack_gqa) {
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_4d(sq + c * Cfg::BM * 128, &p.tm_q, q_full, c * 64, 0, t.kv_head * p.group, t.batch);
+  } else {
+    load_tile<Cfg::kHD>(sq, &p.tm_q, q_full, Cfg::BM, t.m0, t.head_y, t.batch);
+  }
+}
+
 #if FLY_HD <= 256
 __device__ __forceinline__ void producer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r) {
   uint8_t* sq = smem;
   uint8_t* sk = smem + Cfg::kQBytes;
   uint8_t* sv = sk + Cfg::kST * Cfg::kKVBytes;
-  sm90::tma_prefetch_desc(&p.tm_q);
-  sm90::tma_prefetch_desc(&p.tm_k);
-  sm90::tma_prefetch_desc(&p.tm_v);
-  sm90::mbar_arrive_expect_tx(r.q_full, p.q_bytes);
-  if (p.pack_gqa) {
-    // Box {64, Sq, group, 1}: rows g * Sq + s, dense from row 0 (chunks still BM rows apart).
-#pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c)
-      tma_load_4d(sq + c * Cfg::BM * 128, &p.tm_q, r.q_full, c * 64, 0, t.kv_head * p.group, t.batch);
-  } else {
-    load_tile<Cfg::kHD>(sq, &p.tm_q, r.q_full, Cfg::BM, t.m0, t.head_y, t.batch);
-  }
+  load_q_tile(p, t, sq, r.q_full);
   for (int n = t.n_begin, it = 0; n < t.n_end; ++n, ++it) {
     const int stage = it % Cfg::kST;
     const uint32_t phase = (it / Cfg::kST) & 1;
@@ -304,17 +310,7 @@ __device__ __forceinline__ void producer_wide(const AttnFwdParams& p, const Tile
   uint8_t* sq = smem;
   uint8_t* sk = smem + Cfg::kQBytes;
   uint8_t* sv = sk + Cfg::kKVBytes;
-  sm90::tma_prefetch_desc(&p.tm_q);
-  sm90::tma_prefetch_desc(&p.tm_k);
-  sm90::tma_prefetch_desc(&p.tm_v);
-  sm90::mbar_arrive_expect_tx(r.q_full, p.q_bytes);
-  if (p.pack_gqa) {
-#pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c)
-      tma_load_4d(sq + c * Cfg::BM * 128, &p.tm_q, r.q_full, c * 64, 0, t.kv_head * p.group, t.batch);
-  } else {
-    load_tile<Cfg::kHD>(sq, &p.tm_q, r.q_full, Cfg::BM, t.m0, t.head_y, t.batch);
-  }
+  load_q_tile(p, t, sq, r.q_full);
   for (int n = t.n_begin, it = 0; n < t.n_end; ++n, ++it) {
     const uint32_t phase = it & 1;
     sm90::mbar_wait(r.k_empty, phase ^ 1);
