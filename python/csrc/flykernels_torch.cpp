@@ -887,43 +887,33 @@ const char* scaled_mm_v1_ineligible(const torch::jit::Stack& s, size_t b0, bool 
 
 constexpr size_t kScaledMmV2Args = 12, kScaledMmV1Args = 8;
 
-void scaled_mm_v2_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+// CUDA: the calls we take run ours (argument positions per schema: v2's bias 8 and out dtype 9,
+// its scales as one-element lists at 2 and 5; v1's scales 2 and 3, bias 4, out dtype 6, always
+// the blocked 32_4_4 layout); every other call, or one our library refuses, runs the stock kernel.
+template <bool kV1>
+void scaled_mm_cuda_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   auto& s = *stack;
-  const size_t b0 = s.size() - kScaledMmV2Args;
-  int64_t swizzle = -1;
-  const char* why = scaled_mm_v2_ineligible(s, b0, &swizzle, true);
+  const size_t n = kV1 ? kScaledMmV1Args : kScaledMmV2Args;
+  const size_t b0 = s.size() - n;
+  const OpId id = kV1 ? kScaledMmV1 : kScaledMm;
+  int64_t swizzle = kSwizzle32_4_4;
+  const char* why = kV1 ? scaled_mm_v1_ineligible(s, b0, true) : scaled_mm_v2_ineligible(s, b0, &swizzle, true);
   if (why == nullptr) {
-    const at::Tensor* bias = s[b0 + 8].isNone() ? nullptr : &s[b0 + 8].toTensor();
+    const c10::IValue& bias_v = s[b0 + (kV1 ? 4 : 8)];
+    const at::Tensor* bias = bias_v.isNone() ? nullptr : &bias_v.toTensor();
+    const at::Tensor sa = kV1 ? s[b0 + 2].toTensor() : s[b0 + 2].toTensorList().get(0);
+    const at::Tensor sb = kV1 ? s[b0 + 3].toTensor() : s[b0 + 5].toTensorList().get(0);
     at::Tensor c;
-    if (scaled_mm_run(kScaledMm, s[b0].toTensor(), s[b0 + 1].toTensor(), s[b0 + 2].toTensorList().get(0),
-                      s[b0 + 5].toTensorList().get(0), swizzle, bias, s[b0 + 9].toScalarType(), &c)) {
-      torch::jit::drop(s, kScaledMmV2Args);
+    if (scaled_mm_run(id, s[b0].toTensor(), s[b0 + 1].toTensor(), sa, sb, swizzle, bias,
+                      s[b0 + (kV1 ? 6 : 9)].toScalarType(), &c)) {
+      torch::jit::drop(s, n);
       torch::jit::push(s, std::move(c));
       return;
     }
   } else {
-    note_fallback(kScaledMm, why);
+    note_fallback(id, why);
   }
-  g_prev_scaled_mm->callBoxed(op, ks, stack);
-}
-
-void scaled_mm_v1_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  auto& s = *stack;
-  const size_t b0 = s.size() - kScaledMmV1Args;
-  const char* why = scaled_mm_v1_ineligible(s, b0, true);
-  if (why == nullptr) {
-    const at::Tensor* bias = s[b0 + 4].isNone() ? nullptr : &s[b0 + 4].toTensor();
-    at::Tensor c;
-    if (scaled_mm_run(kScaledMmV1, s[b0].toTensor(), s[b0 + 1].toTensor(), s[b0 + 2].toTensor(), s[b0 + 3].toTensor(),
-                      kSwizzle32_4_4, bias, s[b0 + 6].toScalarType(), &c)) {
-      torch::jit::drop(s, kScaledMmV1Args);
-      torch::jit::push(s, std::move(c));
-      return;
-    }
-  } else {
-    note_fallback(kScaledMmV1, why);
-  }
-  g_prev_scaled_mm_v1->callBoxed(op, ks, stack);
+  (kV1 ? g_prev_scaled_mm_v1 : g_prev_scaled_mm)->callBoxed(op, ks, stack);
 }
 
 // Meta (shape inference under FakeTensor / torch.compile): the stock Meta kernels refuse NO_SWIZZLE
@@ -1051,8 +1041,8 @@ bool enable_op(const std::string& op) {
     g_prev_scaled_mm_meta.emplace(h2.getComputedKernelForDispatchKey(c10::DispatchKey::Meta));
     g_prev_scaled_mm_v1_meta.emplace(h1.getComputedKernelForDispatchKey(c10::DispatchKey::Meta));
     lib = new_cuda_impl_library();
-    lib->impl("_scaled_mm_v2", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_v2_boxed>());
-    lib->impl("_scaled_mm", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_v1_boxed>());
+    lib->impl("_scaled_mm_v2", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_cuda_boxed<false>>());
+    lib->impl("_scaled_mm", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_cuda_boxed<true>>());
     auto meta = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
     meta->impl("_scaled_mm_v2", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_meta_boxed<false>>());
     meta->impl("_scaled_mm", torch::CppFunction::makeFromBoxedFunction<&scaled_mm_meta_boxed<true>>());
