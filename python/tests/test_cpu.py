@@ -54,7 +54,8 @@ def test_switches(fly):
     fly.disable("rms_norm")
     assert fly.active() == ["topk"]
     fly.enable()
-    assert set(fly.active()) == {"rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn", "sdpa_bwd", "grouped_mm"}
+    assert set(fly.active()) == {"rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn", "sdpa_bwd", "grouped_mm",
+                                 "scaled_mm", "grouped_mm_compile"}
     with pytest.raises(ValueError, match="unknown op"):
         fly.enable(ops=["no_such_op"])
 
@@ -231,7 +232,8 @@ def test_env_off_at_import():
 def test_on_at_import_where_available():
     r = run_py("import flykernels; print('ACTIVE', sorted(flykernels.torch.active()), flykernels.available)")
     assert r.returncode == 0, r.stderr
-    expected = "['gemm', 'rms_norm', 'sdpa', 'sdpa_cudnn', 'topk'] True" if flykernels.available else "[] False"
+    on = ["gemm", "grouped_mm", "grouped_mm_compile", "rms_norm", "scaled_mm", "sdpa", "sdpa_bwd", "sdpa_cudnn", "topk"]
+    expected = f"{on} True" if flykernels.available else "[] False"
     assert f"ACTIVE {expected}" in r.stdout
 
 
@@ -390,7 +392,8 @@ def test_gemm_family_does_not_import_inductor_until_torch_does():
         print("RESTORED", not hasattr(mm.autotune_select_algorithm, "__wrapped__"))
     """)
     assert r.returncode == 0, r.stderr
-    assert "ACTIVE ['rms_norm', 'topk', 'grouped_mm', 'gemm', 'sdpa', 'sdpa_cudnn', 'sdpa_bwd'] False" in r.stdout
+    assert ("ACTIVE ['rms_norm', 'topk', 'grouped_mm', 'scaled_mm', 'gemm', 'grouped_mm_compile', 'sdpa', 'sdpa_cudnn',"
+            " 'sdpa_bwd'] False") in r.stdout
     assert "WRAPPED True" in r.stdout and "RESTORED True" in r.stdout
 
 
@@ -503,14 +506,18 @@ def test_grouped_candidate_family_wraps_the_grouped_lowering_and_restores_it(fly
     import torch._inductor.kernel.mm_grouped as mg
     original = mg.autotune_select_algorithm
     fly.enable()
-    assert "grouped_mm_compile" not in fly.active()  # off until named
-    fly.enable(["grouped_mm_compile"])
-    assert "grouped_mm_compile" in fly.active()
+    assert "grouped_mm_compile" in fly.active()  # on by default
     assert mg.autotune_select_algorithm.__wrapped__ is original
     fly.disable(["grouped_mm_compile"])
     assert "grouped_mm_compile" not in fly.active()
-    assert "gemm" in fly.active()  # the dense candidates stay
+    assert mg.autotune_select_algorithm is original  # restored at once, whatever else stays on
+    import torch._inductor.kernel.mm as mm
+    assert "gemm" in fly.active() and hasattr(mm.autotune_select_algorithm, "__wrapped__")  # the dense stay
+    fly.enable(["grouped_mm_compile"])
     fly.disable(["gemm"])
+    assert not hasattr(mm.autotune_select_algorithm, "__wrapped__")
+    assert mg.autotune_select_algorithm.__wrapped__ is original
+    fly.disable(["grouped_mm_compile"])
     assert mg.autotune_select_algorithm is original
 
 

@@ -58,4 +58,4 @@ class ScaledMmOverride(EagerOverride):
 
 
 # Off until named (enable(["scaled_mm"])): its GPU tests (python/tests/test_gpu.py) have not run yet.
-register(ScaledMmOverride("scaled_mm", ["aten::_scaled_mm_v2", "aten::_scaled_mm"], _ext, default_on=False))
+register(ScaledMmOverride("scaled_mm", ["aten::_scaled_mm_v2", "aten::_scaled_mm"], _ext))

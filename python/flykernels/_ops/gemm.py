@@ -175,14 +175,13 @@ class InductorGemm:
 
 class InductorGroupedMm(InductorGemm):
     """Our grouped GEMM as a candidate of Inductor's grouped_mm lowering (kernel/mm_grouped.py;
-    2.11 has no plugin hook there, so its selector is wrapped like mm's). Off until named
-    (enable(["grouped_mm_compile"])): its GPU test has not run yet. (Inductor's ATen choice calls
+    2.11 has no plugin hook there, so its selector is wrapped like mm's). On by default since its
+    GPU test passed on the H200 (2026-12-02). (Inductor's ATen choice calls
     aten::_grouped_mm, which the eager "grouped_mm" family overrides; this family makes ours a
     candidate of its own, benchmarked beside ATen's and Triton's.)"""
     name = "grouped_mm_compile"
     module = "torch._inductor.kernel.mm_grouped"
     lowerings = {"grouped_mm": _grouped_provider}
-    default_on = False
 
 
 register(InductorGemm())

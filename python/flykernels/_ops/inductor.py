@@ -15,6 +15,7 @@ import importlib.abc
 import sys
 
 _providers = {}  # lowering name -> {provider key: provider}
+_module_of = {}  # lowering name -> the module whose selector serves it
 _wanted = set()  # lowering modules to wrap (now, or when imported)
 _wrapped = {}  # module name -> the original autotune_select_algorithm
 wrap_errors = {}  # module name -> why it was not wrapped
@@ -77,6 +78,7 @@ def register_candidates(name, provider, key, module="torch._inductor.kernel.mm")
     """Adds provider under `key` for lowering `name`; wraps `module`'s selector now if it is
     imported, else right after its import."""
     _providers.setdefault(name, {})[key] = provider
+    _module_of[name] = module
     _wanted.add(module)
     if module in sys.modules:
         _wrap(sys.modules[module])
@@ -85,14 +87,18 @@ def register_candidates(name, provider, key, module="torch._inductor.kernel.mm")
 
 
 def unregister_candidates(name, key):
+    """Drops provider `key` of lowering `name`; a module none of whose lowerings has a provider left
+    gets its original selector back (and is no longer wrapped on import)."""
     _providers.get(name, {}).pop(key, None)
-    if not any(_providers.values()):  # nothing left: put the originals back
-        for module, original in _wrapped.items():
-            sys.modules[module].autotune_select_algorithm = original
-        _wrapped.clear()
-        _wanted.clear()
-        if _finder in sys.meta_path:
-            sys.meta_path.remove(_finder)
+    module = _module_of.get(name)
+    if module is None or any(_providers.get(n) for n, m in _module_of.items() if m == module):
+        return
+    original = _wrapped.pop(module, None)
+    if original is not None and module in sys.modules:
+        sys.modules[module].autotune_select_algorithm = original
+    _wanted.discard(module)
+    if not _wanted and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
 
 
 def registered(name, key):
