@@ -7,6 +7,7 @@
 #   bash kernels/mx/dev/device_wgmma.sh [all|check|bench]     (run from the repository root)
 # Logs under $OUT (default ./out-mxw): summary.txt, gpu.log, memcheck.log, racecheck.log,
 # bench.log (the tables), torch.log, torch.json, and logs.tgz with the rest (at most 8 files come back).
+# QUICK=1 skips memcheck over the tests and synccheck; REPS, VARIANTS ("--variant NAME ...") set the bench.
 # Phases are skipped, saying so, once $BUDGET_S (default 570) seconds have gone; `bench` alone
 # reuses the build dir when the machine is still warm (else it builds first).
 set -uo pipefail
@@ -62,17 +63,19 @@ if [ "$mode" = all ] || [ "$mode" = check ]; then
   phase "gpu tests [mx]" 150 "$out/gpu.log" "$bx/test/fly_gpu_tests" "[mx]" --durations yes
   grep -E "worst \|err\|" "$out/gpu.log" | sort -u | tee -a "$out/summary.txt"
   phase "memcheck subset" 90 "$out/memcheck.log" "$cs" --tool memcheck --error-exitcode 1 "$bx/test/fly_gpu_subset" mx
-  phase "memcheck tests" 150 "$out/more/memcheck-tests.log" "$cs" --tool memcheck --error-exitcode 1 \
-    --report-api-errors no "$bx/test/fly_gpu_tests" "[mx][gemm]"
   phase "racecheck subset" 120 "$out/racecheck.log" "$cs" --tool racecheck --error-exitcode 1 "$bx/test/fly_gpu_subset" mx
-  phase "synccheck subset" 60 "$out/more/synccheck.log" "$cs" --tool synccheck --error-exitcode 1 "$bx/test/fly_gpu_subset" mx
+  if [ "${QUICK:-0}" != 1 ]; then  # QUICK=1: the subset's memcheck and racecheck only (short device budgets)
+    phase "memcheck tests" 150 "$out/more/memcheck-tests.log" "$cs" --tool memcheck --error-exitcode 1 \
+      --report-api-errors no "$bx/test/fly_gpu_tests" "[mx][gemm]"
+    phase "synccheck subset" 60 "$out/more/synccheck.log" "$cs" --tool synccheck --error-exitcode 1 "$bx/test/fly_gpu_subset" mx
+  fi
 fi
 if [ "$mode" = all ] || [ "$mode" = bench ]; then
   # flybench mxfp five times (default dispatch, four wgmma variants forced), then the torch
   # baselines on the same shapes in the same process run; flybench's own tables are in torch.log
   PYTHONUNBUFFERED=1 phase "mxfp_torch.py" 480 "$out/torch.log" python3 bench/mxfp_torch.py --flybench "$bx/flybench" \
-    --reps 10 --json "$out/torch.json" --variant mxfp_wgmma_n128_f0 --variant mxfp_wgmma_n64_f0 --variant mxfp_wgmma_n32_f0 \
-    --variant mxfp_wgmma_n128_f1
+    --reps "${REPS:-10}" --json "$out/torch.json" ${VARIANTS:---variant mxfp_wgmma_n128_f0 --variant mxfp_wgmma_n64_f0 \
+    --variant mxfp_wgmma_n32_f0 --variant mxfp_wgmma_n128_f1}
   grep -E "^(mxfp|fmt)|vs_default" "$out/torch.log" >"$out/bench.log"
   tail -8 "$out/torch.log" | tee -a "$out/summary.txt"
 fi
