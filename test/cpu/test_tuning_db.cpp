@@ -190,7 +190,8 @@ TEST_CASE("every variant named in the shipped dumps is bundled (for the families
   fly::TuningDb db;
   REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
   const std::pair<const char*, const char*> op_family[] = {{"rmsnorm_fwd", "rmsnorm"}, {"topk", "topk"}, {"gemm", "gemm"},
-                                                           {"attention_fwd", "attention"}, {"grouped_gemm", "grouped_gemm"}};
+                                                           {"attention_fwd", "attention"}, {"grouped_gemm", "grouped_gemm"},
+                                                           {"scaled_gemm", "mxfp"}};
   for (auto& r : db.rows()) {
     const char* family = nullptr;
     for (auto& of : op_family) if (r.op == of.first) family = of.second;

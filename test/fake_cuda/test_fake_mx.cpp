@@ -74,6 +74,9 @@ TEST_CASE("mx_quantize: launch configuration and parameters", "[fake][mx]") {
 TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
   if (!fly::find_variant("mxfp_gemm_m64_n64")) { WARN("mxfp not in this build"); return; }
   void* s = fake_cuda_stream_create(0);
+  // The mma.sync kernel's launcher, forced (the DB sends most suite shapes to the wgmma variants,
+  // whose launch the next test checks).
+  REQUIRE(fly_force_variant("mxfp_gemm_m64_n64") == FLY_SUCCESS);
   struct Shape { int64_t M, N, K; };
   for (Shape sh : {Shape{1, 4096, 4096}, Shape{37, 100, 96}, Shape{130, 257, 1056}})
     for (int fp4 = 0; fp4 < 2; ++fp4)
@@ -123,6 +126,40 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
   fly_tensor sa = mat(ok, FLY_E8M0, 8, 4, 4), sb = mat(ok, FLY_E8M0, 64, 4, 4), c = mat(ok, FLY_BF16, 8, 64, 64);
   CHECK(fly_scaled_gemm(&a, &sa, &b, &sb, nullptr, &c, nullptr, 0, s) == FLY_ERROR_INVALID_ARGUMENT);
   CHECK(fly_test::mentions("a"));
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+}
+
+// The shipped rows (db/sm_90a.sql, op scaled_gemm): a suite shape runs its row's variant, a shape
+// far from every row the nearest row's, and the launch is that variant's (384 threads: wgmma).
+TEST_CASE("scaled_gemm: the database picks the variant", "[fake][mx]") {
+  if (!fly::find_variant("mxfp_wgmma_n128_f0") || !fly::find_variant("mxfp_wgmma_n64_f0")) {
+    WARN("the DB's mxfp variants are not in this build");
+    return;
+  }
+  void* s = fake_cuda_stream_create(0);
+  struct Case { int64_t M, N, K; int fp4; const char* want; };
+  // rows: mxfp8 2048 x 14336 x 4096 -> n128_f0; mxfp4 64 x 8192 x 8192 -> n64_f0;
+  // mxfp8 128 x 4096 x 4096 -> the mma.sync kernel
+  for (Case cs : {Case{2048, 14336, 4096, 0, "mxfp_wgmma_n128_f0"}, Case{64, 8192, 8192, 1, "mxfp_wgmma_n64_f0"},
+                  Case{128, 4096, 4096, 0, "mxfp_gemm_m64_n64"}}) {
+    const int64_t cols = cs.fp4 ? cs.K / 2 : cs.K;
+    const fly_dtype et = cs.fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
+    void* ad = fake_cuda_malloc(size_t(cs.M * cols));
+    void* bd = fake_cuda_malloc(size_t(cs.N * cols));
+    void* sad = fake_cuda_malloc(size_t(cs.M * cs.K / 32));
+    void* sbd = fake_cuda_malloc(size_t(cs.N * cs.K / 32));
+    void* cd = fake_cuda_malloc(size_t(cs.M * cs.N * 2));
+    fly_tensor a = mat(ad, et, cs.M, cols, cols), b = mat(bd, et, cs.N, cols, cols);
+    fly_tensor sa = mat(sad, FLY_E8M0, cs.M, cs.K / 32, cs.K / 32), sb = mat(sbd, FLY_E8M0, cs.N, cs.K / 32, cs.K / 32);
+    fly_tensor c = mat(cd, FLY_BF16, cs.M, cs.N, cs.N);
+    fake_cuda_clear_records();
+    INFO("M " << cs.M << " N " << cs.N << " K " << cs.K << " fp4 " << cs.fp4 << " " << fly_get_last_error());
+    REQUIRE(fly_scaled_gemm(&a, &sa, &b, &sb, nullptr, &c, nullptr, 0, s) == FLY_SUCCESS);
+    CHECK(std::string(fly_last_variant()) == cs.want);
+    REQUIRE(fake_cuda_launch_count() == 1);
+    const bool wgmma = std::string(cs.want).rfind("mxfp_wgmma", 0) == 0;
+    CHECK(mx_last_launch()->block[0] == (wgmma ? 384u : 128u));
+  }
 }
 
 // The wgmma variants (not in the defaults: present in -DFLY_ALL_VARIANTS=ON builds), forced: the
