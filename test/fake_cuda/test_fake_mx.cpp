@@ -31,6 +31,33 @@ const fake_cuda_launch* mx_last_launch() {
   return fake_cuda_get_launch(n - 1);
 }
 
+// Stand-in device buffers and descriptors of one scaled GEMM: a [M, K] and b [N, K] in the format
+// (packed K/2 bytes per row for MXFP4), their E8M0 scales, c [M, N] and bias [N] of `out`.
+struct MxOperands {
+  int64_t M, N, K, cols;
+  void *ad, *bd, *sad, *sbd, *cd, *biasd;
+  fly_tensor a, b, sa, sb, c, bias;
+  MxOperands(int64_t m, int64_t n, int64_t k, bool fp4, fly_dtype out) : M(m), N(n), K(k), cols(fp4 ? k / 2 : k) {
+    const fly_dtype et = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
+    ad = fake_cuda_malloc(size_t(M * cols));
+    bd = fake_cuda_malloc(size_t(N * cols));
+    sad = fake_cuda_malloc(size_t(M * K / 32));
+    sbd = fake_cuda_malloc(size_t(N * K / 32));
+    cd = fake_cuda_malloc(size_t(M * N * 2));
+    biasd = fake_cuda_malloc(size_t(N * 2));
+    a = mat(ad, et, M, cols, cols);
+    b = mat(bd, et, N, cols, cols);
+    sa = mat(sad, FLY_E8M0, M, K / 32, K / 32);
+    sb = mat(sbd, FLY_E8M0, N, K / 32, K / 32);
+    c = mat(cd, out, M, N, N);
+    bias = vec(biasd, out, N);
+  }
+  fly_status run(void* stream, bool with_bias) {
+    fake_cuda_clear_records();
+    return fly_scaled_gemm(&a, &sa, &b, &sb, with_bias ? &bias : nullptr, &c, nullptr, 0, stream);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("mx_quantize: launch configuration and parameters", "[fake][mx]") {
@@ -81,19 +108,9 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
   for (Shape sh : {Shape{1, 4096, 4096}, Shape{37, 100, 96}, Shape{130, 257, 1056}})
     for (int fp4 = 0; fp4 < 2; ++fp4)
       for (fly_dtype out : {FLY_F16, FLY_BF16}) {
-        const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
-        const fly_dtype et = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
-        void* ad = fake_cuda_malloc(size_t(M * cols));
-        void* bd = fake_cuda_malloc(size_t(N * cols));
-        void* sad = fake_cuda_malloc(size_t(M * K / 32));
-        void* sbd = fake_cuda_malloc(size_t(N * K / 32));
-        void* cd = fake_cuda_malloc(size_t(M * N * 2));
-        void* biasd = fake_cuda_malloc(size_t(N * 2));
-        fly_tensor a = mat(ad, et, M, cols, cols), b = mat(bd, et, N, cols, cols);
-        fly_tensor sa = mat(sad, FLY_E8M0, M, K / 32, K / 32), sb = mat(sbd, FLY_E8M0, N, K / 32, K / 32);
-        fly_tensor c = mat(cd, out, M, N, N), bias = vec(biasd, out, N);
-        fake_cuda_clear_records();
-        const fly_status st = fly_scaled_gemm(&a, &sa, &b, &sb, &bias, &c, nullptr, 0, s);
+        MxOperands o(sh.M, sh.N, sh.K, fp4 != 0, out);
+        const int64_t M = o.M, N = o.N, K = o.K, cols = o.cols;
+        const fly_status st = o.run(s, true);
         INFO("M " << M << " N " << N << " K " << K << " " << fly_get_last_error() << " " << fake_cuda_last_refusal());
         REQUIRE(st == FLY_SUCCESS);
         REQUIRE(fake_cuda_launch_count() == 1);
@@ -104,12 +121,12 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
         CHECK(L->grid[1] == unsigned((M + 63) / 64));
         CHECK(L->stream == s);
         const auto p = mx_params_of<MxGemmParams>(L);
-        CHECK(p.a == ad);
-        CHECK(p.b == bd);
-        CHECK(p.sa == sad);
-        CHECK(p.sb == sbd);
-        CHECK(p.c == cd);
-        CHECK(p.bias == biasd);
+        CHECK(p.a == o.ad);
+        CHECK(p.b == o.bd);
+        CHECK(p.sa == o.sad);
+        CHECK(p.sb == o.sbd);
+        CHECK(p.c == o.cd);
+        CHECK(p.bias == o.biasd);
         CHECK(p.M == M);
         CHECK(p.N == N);
         CHECK(p.K == K);
@@ -142,19 +159,10 @@ TEST_CASE("scaled_gemm: the database picks the variant", "[fake][mx]") {
   // mxfp8 128 x 4096 x 4096 -> the mma.sync kernel
   for (Case cs : {Case{2048, 14336, 4096, 0, "mxfp_wgmma_n128_f0"}, Case{64, 8192, 8192, 1, "mxfp_wgmma_n64_f0"},
                   Case{128, 4096, 4096, 0, "mxfp_gemm_m64_n64"}}) {
-    const int64_t cols = cs.fp4 ? cs.K / 2 : cs.K;
-    const fly_dtype et = cs.fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
-    void* ad = fake_cuda_malloc(size_t(cs.M * cols));
-    void* bd = fake_cuda_malloc(size_t(cs.N * cols));
-    void* sad = fake_cuda_malloc(size_t(cs.M * cs.K / 32));
-    void* sbd = fake_cuda_malloc(size_t(cs.N * cs.K / 32));
-    void* cd = fake_cuda_malloc(size_t(cs.M * cs.N * 2));
-    fly_tensor a = mat(ad, et, cs.M, cols, cols), b = mat(bd, et, cs.N, cols, cols);
-    fly_tensor sa = mat(sad, FLY_E8M0, cs.M, cs.K / 32, cs.K / 32), sb = mat(sbd, FLY_E8M0, cs.N, cs.K / 32, cs.K / 32);
-    fly_tensor c = mat(cd, FLY_BF16, cs.M, cs.N, cs.N);
-    fake_cuda_clear_records();
+    MxOperands o(cs.M, cs.N, cs.K, cs.fp4 != 0, FLY_BF16);
+    const fly_status st = o.run(s, false);
     INFO("M " << cs.M << " N " << cs.N << " K " << cs.K << " fp4 " << cs.fp4 << " " << fly_get_last_error());
-    REQUIRE(fly_scaled_gemm(&a, &sa, &b, &sb, nullptr, &c, nullptr, 0, s) == FLY_SUCCESS);
+    REQUIRE(st == FLY_SUCCESS);
     CHECK(std::string(fly_last_variant()) == cs.want);
     REQUIRE(fake_cuda_launch_count() == 1);
     const bool wgmma = std::string(cs.want).rfind("mxfp_wgmma", 0) == 0;
@@ -176,20 +184,10 @@ TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake
     struct Shape { int64_t M, N, K; };
     for (Shape sh : {Shape{1, 4096, 4096}, Shape{37, 100, 96}, Shape{1030, 2570, 1056}})
       for (int fp4 = 0; fp4 < 2; ++fp4) {
-        const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
-        const fly_dtype et = fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3;
-        void* ad = fake_cuda_malloc(size_t(M * cols));
-        void* bd = fake_cuda_malloc(size_t(N * cols));
-        void* sad = fake_cuda_malloc(size_t(M * K / 32));
-        void* sbd = fake_cuda_malloc(size_t(N * K / 32));
-        void* cd = fake_cuda_malloc(size_t(M * N * 2));
-        void* biasd = fake_cuda_malloc(size_t(N * 2));
-        fly_tensor a = mat(ad, et, M, cols, cols), b = mat(bd, et, N, cols, cols);
-        fly_tensor sa = mat(sad, FLY_E8M0, M, K / 32, K / 32), sb = mat(sbd, FLY_E8M0, N, K / 32, K / 32);
-        fly_tensor c = mat(cd, FLY_BF16, M, N, N), bias = vec(biasd, FLY_BF16, N);
-        fake_cuda_clear_records();
+        MxOperands o(sh.M, sh.N, sh.K, fp4 != 0, FLY_BF16);
+        const int64_t M = o.M, N = o.N, K = o.K, cols = o.cols;
         REQUIRE(fly_force_variant(name.c_str()) == FLY_SUCCESS);
-        const fly_status st = fly_scaled_gemm(&a, &sa, &b, &sb, &bias, &c, nullptr, 0, s);
+        const fly_status st = o.run(s, true);
         fly_force_variant(nullptr);
         INFO(name << " M " << M << " N " << N << " K " << K << " fp4 " << fp4 << " " << fly_get_last_error() << " "
                   << fake_cuda_last_refusal());
@@ -203,10 +201,10 @@ TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake
         CHECK(L->grid[0] == unsigned(std::min<int64_t>(tiles_m * tiles_n, 132)));
         CHECK(L->grid[1] == 1u);
         const auto p = mx_params_of<fly::mxw::Params>(L);
-        CHECK(p.sa == sad);
-        CHECK(p.sb == sbd);
-        CHECK(p.c == cd);
-        CHECK(p.bias == biasd);
+        CHECK(p.sa == o.sad);
+        CHECK(p.sb == o.sbd);
+        CHECK(p.c == o.cd);
+        CHECK(p.bias == o.biasd);
         CHECK(p.M == M);
         CHECK(p.N == N);
         CHECK(p.K == K);
@@ -221,8 +219,8 @@ TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake
         REQUIRE(ib >= 0);
         const fake_cuda_tensor_map* ma = fake_cuda_get_tensor_map(ia);
         const fake_cuda_tensor_map* mb = fake_cuda_get_tensor_map(ib);
-        CHECK(ma->address == uint64_t(reinterpret_cast<uintptr_t>(ad)));
-        CHECK(mb->address == uint64_t(reinterpret_cast<uintptr_t>(bd)));
+        CHECK(ma->address == uint64_t(reinterpret_cast<uintptr_t>(o.ad)));
+        CHECK(mb->address == uint64_t(reinterpret_cast<uintptr_t>(o.bd)));
         CHECK(ma->rank == 2u);
         CHECK(ma->dims[0] == uint64_t(cols));
         CHECK(ma->dims[1] == uint64_t(M));
