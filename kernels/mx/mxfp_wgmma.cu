@@ -54,6 +54,11 @@ constexpr bool FOLD = FLY_FOLD != 0;
 #else
 constexpr bool FOLD = false;
 #endif
+#if defined(FLY_PIPE)
+constexpr bool PIPE = FLY_PIPE != 0;
+#else
+constexpr bool PIPE = false;
+#endif
 constexpr int STAGES = stages(BN);
 constexpr int STAGE = stage_bytes(BN, FOLD);
 constexpr int OFF_B = a_bytes();
@@ -93,6 +98,33 @@ __device__ __forceinline__ uint64_t desc_of(const uint8_t* tile) {
 
 using fly::from_float;  // common/convert.cuh
 using fly::to_float;
+
+// One k32 block's promotion: acc += tmp * sa[row] * sb[col] with the block's decoded scales
+// (sa_j: the block's [kBM] row scales, sb_j: its [BN] column scales in shared memory).
+__device__ __forceinline__ void promote(float (&acc)[ACC], const float (&tmp)[ACC], const float* sa_j, const float* sb_j,
+                                        int ra, int ct) {
+  const float sa0 = sa_j[ra], sa1 = sa_j[ra + 8];
+#pragma unroll
+  for (int c8 = 0; c8 < BN / 8; ++c8) {
+    const float2 sbv = *reinterpret_cast<const float2*>(&sb_j[acc_col(ct, 4 * c8)]);
+    acc[4 * c8 + 0] = fmaf(tmp[4 * c8 + 0], sa0 * sbv.x, acc[4 * c8 + 0]);
+    acc[4 * c8 + 1] = fmaf(tmp[4 * c8 + 1], sa0 * sbv.y, acc[4 * c8 + 1]);
+    acc[4 * c8 + 2] = fmaf(tmp[4 * c8 + 2], sa1 * sbv.x, acc[4 * c8 + 2]);
+    acc[4 * c8 + 3] = fmaf(tmp[4 * c8 + 3], sa1 * sbv.y, acc[4 * c8 + 3]);
+  }
+}
+
+// The wgmma of k32 block j of the stage into tmp (scale-d = 0: it overwrites), committed as its own group.
+__device__ __forceinline__ void issue_block(float (&tmp)[ACC], uint64_t da, uint64_t db, int j) {
+  sm90::wgmma_fence();
+  Mma::mma(tmp, da + 2 * j, db + 2 * j, 0);  // +32 bytes of the 128-byte row per k32
+  sm90::wgmma_commit();
+}
+
+__device__ __forceinline__ void fence_tmp(float (&tmp)[ACC]) {
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) sm90::reg_fence(tmp[i]);
+}
 
 // Accumulator i of consumer thread ct: row acc_row(ct, i), column acc_col(ct, i) of the
 // warpgroup's 64 x BN block (mx_wgmma_params.h): rows 16 w + lane / 4 (+8), column pairs.
@@ -280,36 +312,41 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
             if (j < jmax) Mma::mma(tmp, da + 2 * j, db + 2 * j, j > 0 ? 1 : 0);
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < ACC; ++i) sm90::reg_fence(tmp[i]);
+          fence_tmp(tmp);
           const float* fsc = reinterpret_cast<const float*>(st + OFF_FSC);
-          const float sa0 = fsc[ra], sa1 = fsc[ra + 8];
+          promote(acc, tmp, fsc, fsc + kBM, ra, ct);
+        } else if constexpr (PIPE) {
+          // Two scratch sets: block j + 1's wgmma runs while block j is promoted (wait<1> leaves
+          // the newer group in flight), so the tensor core works through 3 of the 4 promotions.
+          float tmp2[ACC];
+          if (jmax > 0) issue_block(tmp, da, db, 0);
 #pragma unroll
-          for (int c8 = 0; c8 < BN / 8; ++c8) {
-            const float2 sbv = *reinterpret_cast<const float2*>(&fsc[kBM + acc_col(ct, 4 * c8)]);
-            acc[4 * c8 + 0] = fmaf(tmp[4 * c8 + 0], sa0 * sbv.x, acc[4 * c8 + 0]);
-            acc[4 * c8 + 1] = fmaf(tmp[4 * c8 + 1], sa0 * sbv.y, acc[4 * c8 + 1]);
-            acc[4 * c8 + 2] = fmaf(tmp[4 * c8 + 2], sa1 * sbv.x, acc[4 * c8 + 2]);
-            acc[4 * c8 + 3] = fmaf(tmp[4 * c8 + 3], sa1 * sbv.y, acc[4 * c8 + 3]);
+          for (int j = 0; j < 4; ++j) {
+            if (j < jmax) {
+              const bool next = j + 1 < jmax;
+              if ((j & 1) == 0) {
+                if (next) issue_block(tmp2, da, db, j + 1);
+                if (next) sm90::wgmma_wait<1>();
+                else sm90::wgmma_wait<0>();
+                fence_tmp(tmp);
+                promote(acc, tmp, sa_s + j * kBM, sb_s + j * BN, ra, ct);
+              } else {
+                if (next) issue_block(tmp, da, db, j + 1);
+                if (next) sm90::wgmma_wait<1>();
+                else sm90::wgmma_wait<0>();
+                fence_tmp(tmp2);
+                promote(acc, tmp2, sa_s + j * kBM, sb_s + j * BN, ra, ct);
+              }
+            }
           }
-        }
+        } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (!fold && j < jmax) {
-            sm90::wgmma_fence();
-            Mma::mma(tmp, da + 2 * j, db + 2 * j, 0);  // +32 bytes of the 128-byte row per k32
-            sm90::wgmma_commit();
-            sm90::wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < ACC; ++i) sm90::reg_fence(tmp[i]);
-            const float sa0 = sa_s[j * kBM + ra], sa1 = sa_s[j * kBM + ra + 8];
-#pragma unroll
-            for (int c8 = 0; c8 < BN / 8; ++c8) {
-              const float2 sbv = *reinterpret_cast<const float2*>(&sb_s[j * BN + acc_col(ct, 4 * c8)]);
-              acc[4 * c8 + 0] = fmaf(tmp[4 * c8 + 0], sa0 * sbv.x, acc[4 * c8 + 0]);
-              acc[4 * c8 + 1] = fmaf(tmp[4 * c8 + 1], sa0 * sbv.y, acc[4 * c8 + 1]);
-              acc[4 * c8 + 2] = fmaf(tmp[4 * c8 + 2], sa1 * sbv.x, acc[4 * c8 + 2]);
-              acc[4 * c8 + 3] = fmaf(tmp[4 * c8 + 3], sa1 * sbv.y, acc[4 * c8 + 3]);
+          for (int j = 0; j < 4; ++j) {
+            if (j < jmax) {
+              issue_block(tmp, da, db, j);
+              sm90::wgmma_wait<0>();
+              fence_tmp(tmp);
+              promote(acc, tmp, sa_s + j * kBM, sb_s + j * BN, ra, ct);
             }
           }
         }
