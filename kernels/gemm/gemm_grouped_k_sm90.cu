@@ -163,10 +163,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     fly::sm90::setmaxnreg_inc<Config::CONSUMER_REGS>();
     const int cw = wg - 1;
     uint8_t* epi_stage = reinterpret_cast<uint8_t*>(ring.empty + Config::STAGES) + cw * Config::EPI_WG_BYTES;
-    const bool pk = kp.core.p_kmajor != 0, qk = kp.core.q_kmajor != 0;
-    if (pk && qk) k_consumer_role<0, 0>(kp, ring, cw, epi_stage);
-    else if (pk) k_consumer_role<0, 1>(kp, ring, cw, epi_stage);
-    else if (qk) k_consumer_role<1, 0>(kp, ring, cw, epi_stage);
-    else k_consumer_role<1, 1>(kp, ring, cw, epi_stage);
+    // Both operands MN-major (a M contiguous, b N contiguous): the launcher refuses the K-contiguous
+    // orders (a group's end as a map's innermost extent need not be a 16-byte multiple, which TMA
+    // faults on), so p_kmajor = q_kmajor = 0 here.
+    k_consumer_role<1, 1>(kp, ring, cw, epi_stage);
   }
 }

@@ -673,7 +673,7 @@ void sdpa_efficient_bwd_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet
 // [G] on the same device, no bias, out dtype = input dtype, N a multiple of 8 so the output is the
 // plain row-major [T, N] the stock op allocates). Autograd's dA (dC @ B^T) is this form again.
 // Also the 2-D x 2-D ragged-K form, autograd's dB (a = X.t() [M, Ktot], b = dC [Ktot, N], offs along
-// K, out [G, M, N] contiguous; a M- or K-contiguous, b N- or K-contiguous, N % 8 == 0, no bias).
+// K, out [G, M, N] contiguous; a M-contiguous, b N-contiguous, N % 8 == 0, no bias).
 // Other forms (3-D x 3-D, 3-D x 2-D) run the stock kernel.
 std::optional<c10::SafeKernelFunction> g_prev_grouped_mm;
 
@@ -684,14 +684,14 @@ const char* grouped_mm_ineligible(const at::Tensor& a, const at::Tensor& b, cons
   if (b.scalar_type() != a.scalar_type()) return "mixed dtypes";
   if (out_dtype.has_value() && *out_dtype != a.scalar_type()) return "out_dtype differs from the inputs'";
   if (a.dim() == 2 && b.dim() == 2) {
-    // The ragged-K form (autograd's dB = X^T @ dC per group): a [M, Ktot], b [Ktot, N], offs along
-    // K, out [G, M, N]; a M- or K-contiguous, b N- or K-contiguous (the library checks TMA's rules).
+    // The ragged-K form (autograd's dB = X^T @ dC per group): a [M, Ktot] M-contiguous (X.t()), b
+    // [Ktot, N] N-contiguous (dC), offs along K, out [G, M, N] (the library checks TMA's rules).
     if (offs == nullptr || !offs->defined()) return "no offsets";
     if (offs->scalar_type() != at::kInt || offs->dim() != 1) return "offs not int32 [G]";
     if (offs->stride(0) != 1 && offs->size(0) > 1) return "offs not contiguous";
     if (a.size(1) != b.size(0)) return "K of A and B differ";
-    if (a.stride(0) != 1 && a.stride(1) != 1) return "A neither M- nor K-contiguous";
-    if (b.stride(0) != 1 && b.stride(1) != 1) return "B neither N- nor K-contiguous";
+    if (a.stride(0) != 1 && a.size(0) > 1) return "A not M-contiguous (the ragged-K form takes X.t())";
+    if (b.stride(1) != 1 && b.size(1) > 1) return "B not N-contiguous (the ragged-K form takes dC)";
     if (b.size(1) % 8 != 0) return "N not a multiple of 8";
     if (bias != nullptr && bias->defined()) return "bias (left to the stock op)";
     if (check_device) {

@@ -201,36 +201,15 @@ struct KCall {
   fly_dtype dt = FLY_DTYPE_INVALID;
   int64_t M = 0, N = 0, Ktot = 0, G = 0;
   const void* a = nullptr;
-  bool a_kmajor = false;  // a's K contiguous (a row-major [M, Ktot]); else M contiguous (A.t())
+  bool a_kmajor = false;  // always false: a is M contiguous (X.t()); K contiguous is refused (validate_k)
   int64_t a_ld = 0;       // stride of the other dimension (elements)
   const void* b = nullptr;
-  bool b_kmajor = false;  // b's K contiguous (b = X.t() of a row-major [N, Ktot]); else N contiguous
+  bool b_kmajor = false;  // always false: b is N contiguous (dC)
   int64_t b_ld = 0;
   const int32_t* offs = nullptr;
   void* c = nullptr;
   int64_t ldc = 0, c_gs = 0;
 };
-
-// Which of the two dimensions of a 2-D operand is contiguous: `first` (dimension 0 has stride 1)
-// or the other; lines must not overlap. false: neither.
-bool order_of(const fly_tensor& t, bool* first_contig, int64_t* ld) {
-  const int64_t s0 = t.sizes[0], s1 = t.sizes[1], st0 = t.strides[0], st1 = t.strides[1];
-  // Dimension 1 contiguous (row-major): inner stride 1, row stride >= s1.
-  const bool row = (s1 <= 1 || st1 == 1) && (s0 <= 1 || st0 >= s1);
-  const bool col = (s0 <= 1 || st0 == 1) && (s1 <= 1 || st1 >= s0);
-  // Both (one of the sizes is 1): the order with a single line, whose stride is never used.
-  if (row && (!col || s0 <= 1)) {
-    *first_contig = false;
-    *ld = s0 > 1 ? st0 : s1;
-    return true;
-  }
-  if (col) {
-    *first_contig = true;
-    *ld = s1 > 1 ? st1 : s0;
-    return true;
-  }
-  return false;
-}
 
 fly_status validate_k(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs, const fly_tensor* bias,
                       const fly_tensor* c, KCall* out) {
@@ -279,26 +258,32 @@ fly_status validate_k(const fly_tensor* a, const fly_tensor* b, const fly_tensor
   if (G > 1 && M > 0 && N > 0 && c->strides[0] < c_extent)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "c: group stride %" PRId64 " is smaller than one group's extent %" PRId64
                 " (groups overlap)", c->strides[0], c_extent);
-  bool a_mcontig = false, b_kcontig = false;
-  int64_t a_ld = 0, b_ld = 0;
-  if (!order_of(*a, &a_mcontig, &a_ld))
+  // a M contiguous (X.t(), as autograd passes it), b N contiguous (dC): the ragged K is the outer
+  // dimension of both TMA maps, whose per-group extent (the group's end) may be any value. With K
+  // contiguous it would be the maps' innermost extent, which TMA takes only in 16-byte multiples
+  // (measured on the H200: a group end of 50 elements there is an illegal-instruction fault), so
+  // those orders are refused.
+  const bool a_mc = (M <= 1 || a->strides[0] == 1) && (Ktot <= 1 || a->strides[1] >= M);
+  if (!a_mc)
     return fail(FLY_ERROR_UNSUPPORTED,
-                "a: strides {%" PRId64 ", %" PRId64 "} of [M, K] have neither M nor K contiguous (with non-overlapping lines)",
-                a->strides[0], a->strides[1]);
-  if (!order_of(*b, &b_kcontig, &b_ld))
+                "a: strides {%" PRId64 ", %" PRId64 "} of [M, K]: the ragged-K mode takes a with M contiguous "
+                "(X.t(), what autograd passes; lines not overlapping), not K contiguous", a->strides[0], a->strides[1]);
+  const bool b_nc = (N <= 1 || b->strides[1] == 1) && (Ktot <= 1 || b->strides[0] >= N);
+  if (!b_nc)
     return fail(FLY_ERROR_UNSUPPORTED,
-                "b: strides {%" PRId64 ", %" PRId64 "} of [K, N] have neither K nor N contiguous (with non-overlapping lines)",
-                b->strides[0], b->strides[1]);
+                "b: strides {%" PRId64 ", %" PRId64 "} of [K, N]: the ragged-K mode takes b with N contiguous "
+                "(dC, what autograd passes; lines not overlapping), not K contiguous", b->strides[0], b->strides[1]);
+  const int64_t a_ld = Ktot > 1 ? a->strides[1] : M, b_ld = Ktot > 1 ? b->strides[0] : N;
   out->dt = dt;
   out->M = M;
   out->N = N;
   out->Ktot = Ktot;
   out->G = G;
   out->a = a->data;
-  out->a_kmajor = !a_mcontig;
+  out->a_kmajor = false;
   out->a_ld = a_ld;
   out->b = b->data;
-  out->b_kmajor = b_kcontig;
+  out->b_kmajor = false;
   out->b_ld = b_ld;
   out->offs = static_cast<const int32_t*>(offs->data);
   out->c = c->data;

@@ -1,6 +1,6 @@
 // fly_grouped_gemm's ragged-K mode behind the device check, on the stand-in driver (CPU only):
-// every bundled mode-k variant forced on every operand order plans the two template maps (a and
-// b^T over all of Ktot, K-major or MN-major as the strides say), launches the maps kernel (one
+// every bundled mode-k variant forced plans the two template maps (a and b^T over all of Ktot,
+// MN-major: K the outer dimension; K-contiguous operands are refused), launches the maps kernel (one
 // thread per group) and then one persistent launch of the main kernel, both with the workspace
 // and offsets in their parameters. Ktot = 0 launches only the main kernel (zeros, no maps).
 #include <cstring>
@@ -26,9 +26,10 @@ const fake_cuda_tensor_map* map_of(const CUtensorMap& m) {
 TEST_CASE("grouped gemm k: every bundled mode-k variant plans its maps and two launches", "[fake][grouped_gemm]") {
   void* s = fake_cuda_stream_create(0);
   struct Shape { int64_t M, Kt, N, G; bool ak, bk; };
-  const Shape shapes[] = {{4096, 8192, 2048, 8, false, false}, {136, 464, 264, 6, true, false},
-                          {136, 464, 264, 6, false, true}, {64, 104, 64, 3, true, true}, {1, 1, 8, 1, false, false},
-                          {136, 460, 264, 6, true, false}};  // the last: a's rows of 460 x 2 bytes, refused (TMA)
+  // ak / bk: a K contiguous, b K contiguous (refused: the ragged K must be the maps' outer dimension).
+  const Shape shapes[] = {{4096, 8192, 2048, 8, false, false}, {136, 460, 264, 6, false, false},
+                          {136, 464, 264, 6, true, false}, {136, 464, 264, 6, false, true},
+                          {64, 104, 64, 3, true, true}, {1, 1, 8, 1, false, false}, {8, 460, 8, 2, false, false}};
   int variants = 0, launched_variants = 0;
   for (const fly::Variant* v : fly::variants_of("grouped_gemm")) {
     if (v->get("mode") != "k") continue;
@@ -52,13 +53,13 @@ TEST_CASE("grouped gemm k: every bundled mode-k variant plans its maps and two l
       fake_cuda_clear_records();
       const fly_status st = fly_grouped_gemm(&a, &b, &offs, nullptr, &c, dws, size_t(sh.G * 256), s);
       fly_force_variant(nullptr);
-      const bool a_ok = sh.ak ? (sh.Kt % 8 == 0 || sh.M == 1) : (sh.M % 8 == 0 || sh.Kt == 1);
-      const bool b_ok = sh.bk ? (sh.Kt % 8 == 0 || sh.N == 1) : (sh.N % 8 == 0 || sh.Kt == 1);
+      const bool a_ok = !sh.ak && (sh.M % 8 == 0 || sh.Kt == 1);
+      const bool b_ok = !sh.bk && (sh.N % 8 == 0 || sh.Kt == 1);
       INFO(v->name << " M=" << sh.M << " Kt=" << sh.Kt << " N=" << sh.N << " G=" << sh.G << " a " << (sh.ak ? "k" : "m")
                    << "-contig, b " << (sh.bk ? "k" : "n") << "-contig: " << fly_status_string(st) << ": "
                    << fly_get_last_error() << " / " << fake_cuda_last_refusal());
       if (!a_ok || !b_ok || (!sh.bk && (bm == 128 ? bn : bn / 2) % 64 != 0)) {
-        CHECK(st == FLY_ERROR_UNSUPPORTED);  // a line stride TMA cannot take, or an MN-major tile of partial chunks
+        CHECK(st == FLY_ERROR_UNSUPPORTED);  // a K-contiguous operand, or an MN-major tile of partial chunks
         continue;
       }
       REQUIRE(st == FLY_SUCCESS);
@@ -90,9 +91,7 @@ TEST_CASE("grouped gemm k: every bundled mode-k variant plans its maps and two l
       CHECK(p.core.bias == nullptr);
       CHECK(p.core.rows == sh.M);
       CHECK(p.core.cols == sh.N);
-      // A single line (M or Ktot of 1) is both orders: the launcher takes either.
-      const bool ak = sh.M <= 1 || sh.Kt <= 1 ? p.core.p_kmajor != 0 : sh.ak;
-      const bool bk = sh.N <= 1 || sh.Kt <= 1 ? p.core.q_kmajor != 0 : sh.bk;
+      const bool ak = false, bk = false;  // both operands MN-major
       CHECK(p.core.p_kmajor == (ak ? 1 : 0));
       CHECK(p.core.q_kmajor == (bk ? 1 : 0));
       CHECK(p.units == sh.G * p.core.tiles_m * p.core.tiles_n);

@@ -433,10 +433,10 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
       const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
       fly_tensor a = tensor(in, 2, dt), bk = tensor(in, 2, dt), offs = tensor(in, 1, FLY_I32), c = tensor(in, 3, dt),
                  bias = tensor(in, 2, dt);
-      if (in.byte() < 180) {  // agreeing shapes, TMA-friendly multiples of 8, every operand order
+      if (in.byte() < 180) {  // agreeing shapes, TMA-friendly multiples of 8, every operand order (K-contiguous refused)
         const int64_t M = 8 * (a.sizes[0] % 16), Kt = 8 * (a.sizes[1] % 16), N = 8 * (bk.sizes[1] % 16 + 1),
                       G = offs.sizes[0] % 5;
-        const bool ak = in.byte() & 1, bkc = in.byte() & 1;
+        const bool ak = in.byte() < 40, bkc = in.byte() < 40;
         a.sizes[0] = c.sizes[1] = M;
         a.sizes[1] = bk.sizes[0] = Kt;
         bk.sizes[1] = c.sizes[2] = N;
