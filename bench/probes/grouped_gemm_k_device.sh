@@ -10,7 +10,9 @@ out=${OUT:-/tmp/gk}
 mkdir -p "$out"
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0))s] $*"; }
-bash tools/device_run.sh bd -DFLY_FAMILIES=grouped_gemm >"$out/build.log" 2>&1 &&
+# FLY_MATCH=REGEX adds those mode-k variants (-DFLY_ALL_VARIANTS=ON) for DB_VARIANTS to time forced.
+bash tools/device_run.sh bd -DFLY_FAMILIES=grouped_gemm ${FLY_MATCH:+-DFLY_ALL_VARIANTS=ON "-DFLY_VARIANT_MATCH=$FLY_MATCH"} \
+  >"$out/build.log" 2>&1 &&
   ninja -C bd -j16 flykernels >>"$out/build.log" 2>&1 || {
   tail -40 "$out/build.log"
   exit 1
@@ -49,7 +51,7 @@ el "gpu tests: $(grep -E 'rc=|test cases|All tests' "$out/gpu_tests.log" | tr '\
 } >"$out/sanitize.log"
 el "sanitize: $(grep -E 'rc=' "$out/sanitize.log" | tr '\n' ' ')"
 [ "${SKIP_BENCH:-0}" = 1 ] || PYTHONUNBUFFERED=1 timeout 70 python3 bench/grouped_gemm_torch.py --lib bd/libflykernels.so --suite suites/grouped_gemm.json \
-  --dB --cases ${DB_CASES:-0,3,7,8,19,23} --json "$out/grouped_gemm_dB.json" >"$out/bench_dB.log" 2>&1
+  --dB --cases ${DB_CASES:-0,3,7,8,19,23} ${DB_VARIANTS:+--dB-variants $DB_VARIANTS} --json "$out/grouped_gemm_dB.json" >"$out/bench_dB.log" 2>&1
 el "bench rc=$?"
 wait $pip_pid
 el "$(tail -1 "$out/pip.log")"
