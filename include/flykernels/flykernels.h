@@ -236,8 +236,9 @@ FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* params, voi
  * Ragged-K mode (a and b 2-D, c 3-D: torch._grouped_mm's 2-D x 2-D form, the weight gradient
  * dB_g = A_g^T @ dC_g of F.grouped_mm's backward): for every group g with k range
  * [offs[g-1], offs[g]) (offs[-1] = 0):  c[g] = a[:, k range] @ b[k range, :], FP32 accumulation.
- * a: [M, Ktot], M contiguous (X.t(), what autograd passes) or K contiguous; b: [Ktot, N], N
- *    contiguous (dC, what autograd passes) or K contiguous; line strides free (no overlap).
+ * a: [M, Ktot] M contiguous (X.t(), what autograd passes); b: [Ktot, N] N contiguous (dC, what
+ *    autograd passes); line strides free (no overlap). K-contiguous a or b: FLY_ERROR_UNSUPPORTED
+ *    (the ragged K must be the outer dimension of the kernel's TMA maps).
  * c: [G, M, N], inner stride 1, any row stride >= N and group stride (no overlap). FP16 or BF16,
  *    all the same. bias: must be NULL (FLY_ERROR_UNSUPPORTED).
  * offs: int32 [G] on the device, cumulative group ends along K. An empty group's c[g] is written
