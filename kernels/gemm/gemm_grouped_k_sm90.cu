@@ -164,8 +164,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     const int cw = wg - 1;
     uint8_t* epi_stage = reinterpret_cast<uint8_t*>(ring.empty + Config::STAGES) + cw * Config::EPI_WG_BYTES;
     // Both operands MN-major (a M contiguous, b N contiguous): the launcher refuses the K-contiguous
-    // orders (a group's end as a map's innermost extent need not be a 16-byte multiple, which TMA
-    // faults on), so p_kmajor = q_kmajor = 0 here.
+    // orders (a group's end as a map's innermost extent faulted on the H200), so p_kmajor =
+    // q_kmajor = 0 here.
     k_consumer_role<1, 1>(kp, ring, cw, epi_stage);
   }
 }

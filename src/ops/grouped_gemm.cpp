@@ -260,9 +260,9 @@ fly_status validate_k(const fly_tensor* a, const fly_tensor* b, const fly_tensor
                 " (groups overlap)", c->strides[0], c_extent);
   // a M contiguous (X.t(), as autograd passes it), b N contiguous (dC): the ragged K is the outer
   // dimension of both TMA maps, whose per-group extent (the group's end) may be any value. With K
-  // contiguous it would be the maps' innermost extent, which TMA takes only in 16-byte multiples
-  // (measured on the H200: a group end of 50 elements there is an illegal-instruction fault), so
-  // those orders are refused.
+  // contiguous it would be the maps' innermost extent: on the H200 every such call faulted
+  // (illegal instruction; likely an innermost extent that is not a 16-byte multiple), so those
+  // orders are refused (docs/grouped_gemm.md).
   const bool a_mc = (M <= 1 || a->strides[0] == 1) && (Ktot <= 1 || a->strides[1] >= M);
   if (!a_mc)
     return fail(FLY_ERROR_UNSUPPORTED,
