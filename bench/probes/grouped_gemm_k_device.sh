@@ -19,7 +19,7 @@ bash tools/device_run.sh bd -DFLY_FAMILIES=grouped_gemm ${FLY_MATCH:+-DFLY_ALL_V
 }
 # The python package (its extension compiles against torch) while the rest builds and runs.
 rm -rf /tmp/pyfk_dbk
-(FLYKERNELS_PREBUILT_DIR=bd MAX_JOBS=8 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/pyfk_dbk \
+[ "${SKIP_PY:-0}" = 1 ] || (FLYKERNELS_PREBUILT_DIR=bd MAX_JOBS=8 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/pyfk_dbk \
   ./python >"$out/pip.log" 2>&1
 echo "pip rc=$?" >>"$out/pip.log") &
 pip_pid=$!
