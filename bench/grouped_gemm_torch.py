@@ -15,6 +15,12 @@ torch.compile(mode="max-autotune-no-cudagraphs") (slow to compile: off by defaul
 
   python3 bench/grouped_gemm_torch.py --lib build/libflykernels.so [--suite suites/grouped_gemm.json]
         [--layout nt] [--fly-json flybench.json] [--json out.json] [--png grouped.png] [--triton]
+
+--dB: the weight gradient of the same cases instead (F.grouped_mm's backward for B, the ragged-K
+2-D x 2-D form): out[g] = X[rows of g].t() @ dC[rows of g] for X [T, K], dC [T, N], i.e.
+torch._grouped_mm(X.t(), dC, offs) -> [G, K, N], beside that stock call and a loop of torch.mm
+over the groups; ours also with each mode-k default variant forced (--dB-variants). --cases picks
+the cases (default for --dB: 0,3,6,7,8,16,19,21,23).
 """
 import argparse
 import ctypes
@@ -59,6 +65,105 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def ragged_k_caller(lib, a, b, offs, c, force=None):
+    """fly_grouped_gemm in the ragged-K mode (a [M, Kt], b [Kt, N], offs along K, c [G, M, N]) with
+    its workspace (G x 256 bytes), optionally with a variant forced around each call."""
+    ad, bd, od, cd = desc(a), desc(b), desc_i32(offs), desc(c)
+    nbytes = ctypes.c_size_t(0)
+    if lib.fly_grouped_gemm_workspace_size(ctypes.byref(ad), ctypes.byref(bd), ctypes.byref(od), ctypes.byref(cd),
+                                           ctypes.byref(nbytes)):
+        raise RuntimeError(lib.fly_get_last_error().decode())
+    ws = torch.empty(max(nbytes.value, 256), device="cuda", dtype=torch.uint8)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    fname = force.encode() if force else None
+
+    def call():
+        if fname:
+            lib.fly_force_variant(fname)
+        st = lib.fly_grouped_gemm(ctypes.byref(ad), ctypes.byref(bd), ctypes.byref(od), None, ctypes.byref(cd),
+                                  ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nbytes.value), stream)
+        if fname:
+            lib.fly_force_variant(None)
+        if st:
+            raise RuntimeError(lib.fly_get_last_error().decode())
+    call.workspace = ws
+    return call
+
+
+def main_db(args, lib):
+    suite = json.load(open(args.suite))
+    dtype = torch.bfloat16
+    sel = [int(x) for x in (args.cases or "0,3,6,7,8,16,19,21,23").split(",")]
+    forced = [v for v in args.dB_variants.split(",") if v]
+    print(f"grouped GEMM weight gradient (ragged K) on {torch.cuda.get_device_name()} (torch {torch.__version__}), "
+          f"bf16, a = X.t() (M contiguous), b = dC (N contiguous), {ROUNDS} interleaved rounds, warm-up {WARM_MS} ms, "
+          f"L2 flushed")
+    print(f"{'case':>4} {'kind':<10} {'G':>4} {'T':>6} {'K':>6} {'N':>6} {'fly_us':>9} {'gmm_us':>9} {'mmloop_us':>9} "
+          f"{'fly TF/s':>8} {'x gmm':>6} {'x loop':>6} {'err':>8}  variant; forced variants (us)")
+    rows = []
+    lib.fly_force_variant.argtypes = [ctypes.c_char_p]
+    for idx in sel:
+        case = suite["cases"][idx]
+        sizes, K, N = case["M"], case["K"], case["N"]
+        G, T = len(sizes), sum(sizes)
+        torch.manual_seed(idx)
+        x = torch.randn(T, K, device="cuda", dtype=dtype)
+        dc = torch.randn(T, N, device="cuda", dtype=dtype)
+        ends, run = [], 0
+        for m in sizes:
+            run += m
+            ends.append(run)
+        offs = torch.tensor(ends, device="cuda", dtype=torch.int32)
+        a = x.t()  # [K, T], M contiguous: what autograd passes
+        ref = torch._grouped_mm(a, dc, offs=offs)
+        out = torch.empty(G, K, N, device="cuda", dtype=dtype)
+        out.fill_(float("nan"))
+        fly = ragged_k_caller(lib, a, dc, offs, out)
+        fly()
+        torch.cuda.synchronize()
+        variant = lib.fly_last_variant().decode()
+        reff = ref.float()
+        err = ((out.float() - reff).abs() / (reff.abs() + 1.0)).max().item()
+        empty_ok = all(bool((out[g] == 0).all()) for g in range(G) if sizes[g] == 0)
+        del reff
+        bounds = list(zip([0] + ends[:-1], ends))
+        cl = torch.empty(G, K, N, device="cuda", dtype=dtype)
+
+        def mm_loop():
+            for g, (s0, e) in enumerate(bounds):
+                if e > s0:
+                    torch.mm(a[:, s0:e], dc[s0:e], out=cl[g])
+                else:
+                    cl[g].zero_()
+
+        contenders = [("fly", fly), ("grouped_mm", lambda: torch._grouped_mm(a, dc, offs=offs)), ("mm_loop", mm_loop)]
+        for v in forced:
+            contenders.append((v, ragged_k_caller(lib, a, dc, offs, cl, force=v)))
+        t = interleaved_us(contenders, ROUNDS, reps=10, warmup=2, warm_ms=WARM_MS)
+        flops = 2.0 * T * N * K
+        row = {"case": idx, "kind": case.get("kind", "-"), "G": G, "T": T, "K": K, "N": N, "M": sizes, "mode": "dB",
+               "fly_us": t["fly"], "grouped_mm_us": t["grouped_mm"], "mm_loop_us": t["mm_loop"],
+               "fly_tflops": flops / t["fly"] / 1e6, "x_grouped_mm": t["grouped_mm"] / t["fly"],
+               "x_mm_loop": t["mm_loop"] / t["fly"], "err": err, "empty_groups_zero": empty_ok, "variant": variant,
+               "forced_us": {v: t[v] for v in forced}}
+        rows.append(row)
+        fv = " ".join(f"{v.replace('grouped_gemm_k_bf16_', '')}={t[v]:.1f}" for v in forced)
+        print(f"{idx:>4} {row['kind']:<10} {G:>4} {T:>6} {K:>6} {N:>6} {t['fly']:>9.1f} {t['grouped_mm']:>9.1f} "
+              f"{t['mm_loop']:>9.1f} {row['fly_tflops']:>8.1f} {row['x_grouped_mm']:>6.3f} {row['x_mm_loop']:>6.3f} "
+              f"{err:>8.2e}  {variant}{'' if empty_ok else ' EMPTY GROUPS NOT ZERO'}; {fv}", flush=True)
+        del x, dc, out, cl, ref, contenders, fly
+        torch.cuda.empty_cache()
+    if rows:
+        print(f"geomean ({len(rows)} cases): x F.grouped_mm {geomean([r['x_grouped_mm'] for r in rows]):.3f} "
+              f"(min {min(r['x_grouped_mm'] for r in rows):.3f}), x mm loop {geomean([r['x_mm_loop'] for r in rows]):.3f}")
+        bad = [r["case"] for r in rows if not (r["err"] < 0.05) or not r["empty_groups_zero"]]
+        if bad:
+            print(f"WRONG RESULTS in cases {bad}")
+    if args.json:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "mode": "dB", "rows": rows},
+                  open(args.json, "w"), indent=1)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser()
@@ -70,8 +175,13 @@ def main():
     ap.add_argument("--png")
     ap.add_argument("--triton", action="store_true")
     ap.add_argument("--cases", help="comma-separated case indices (default all)")
+    ap.add_argument("--dB", action="store_true", help="the ragged-K weight gradient (see the docstring)")
+    ap.add_argument("--dB-variants", default="grouped_gemm_k_bf16_bm128_bn256_st4_e1,grouped_gemm_k_bf16_bm128_bn128_st5_e1",
+                    help="mode-k variants also timed forced (comma-separated; '' for none)")
     args = ap.parse_args()
     lib = load(args.lib)
+    if args.dB:
+        return main_db(args, lib)
     suite = json.load(open(args.suite))
     fly_rows = {}
     if args.fly_json and os.path.exists(args.fly_json):

@@ -21,7 +21,8 @@ int tune_grouped_gemm(const Args& args) {
   const bool quick = args.has("quick");
   std::vector<std::string> variants;
   for (const auto& v : bundled_variants("grouped_gemm"))
-    if (v.find("_" + dts + "_") != std::string::npos) variants.push_back(v);
+    if (v.find("_" + dts + "_") != std::string::npos && v.rfind("grouped_gemm_k_", 0) != 0)  // mode k: not this op
+      variants.push_back(v);
   if (variants.empty()) {
     std::fprintf(stderr, "flytune grouped_gemm: no %s grouped_gemm variants in this build\n", dts.c_str());
     return 1;

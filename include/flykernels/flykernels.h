@@ -231,7 +231,26 @@ FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* params, voi
  * TMA rules: 16-byte aligned bases of a and b, a's row stride, b's line and group strides
  *    multiples of 8 elements (else FLY_ERROR_UNSUPPORTED). T = 0 or N = 0: a successful no-op;
  *    K = 0 with work: FLY_ERROR_UNSUPPORTED. G = 0 needs T = 0.
- * Workspace: none needed today (fly_grouped_gemm_workspace_size says 0); NULL/0 is fine. */
+ * Workspace: none needed today (fly_grouped_gemm_workspace_size says 0); NULL/0 is fine.
+ *
+ * Ragged-K mode (a and b 2-D, c 3-D: torch._grouped_mm's 2-D x 2-D form, the weight gradient
+ * dB_g = A_g^T @ dC_g of F.grouped_mm's backward): for every group g with k range
+ * [offs[g-1], offs[g]) (offs[-1] = 0):  c[g] = a[:, k range] @ b[k range, :], FP32 accumulation.
+ * a: [M, Ktot] M contiguous (X.t(), what autograd passes); b: [Ktot, N] N contiguous (dC, what
+ *    autograd passes); line strides free (no overlap). K-contiguous a or b: FLY_ERROR_UNSUPPORTED
+ *    (the ragged K must be the outer dimension of the kernel's TMA maps).
+ * c: [G, M, N], inner stride 1, any row stride >= N and group stride (no overlap). FP16 or BF16,
+ *    all the same. bias: must be NULL (FLY_ERROR_UNSUPPORTED).
+ * offs: int32 [G] on the device, cumulative group ends along K. An empty group's c[g] is written
+ *    with zeros, Ktot = 0 too (zeros everywhere); G, M or N of 0: a successful no-op. Bad device
+ *    offsets never reach out of bounds: each group's begin and end are clamped into [0, Ktot] and
+ *    an end below its begin is an empty group.
+ * TMA rules (Ktot > 0): 16-byte aligned bases of a and b, their line strides multiples of 8
+ *    elements (else FLY_ERROR_UNSUPPORTED).
+ * Workspace: required, fly_grouped_gemm_workspace_size reports G x 256 bytes (two tensor maps per
+ *    group, written on the device by the call: no host sync, CUDA-graph safe), 256-byte aligned,
+ *    device memory, contents need no initialization; a call owns it until it completes on the
+ *    stream (two calls in flight at once need two workspaces). */
 FLY_API fly_status fly_grouped_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
                                                    const fly_tensor* offs, const fly_tensor* c,
                                                    size_t* bytes);

@@ -249,5 +249,12 @@ inline void grouped_gemm(const fly_tensor& a, const fly_tensor& b, const fly_ten
                          void* stream = nullptr) {
   check(fly_grouped_gemm(&a, &b, &offs, bias, &c, workspace, workspace_bytes, stream));
 }
+// Ragged-K mode (F.grouped_mm's weight gradient): out[g] = a[:, k of g] @ b[k of g, :] for a [M, Kt]
+// M contiguous, b [Kt, N] N contiguous, offs int32 [G] along K (device), out [G, M, N]; the workspace (device, 256-byte aligned)
+// must hold grouped_gemm_workspace_size(a, b, offs, out) = G x 256 bytes.
+inline void grouped_gemm_k(const fly_tensor& a, const fly_tensor& b, const fly_tensor& offs, const fly_tensor& out,
+                           void* workspace, size_t workspace_bytes, void* stream = nullptr) {
+  check(fly_grouped_gemm(&a, &b, &offs, nullptr, &out, workspace, workspace_bytes, stream));
+}
 
 }  // namespace flykernels

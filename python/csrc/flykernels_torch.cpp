@@ -671,8 +671,10 @@ void sdpa_efficient_bwd_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet
 // ---- grouped GEMM: aten::_grouped_mm (self, mat2, offs?, bias?, out_dtype?) -> Tensor ----------
 // Ours: the 2-D x 3-D forward form (A [T, K] row-major, B [G, K, N] N- or K-contiguous, int32 offs
 // [G] on the same device, no bias, out dtype = input dtype, N a multiple of 8 so the output is the
-// plain row-major [T, N] the stock op allocates). Autograd's dA (dC @ B^T) is this form again. Other forms (2-D x 2-D ragged K,
-// 3-D x 3-D, 3-D x 2-D) run the stock kernel.
+// plain row-major [T, N] the stock op allocates). Autograd's dA (dC @ B^T) is this form again.
+// Also the 2-D x 2-D ragged-K form, autograd's dB (a = X.t() [M, Ktot], b = dC [Ktot, N], offs along
+// K, out [G, M, N] contiguous; a M-contiguous, b N-contiguous, N % 8 == 0, no bias).
+// Other forms (3-D x 3-D, 3-D x 2-D) run the stock kernel.
 std::optional<c10::SafeKernelFunction> g_prev_grouped_mm;
 
 const char* grouped_mm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::Tensor* offs,
@@ -681,7 +683,24 @@ const char* grouped_mm_ineligible(const at::Tensor& a, const at::Tensor& b, cons
   if (a.scalar_type() != at::kHalf && a.scalar_type() != at::kBFloat16) return "dtype not covered (fp16, bf16)";
   if (b.scalar_type() != a.scalar_type()) return "mixed dtypes";
   if (out_dtype.has_value() && *out_dtype != a.scalar_type()) return "out_dtype differs from the inputs'";
-  if (a.dim() != 2 || b.dim() != 3) return "not the 2-D x 3-D form";
+  if (a.dim() == 2 && b.dim() == 2) {
+    // The ragged-K form (autograd's dB = X^T @ dC per group): a [M, Ktot] M-contiguous (X.t()), b
+    // [Ktot, N] N-contiguous (dC), offs along K, out [G, M, N] (the library checks TMA's rules).
+    if (offs == nullptr || !offs->defined()) return "no offsets";
+    if (offs->scalar_type() != at::kInt || offs->dim() != 1) return "offs not int32 [G]";
+    if (offs->stride(0) != 1 && offs->size(0) > 1) return "offs not contiguous";
+    if (a.size(1) != b.size(0)) return "K of A and B differ";
+    if (a.stride(0) != 1 && a.size(0) > 1) return "A not M-contiguous (the ragged-K form takes X.t())";
+    if (b.stride(1) != 1 && b.size(1) > 1) return "B not N-contiguous (the ragged-K form takes dC)";
+    if (b.size(1) % 8 != 0) return "N not a multiple of 8";
+    if (bias != nullptr && bias->defined()) return "bias (left to the stock op)";
+    if (check_device) {
+      if (b.device() != a.device() || offs->device() != a.device()) return "inputs on different devices";
+      return device_unsupported(a.device());
+    }
+    return nullptr;
+  }
+  if (a.dim() != 2 || b.dim() != 3) return "not the 2-D x 3-D or 2-D x 2-D form";
   if (offs == nullptr || !offs->defined()) return "no offsets";
   if (offs->scalar_type() != at::kInt || offs->dim() != 1 || offs->size(0) != b.size(0)) return "offs not int32 [G]";
   if (offs->stride(0) != 1 && offs->size(0) > 1) return "offs not contiguous";
@@ -703,7 +722,14 @@ const char* grouped_mm_ineligible(const at::Tensor& a, const at::Tensor& b, cons
 bool grouped_mm_run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const at::Tensor& c) {
   c10::DeviceGuard guard(a.device());
   fly_tensor ad = desc_nd(a), bd = desc_nd(b), od = desc_nd(offs), cd = desc_nd(c);
-  const fly_status st = fly_grouped_gemm(&ad, &bd, &od, nullptr, &cd, nullptr, 0, current_stream(a.device()));
+  // The ragged-K form needs a workspace (two tensor maps per group, written by the call itself).
+  size_t ws_bytes = 0;
+  fly_status st = fly_grouped_gemm_workspace_size(&ad, &bd, &od, &cd, &ws_bytes);
+  c10::DataPtr ws;  // back to the caching allocator, stream-ordered, when this returns
+  if (st == FLY_SUCCESS && ws_bytes > 0) ws = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(ws_bytes);
+  if (st == FLY_SUCCESS)
+    st = fly_grouped_gemm(&ad, &bd, &od, nullptr, &cd, ws_bytes ? ws.get() : nullptr, ws_bytes,
+                          current_stream(a.device()));
   if (st == FLY_SUCCESS) {
     note_ours(kGroupedMm);
     return true;
@@ -725,7 +751,9 @@ void grouped_mm_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   const char* why = grouped_mm_ineligible(a, b, offs, bias, out_dtype, true);
   if (why == nullptr) {
     c10::DeviceGuard guard(a.device());  // the output is allocated on a's device
-    at::Tensor c = empty_unfilled({a.size(0), b.size(2)}, a.scalar_type());
+    // 2-D x 3-D: [T, N]; 2-D x 2-D (ragged K): [G, M, N], as the stock op allocates them (N % 8 == 0).
+    at::Tensor c = b.dim() == 3 ? empty_unfilled({a.size(0), b.size(2)}, a.scalar_type())
+                                : empty_unfilled({offs->size(0), a.size(0), b.size(1)}, a.scalar_type());
     if (grouped_mm_run(a, b, *offs, c)) {
       torch::jit::drop(s, 5);
       torch::jit::push(s, std::move(c));
@@ -1166,6 +1194,7 @@ void addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
 // Inductor's [T, N] row-major buffer where it covers the call, else the stock op's result copied.
 void grouped_mm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, at::Tensor out) {
   const char* why = grouped_mm_ineligible(a, b, &offs, nullptr, out.scalar_type(), true);
+  if (why == nullptr && b.dim() != 3) why = "not the 2-D x 3-D form (Inductor's candidate)";
   if (why == nullptr && !(out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(2) &&
                           out.stride(1) == 1 && (out.size(0) <= 1 || out.stride(0) == out.size(1))))
     why = "output not a row-major [T, N]";

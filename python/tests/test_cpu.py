@@ -185,7 +185,7 @@ def test_grouped_mm_eligibility():
     assert why(a.half(), w.half(), offs) == ""
     assert "dtype" in why(a.float(), w.float(), offs)
     assert "mixed" in why(a, w.half(), offs)
-    assert "2-D x 3-D" in why(a, w[0], offs)
+    assert "2-D x 3-D" in why(a[None], w, offs)  # 3-D x 3-D: the stock op's
     assert "offsets" in why(a, w, None)
     assert "int32" in why(a, w, offs.long())
     assert "int32" in why(a, w, offs[:3])
@@ -194,6 +194,26 @@ def test_grouped_mm_eligibility():
     assert "multiple of 8" in why(a, w[:, :, :100], offs)
     assert "bias" in why(a, w, offs, torch.randn(4, 128, dtype=torch.bfloat16))
     assert "CUDA" in flykernels.torch.explain_grouped_mm(a, w, offs)
+
+
+def test_grouped_mm_ragged_k_eligibility():
+    """The 2-D x 2-D form (autograd's dB = X^T @ dC per group, offsets along K)."""
+    why = lambda a, b, offs, bias=None: flykernels.torch.explain_grouped_mm(a, b, offs, bias, check_device=False)  # noqa: E731
+    x = torch.randn(100, 64, dtype=torch.bfloat16)   # [T, K]: a = x.t() [K, T], M contiguous
+    dc = torch.randn(100, 128, dtype=torch.bfloat16)  # [T, N]
+    offs = torch.tensor([10, 10, 60, 100], dtype=torch.int32)
+    assert why(x.t(), dc, offs) == ""
+    assert why(dc.t(), x, offs) == ""  # the K-contiguous weight's dB: grad.t() @ x
+    assert "M-contiguous" in why(x.t().contiguous(), dc, offs)  # K contiguous a: the stock op's
+    assert "N-contiguous" in why(x.t(), dc.t().contiguous().t(), offs)  # K contiguous b
+    assert why(x.t().half(), dc.half(), offs) == ""
+    assert "K of A" in why(x.t(), dc[:50], offs)
+    assert "int32" in why(x.t(), dc, offs.long())
+    assert "offsets" in why(x.t(), dc, None)
+    assert "multiple of 8" in why(x.t(), dc[:, :100], offs)
+    assert "M-contiguous" in why(x.t()[::2], dc, offs)
+    assert "bias" in why(x.t(), dc, offs, torch.randn(4, 128, dtype=torch.bfloat16))
+    assert "CUDA" in flykernels.torch.explain_grouped_mm(x.t(), dc, offs)
 
 
 def test_cpu_tensors_reach_the_stock_kernels(fly):

@@ -510,6 +510,50 @@ def test_grouped_mm_ours_matches_reference(fly, sizes, k_contig):
             assert rel_err(out[r0:ends[g]], ref) < 1e-2
 
 
+@pytest.mark.parametrize("sizes", [[64, 64, 64, 64], [0, 300, 1, 7], [0, 0, 0, 0], [513, 0, 0, 0], [37, 5, 70, 129]])
+@pytest.mark.parametrize("order", ["x.t,dc", "dc.t,x"])
+def test_grouped_mm_ragged_k_ours_matches_reference(fly, sizes, order):
+    """The 2-D x 2-D form (offsets along K): out[g] = a[:, k of g] @ b[k of g, :], zeros when empty."""
+    fly.enable(["grouped_mm"])
+    fly.reset_counts()
+    G, K, N = len(sizes), 256, 384
+    T = sum(sizes)
+    x = torch.randn(T, K, device=DEV, dtype=torch.bfloat16)
+    dc = torch.randn(T, N, device=DEV, dtype=torch.bfloat16)
+    a, b = {"x.t,dc": (x.t(), dc), "dc.t,x": (dc.t(), x)}[order]  # the two dB calls autograd makes
+    offs = torch.tensor(sizes, device=DEV, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    out = torch._grouped_mm(a, b, offs)
+    assert fly.dispatch_counts()["grouped_mm"][0] == 1, fly.dispatch_counts()
+    assert out.shape == (G, a.shape[0], b.shape[1]) and out.is_contiguous()  # as the stock op's (N % 8 == 0)
+    ends = offs.tolist()
+    for g in range(G):
+        k0 = ends[g - 1] if g else 0
+        if ends[g] > k0:
+            assert rel_err(out[g], a[:, k0:ends[g]].double() @ b[k0:ends[g]].double()) < 1e-2
+        else:
+            assert bool((out[g] == 0).all())
+
+
+@pytest.mark.parametrize("k_contig", [False, True])
+def test_grouped_mm_autograd_runs_ours_in_both_passes(fly, k_contig):
+    """Forward, dA (2-D x 3-D) and dB (2-D x 2-D ragged K) all from ours, matching stock."""
+    fly.enable(["grouped_mm"])
+    fly.reset_counts()
+    a = torch.randn(300, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    w0 = torch.randn(3, 256, 128, device=DEV, dtype=torch.bfloat16) if k_contig else \
+        torch.randn(3, 128, 256, device=DEV, dtype=torch.bfloat16)
+    w = (w0.transpose(-2, -1) if k_contig else w0).detach().requires_grad_(True)
+    offs = torch.tensor([100, 100, 300], device=DEV, dtype=torch.int32)  # group 1 empty: its dB is zeros
+    dout = torch.randn(300, 256, device=DEV, dtype=torch.bfloat16)
+    grads = torch.autograd.grad(F.grouped_mm(a, w, offs=offs), (a, w), dout)
+    assert fly.dispatch_counts()["grouped_mm"] == (3, 0), fly.dispatch_counts()
+    with fly.disabled():
+        sgrads = torch.autograd.grad(F.grouped_mm(a, w, offs=offs), (a, w), dout)
+    for g, sg in zip(grads, sgrads):
+        assert g.shape == sg.shape and rel_err(g, sg) < 1e-2
+    assert bool((grads[1][1] == 0).all())
+
+
 def test_grouped_mm_autograd_runs_ours_forward_and_matches_stock(fly):
     fly.enable(["grouped_mm"])
     a = torch.randn(300, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core.hpp"
+#include "gemm/gemm_grouped_k_params.h"
 #include "gemm/gemm_grouped_params.h"
 #include "gemm/gemm_plan.h"
 
@@ -159,7 +160,7 @@ TileOf tile_of(const Variant& v) {
 // MN-major B comes in 64-wide chunks per warpgroup's columns (the dense kernel's layout_fits).
 bool variant_fits(const Variant& v, const GroupedCall& call) {
   const TileOf t = tile_of(v);
-  if (v.get("dtype") != dtype_name(call.dt)) return false;
+  if (v.get("dtype") != dtype_name(call.dt) || v.get("mode") == "k") return false;  // mode k: the ragged-K kernel
   const int q_cols = t.bm == 128 ? t.bn : t.bn / 2;
   return call.b_kmajor || q_cols % 64 == 0;
 }
@@ -189,6 +190,230 @@ CUresult encode_b(Encode encode, CUtensorMap* map, const GroupedCall& call, int 
   const cuuint64_t strides[2] = {line, gs};
   const cuuint32_t box[3] = {64, cuuint32_t(call.b_kmajor ? bn : 64), 1};
   return gemm::encode_sw128(encode, map, 3, call.b, dims, strides, box, dt, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+}
+
+
+// ---- ragged-K mode (2-D x 2-D, offsets along K: the weight gradient; gemm_grouped_k_params.h) ----
+// out[g] = a[:, k range of g] @ b[k range of g, :]: a [M, Ktot], b [Ktot, N], out [G, M, N].
+bool is_k_mode(const fly_tensor* a, const fly_tensor* b) { return a && b && a->rank == 2 && b->rank == 2; }
+
+struct KCall {
+  fly_dtype dt = FLY_DTYPE_INVALID;
+  int64_t M = 0, N = 0, Ktot = 0, G = 0;
+  const void* a = nullptr;
+  bool a_kmajor = false;  // always false: a is M contiguous (X.t()); K contiguous is refused (validate_k)
+  int64_t a_ld = 0;       // stride of the other dimension (elements)
+  const void* b = nullptr;
+  bool b_kmajor = false;  // always false: b is N contiguous (dC)
+  int64_t b_ld = 0;
+  const int32_t* offs = nullptr;
+  void* c = nullptr;
+  int64_t ldc = 0, c_gs = 0;
+};
+
+fly_status validate_k(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs, const fly_tensor* bias,
+                      const fly_tensor* c, KCall* out) {
+  FLY_TRY(check_tensor(a, "a", 2));
+  FLY_TRY(check_tensor(b, "b", 2));
+  FLY_TRY(check_tensor(offs, "offs", 1));
+  if (c && c->rank != 3)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: rank %d, expected 3 ([G, M, N]: a and b are 2-D, the ragged-K mode)",
+                int(c->rank));
+  FLY_TRY(check_tensor(c, "c", 3));
+  if (bias) return fail(FLY_ERROR_UNSUPPORTED, "bias: not supported in the ragged-K mode (2-D a and b)");
+  const fly_dtype dt = a->dtype;
+  if (dt != FLY_F16 && dt != FLY_BF16)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (fp16, bf16)", dtype_name(dt));
+  if (b->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(dt));
+  if (c->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: dtype %s does not match a (%s)", dtype_name(c->dtype), dtype_name(dt));
+  if (offs->dtype != FLY_I32)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "offs: dtype %s, expected int32 (cumulative group ends along K)",
+                dtype_name(offs->dtype));
+  const int64_t M = a->sizes[0], Ktot = a->sizes[1], N = b->sizes[1], G = offs->sizes[0];
+  if (b->sizes[0] != Ktot)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "b: shape [%" PRId64 ", %" PRId64 "] does not match a [%" PRId64 ", %" PRId64 "] (b must be [K, N])",
+                b->sizes[0], N, M, Ktot);
+  if (c->sizes[0] != G || c->sizes[1] != M || c->sizes[2] != N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "c: shape [%" PRId64 ", %" PRId64 ", %" PRId64 "], expected [G, M, N] = [%" PRId64 ", %" PRId64 ", %" PRId64 "]",
+                c->sizes[0], c->sizes[1], c->sizes[2], G, M, N);
+  const int64_t lim = int64_t(1) << 31;
+  if (M >= lim || N >= lim || Ktot >= lim || G >= lim)
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "a/b: dimensions M=%" PRId64 " K=%" PRId64 " N=%" PRId64 " G=%" PRId64 " exceed the kernel's 2^31 limit",
+                M, Ktot, N, G);
+  if (G > 1 && offs->strides[0] != 1)
+    return fail(FLY_ERROR_UNSUPPORTED, "offs: stride must be 1, got %" PRId64, offs->strides[0]);
+  // out [G, M, N]: rows contiguous, groups not overlapping.
+  if (N > 1 && c->strides[2] != 1)
+    return fail(FLY_ERROR_UNSUPPORTED, "c: inner stride must be 1 (row-major [G, M, N]), got %" PRId64, c->strides[2]);
+  if (M > 1 && c->strides[1] < N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: row stride %" PRId64 " is smaller than N = %" PRId64 " (rows overlap)",
+                c->strides[1], N);
+  const int64_t ldc = M > 1 ? c->strides[1] : N;
+  const int64_t c_extent = (M - 1) * ldc + N;
+  if (G > 1 && M > 0 && N > 0 && c->strides[0] < c_extent)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: group stride %" PRId64 " is smaller than one group's extent %" PRId64
+                " (groups overlap)", c->strides[0], c_extent);
+  // a M contiguous (X.t(), as autograd passes it), b N contiguous (dC): the ragged K is the outer
+  // dimension of both TMA maps, whose per-group extent (the group's end) may be any value. With K
+  // contiguous it would be the maps' innermost extent: on the H200 every such call faulted
+  // (illegal instruction; likely an innermost extent that is not a 16-byte multiple), so those
+  // orders are refused (docs/grouped_gemm.md).
+  const bool a_mc = (M <= 1 || a->strides[0] == 1) && (Ktot <= 1 || a->strides[1] >= M);
+  if (!a_mc)
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "a: strides {%" PRId64 ", %" PRId64 "} of [M, K]: the ragged-K mode takes a with M contiguous "
+                "(X.t(), what autograd passes; lines not overlapping), not K contiguous", a->strides[0], a->strides[1]);
+  const bool b_nc = (N <= 1 || b->strides[1] == 1) && (Ktot <= 1 || b->strides[0] >= N);
+  if (!b_nc)
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "b: strides {%" PRId64 ", %" PRId64 "} of [K, N]: the ragged-K mode takes b with N contiguous "
+                "(dC, what autograd passes; lines not overlapping), not K contiguous", b->strides[0], b->strides[1]);
+  const int64_t a_ld = Ktot > 1 ? a->strides[1] : M, b_ld = Ktot > 1 ? b->strides[0] : N;
+  out->dt = dt;
+  out->M = M;
+  out->N = N;
+  out->Ktot = Ktot;
+  out->G = G;
+  out->a = a->data;
+  out->a_kmajor = false;
+  out->a_ld = a_ld;
+  out->b = b->data;
+  out->b_kmajor = false;
+  out->b_ld = b_ld;
+  out->offs = static_cast<const int32_t*>(offs->data);
+  out->c = c->data;
+  out->ldc = ldc;
+  out->c_gs = G > 1 ? c->strides[0] : c_extent;
+  if (G == 0 || M == 0 || N == 0 || Ktot == 0) return FLY_SUCCESS;  // no operand is read
+  // TMA's 16-byte rules (base address, stride of the outer dimension).
+  const int eb = 2;
+  if (reinterpret_cast<uintptr_t>(out->a) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: base address is not 16-byte aligned (TMA)");
+  if ((out->a_kmajor ? M : Ktot) > 1 && (a_ld * eb) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: stride %" PRId64 " of its %s * 2 bytes is not a multiple of 16 (TMA)", a_ld,
+                out->a_kmajor ? "rows" : "k columns");
+  if (reinterpret_cast<uintptr_t>(out->b) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: base address is not 16-byte aligned (TMA)");
+  if ((out->b_kmajor ? N : Ktot) > 1 && (b_ld * eb) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: stride %" PRId64 " of its %s * 2 bytes is not a multiple of 16 (TMA)", b_ld,
+                out->b_kmajor ? "n columns" : "k rows");
+  return FLY_SUCCESS;
+}
+
+// Workspace of the mode: two tensor maps per group (written on the device by the maps kernel).
+int64_t k_workspace_bytes(const KCall& k) { return k.G * gemm::kGroupedKMapBytes; }
+
+bool is_k_variant(const Variant& v) { return v.get("mode") == "k"; }
+
+// Q (= b^T) MN-major tiles come in 64-wide chunks per warpgroup's columns, P's likewise per
+// warpgroup's rows (BM 64 or 128: always whole chunks).
+bool k_variant_fits(const Variant& v, const KCall& k) {
+  if (!is_k_variant(v) || v.get("dtype") != dtype_name(k.dt)) return false;
+  const TileOf t = tile_of(v);
+  const int q_cols = t.bm == 128 ? t.bn : t.bn / 2;
+  return k.b_kmajor || q_cols % 64 == 0;
+}
+
+// Mean k per group, rounded up to a power of two: the dispatch key's third dimension.
+int64_t mean_k_bucket(int64_t Ktot, int64_t G) { return mean_m_bucket(Ktot, G); }
+
+// Default (tuning/grouped_gemm.json "defaults" of mode k): 128 x 256 staged tiles, 128 x 128 when
+// N <= 128 (a 256-wide tile would be half padding).
+std::string default_variant_k(const KCall& k) {
+  const std::string d = dtype_name(k.dt);
+  if (k.N <= 128) return "grouped_gemm_k_" + d + "_bm128_bn128_st5_e1";
+  return "grouped_gemm_k_" + d + "_bm128_bn256_st4_e1";
+}
+
+fly_status run_k(const KCall& call, void* workspace, size_t workspace_bytes, void* stream) {
+  FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
+  if (call.G == 0 || call.M == 0 || call.N == 0) return FLY_SUCCESS;
+  const int64_t need = k_workspace_bytes(call);
+  if (!workspace || int64_t(workspace_bytes) < need)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "workspace: %zu bytes, the ragged-K mode needs %" PRId64 " (G = %" PRId64
+                " x 256: fly_grouped_gemm_workspace_size)", workspace ? workspace_bytes : size_t(0), need, call.G);
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  const bool reads = call.Ktot > 0;
+  FLY_TRY(check_device_bytes(call.offs, call.G * 4, "offs"));
+  FLY_TRY(check_device_bytes(call.c, ((call.G - 1) * call.c_gs + (call.M - 1) * call.ldc + call.N) * 2, "c"));
+  FLY_TRY(check_device_bytes(workspace, need, "workspace"));
+  if (reads) {
+    const int64_t a_extent = call.a_kmajor ? (call.M - 1) * call.a_ld + call.Ktot : (call.Ktot - 1) * call.a_ld + call.M;
+    const int64_t b_extent = call.b_kmajor ? (call.N - 1) * call.b_ld + call.Ktot : (call.Ktot - 1) * call.b_ld + call.N;
+    FLY_TRY(check_device_bytes(call.a, a_extent * 2, "a"));
+    FLY_TRY(check_device_bytes(call.b, b_extent * 2, "b"));
+  }
+
+  // Key: (dtype, layout: a's contiguous dimension m|k, b's k|n; N, M, mean-k bucket, G).
+  const std::string layout = std::string(call.a_kmajor ? "k" : "m") + (call.b_kmajor ? "k" : "n");
+  DispatchRequest req = make_request(kFamily, "grouped_gemm_k", dtype_name(call.dt), layout.c_str(),
+                                     {{"N", call.N}, {"M", call.M}, {"K", mean_k_bucket(call.Ktot, call.G)}, {"G", call.G}});
+  const KCall cc = call;
+  req.supports = [cc](const Variant& v) { return k_variant_fits(v, cc); };
+  req.fallback = [cc] { return default_variant_k(cc); };
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "fly_grouped_gemm_k_sm90", &rk));
+  CUfunction fmaps = nullptr;
+  if (reads) FLY_TRY(get_function(*dc, *rk.v, "fly_grouped_gemm_k_maps", &fmaps));
+  const TileOf t = tile_of(*rk.v);
+  const gemm::Dtype gdt = call.dt == FLY_BF16 ? gemm::Dtype::kBf16 : gemm::Dtype::kFp16;
+
+  gemm::GroupedKParams kp;
+  std::memset(&kp, 0, sizeof(kp));
+  gemm::GemmParams& p = kp.core;
+  if (reads) {
+    // The template maps over all of Ktot: P = a (rows M), Q = b^T (rows N).
+    const gemm::Operand A{call.a, call.M, call.a_ld, call.a_kmajor};
+    const gemm::Operand B{call.b, call.N, call.b_ld, call.b_kmajor};
+    CUresult r = gemm::encode_operand(rk.d->cuTensorMapEncodeTiled, &p.tm_p, A, call.Ktot, t.bm, gdt);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled (a)");
+    r = gemm::encode_operand(rk.d->cuTensorMapEncodeTiled, &p.tm_q, B, call.Ktot, t.bn, gdt);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled (b)");
+  }
+  p.c = call.c;
+  p.bias = nullptr;
+  p.ldc = call.ldc;
+  p.rows = int32_t(call.M);
+  p.cols = int32_t(call.N);
+  p.k = int32_t(call.Ktot);
+  p.p_kmajor = call.a_kmajor ? 1 : 0;
+  p.q_kmajor = call.b_kmajor ? 1 : 0;
+  p.tiles_m = int32_t((call.M + t.bm - 1) / t.bm);
+  p.tiles_n = int32_t((call.N + t.bn - 1) / t.bn);
+  p.strip_m = 1;
+  p.split = 1;
+  p.c_vec = (reinterpret_cast<uintptr_t>(call.c) % 8 == 0) && (call.ldc % 4 == 0) && (call.c_gs % 4 == 0);
+  p.mc = 1;
+  kp.maps = static_cast<CUtensorMap*>(workspace);
+  kp.offs = call.offs;
+  kp.groups = int32_t(call.G);
+  kp.ktot = int32_t(call.Ktot);
+  kp.c_group_stride = call.c_gs;
+  kp.units = call.G * int64_t(p.tiles_m) * p.tiles_n;
+  const unsigned smem = unsigned(gemm::smem_bytes(t.bn, t.stages, t.epi, t.bm));
+  if (int64_t(smem) > dc->max_smem_optin)
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d",
+                rk.v->name.c_str(), smem, dc->max_smem_optin);
+  if (reads) {
+    LaunchConfig mc;
+    mc.grid[0] = unsigned((call.G + 127) / 128);
+    mc.block[0] = 128;
+    FLY_TRY(launch1(fmaps, mc, stream, kp));
+  }
+  LaunchConfig cfg;
+  cfg.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(kp.units, dc->sm_count)));
+  cfg.block[0] = gemm::kThreads;
+  cfg.smem = smem;
+  return launch1(rk.f, cfg, stream, kp);
 }
 
 }  // namespace
@@ -222,6 +447,12 @@ extern "C" FLY_API fly_status fly_grouped_gemm_workspace_size(const fly_tensor* 
   clear_error();
   if (!bytes) return fail(FLY_ERROR_INVALID_ARGUMENT, "bytes: null pointer");
   *bytes = 0;
+  if (is_k_mode(a, b)) {  // 2-D a and b: the ragged-K mode, two tensor maps per group
+    KCall kc;
+    FLY_TRY(validate_k(a, b, offs, nullptr, c, &kc));
+    *bytes = size_t(k_workspace_bytes(kc));
+    return FLY_SUCCESS;
+  }
   GroupedCall call;
   FLY_TRY(validate(a, b, offs, nullptr, c, &call));
   return FLY_SUCCESS;  // the kernels need none today (the argument is kept for split variants)
@@ -232,6 +463,11 @@ extern "C" FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_te
                                                size_t workspace_bytes, void* stream) {
   using namespace fly;
   clear_error();
+  if (is_k_mode(a, b)) {  // 2-D a and b: the ragged-K mode (weight gradient)
+    KCall kc;
+    FLY_TRY(validate_k(a, b, offs, bias, c, &kc));
+    return run_k(kc, workspace, workspace_bytes, stream);
+  }
   GroupedCall call;
   FLY_TRY(validate(a, b, offs, bias, c, &call));
   FLY_TRY(check_optional_workspace(workspace, workspace_bytes));

@@ -221,7 +221,7 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
   Buffers& b = buffers();
   if (b.clear_records && b.launch_count() > 1000) b.clear_records();  // records are 4 KiB each
   const int launches_before = b.launch_count ? b.launch_count() : 0;
-  const uint8_t entry = in.byte() % 15;
+  const uint8_t entry = in.byte() % 16;
   in.tame = in.byte() >= 160;
   switch (entry) {
     case 0: {  // rms_norm
@@ -411,7 +411,10 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
         const fly_status s = fly_grouped_gemm_workspace_size(maybe(in, &a), maybe(in, &bg), maybe(in, &offs), maybe(in, &c),
                                                              in.byte() < 10 ? nullptr : &bytes);
         check("fly_grouped_gemm_workspace_size", s);
-        if (s == FLY_SUCCESS && bytes != 0) broken("fly_grouped_gemm_workspace_size", s, "nonzero size");
+        // 2-D a and b (a random rank can make them so) are the ragged-K mode: G x 256 bytes.
+        const bool kmode = a.rank == 2 && bg.rank == 2;
+        if (s == FLY_SUCCESS && bytes != (kmode ? size_t(offs.sizes[0]) * 256 : 0))
+          broken("fly_grouped_gemm_workspace_size", s, "wrong size");
       } else {
         void* ws = in.byte() < 200 ? nullptr : pointer(in);
         const size_t ws_bytes = ws ? size_t(in.i64()) : 0;
@@ -426,6 +429,45 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
     case 14:  // the MX entries
       fuzz_mx(in);
       break;
+    case 15: {  // grouped gemm, ragged-K mode: a [M, Kt], b [Kt, N], offs int32 [G] along K, c [G, M, N]
+      const int32_t dt = int32_t(in.byte() & 1 ? FLY_BF16 : FLY_F16);
+      fly_tensor a = tensor(in, 2, dt), bk = tensor(in, 2, dt), offs = tensor(in, 1, FLY_I32), c = tensor(in, 3, dt),
+                 bias = tensor(in, 2, dt);
+      if (in.byte() < 180) {  // agreeing shapes, TMA-friendly multiples of 8, every operand order (K-contiguous refused)
+        const int64_t M = 8 * (a.sizes[0] % 16), Kt = 8 * (a.sizes[1] % 16), N = 8 * (bk.sizes[1] % 16 + 1),
+                      G = offs.sizes[0] % 5;
+        const bool ak = in.byte() < 40, bkc = in.byte() < 40;
+        a.sizes[0] = c.sizes[1] = M;
+        a.sizes[1] = bk.sizes[0] = Kt;
+        bk.sizes[1] = c.sizes[2] = N;
+        offs.sizes[0] = c.sizes[0] = G;
+        a.strides[0] = ak ? Kt : 1;
+        a.strides[1] = ak ? 1 : M;
+        bk.strides[0] = bkc ? 1 : N;
+        bk.strides[1] = bkc ? Kt : 1;
+        c.strides[0] = M * N;
+        c.strides[1] = N;
+        c.strides[2] = offs.strides[0] = 1;
+      }
+      if (in.byte() < 64) {
+        size_t bytes = 12345;
+        const fly_status s = fly_grouped_gemm_workspace_size(maybe(in, &a), maybe(in, &bk), maybe(in, &offs), maybe(in, &c),
+                                                             in.byte() < 10 ? nullptr : &bytes);
+        check("fly_grouped_gemm_workspace_size", s);
+        if (s == FLY_SUCCESS && a.rank == 2 && bk.rank == 2 && bytes != size_t(offs.sizes[0]) * 256)
+          broken("fly_grouped_gemm_workspace_size", s, "ragged-K mode: not G x 256 bytes");
+      } else {
+        void* ws = in.byte() < 60 ? nullptr : pointer(in);
+        const size_t ws_bytes = ws ? (in.byte() < 128 ? size_t(offs.sizes[0]) * 256 : size_t(in.i64())) : 0;
+        const fly_status s = fly_grouped_gemm(maybe(in, &a), maybe(in, &bk), maybe(in, &offs),
+                                              in.byte() < 20 ? &bias : nullptr, maybe(in, &c), ws, ws_bytes, stream(in));
+        check("fly_grouped_gemm", s);
+        if (s == FLY_SUCCESS && b.launch_count && c.sizes[0] > 0 && c.sizes[1] > 0 && c.sizes[2] > 0 &&
+            b.launch_count() == launches_before)
+          broken("fly_grouped_gemm (k)", s, "succeeded without a launch");
+      }
+      break;
+    }
     default: {
       const int i = int(int32_t(in.u64()));
       const char* v = fly_variant_name(i);

@@ -197,8 +197,28 @@ void run_attention_bwd(const char* name, const std::string& ps) {
   }
 }
 
+// Mode k (the ragged-K weight gradient): out[g] = a[:, k of g] @ b[k of g, :], three groups (one
+// empty, one ending 10 columns before Ktot) of Ktot = 200, a M contiguous, b N contiguous, plain
+// and padded; the workspace (two tensor maps per group) written by the kernel's prologue.
+void run_grouped_gemm_k(const char* name, const std::string& ps) {
+  const fly_dtype dt = dtype16(ps);
+  const int64_t G = 3, Kt = 200, M = 136, N = 256;
+  const int32_t ends[G] = {50, 50, 190};
+  Buf offs(sizeof ends, 0), ws(G * 256, -1);
+  CUDA_OK(cudaMemcpy(offs.p, ends, sizeof ends, cudaMemcpyHostToDevice));
+  for (int64_t pad : {0, 8}) {  // padded lines and groups too
+    Buf a(Kt * (M + pad) * 2, 0x3c), b(Kt * (N + pad) * 2, 0x3a), c(G * (M * (N + pad) + pad) * 2);
+    const fly_tensor ta = flykernels::tensor(a.p, dt, {M, Kt}, {1, M + pad});
+    const fly_tensor tb = flykernels::tensor(b.p, dt, {Kt, N}, {N + pad, 1});
+    const fly_tensor to = flykernels::tensor(offs.p, FLY_I32, {G}, {1});
+    const fly_tensor tc = flykernels::tensor(c.p, dt, {G, M, N}, {M * (N + pad) + pad, N + pad, 1});
+    report(name, fly_grouped_gemm(&ta, &tb, &to, nullptr, &tc, ws.p, ws.bytes, nullptr), pad ? "k padded" : "k");
+  }
+}
+
 // Three groups (one empty) over T = 200 rows, B with N contiguous and with K contiguous, with bias.
 void run_grouped_gemm(const char* name, const std::string& ps) {
+  if (has(ps, "mode=k")) return run_grouped_gemm_k(name, ps);
   const fly_dtype dt = dtype16(ps);
   const int64_t G = 3, T = 200, K = 256, N = 384;
   const int32_t ends[G] = {50, 50, 190};  // rows 190..199 past the last end: not written
