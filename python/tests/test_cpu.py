@@ -417,6 +417,27 @@ def test_gemm_family_does_not_import_inductor_until_torch_does():
     assert "WRAPPED True" in r.stdout and "RESTORED True" in r.stdout
 
 
+@pytest.mark.parametrize("env", [{}, {"FLYKERNELS_TORCH": "0"}])
+def test_extern_kernels_named_for_cached_graphs(env):
+    """Code that Inductor's caches hand back calls extern_kernels.flykernels_* without running a
+    lowering: the names exist once Inductor's select_algorithm is imported, families on or off,
+    and compute the product (here through the stock ops: CPU tensors)."""
+    r = run_py("""
+        import torch, flykernels
+        from torch._inductor.select_algorithm import extern_kernels as ek
+        a, b, bias = torch.randn(5, 7), torch.randn(7, 3), torch.randn(3)
+        out = torch.empty(5, 3)
+        ek.flykernels_mm(a, b, out=out)
+        ok_mm = torch.allclose(out, a @ b, atol=1e-5)
+        ek.flykernels_addmm(bias, a, b, out=out)
+        ok_addmm = torch.allclose(out, a @ b + bias, atol=1e-5)
+        print("NAMED", all(hasattr(ek, n) for n in ("flykernels_mm", "flykernels_addmm", "flykernels_grouped_mm")),
+              ok_mm, ok_addmm)
+    """, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "NAMED True True True" in r.stdout
+
+
 # ---- MX F.scaled_mm -------------------------------------------------------------------------
 def mx_operands(M, N, K, fmt="e4m3", device="cpu", swizzled=False):
     dt = torch.float8_e4m3fn if fmt == "e4m3" else torch.float4_e2m1fn_x2

@@ -8,6 +8,11 @@
 
 #define MXW_STR2(x) #x
 #define MXW_STR(x) MXW_STR2(x)
+#if defined(FLY_PIPE) && FLY_PIPE
+#define MXW_PIPE_TAG ", two scratch sets"
+#else
+#define MXW_PIPE_TAG ""
+#endif
 
 namespace {
 namespace mxw_emu {
@@ -157,7 +162,7 @@ int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bi
 }  // namespace mxw_emu
 }  // namespace
 
-TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ", fold " MXW_STR(FLY_FOLD) ") kernel source, run on the host, equals the FP64 reference", "[mx][emu][mxw]") {
+TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ", fold " MXW_STR(FLY_FOLD) MXW_PIPE_TAG ") kernel source, run on the host, equals the FP64 reference", "[mx][emu][mxw]") {
   for (bool fp4 : {false, true}) {
     mxw_emu::gemm_case(37, 100, 96, fp4, true, true, -20, 10, -6, 2, 132);     // N, K tails (K < one stage)
     mxw_emu::gemm_case(1, 70, 160, fp4, false, true, -8, -2, -8, -2, 132);     // M = 1, K = 1.25 stages

@@ -15,22 +15,50 @@ _choices = {}  # "mm"/"addmm" -> ExternKernelChoice (created once per process)
 # tracked", seen on the H200), so stream-K variants run without stream-K here (fly_gemm's NULL/0).
 
 
+# The extern kernels Inductor's generated code calls by name (extern_kernels.<name>). Without
+# the extension they run the stock ops: a graph compiled while ours won can come back from
+# Inductor's caches in a process where the extension did not load or the family is off.
 def flykernels_mm(a, b, *, out):
     """out = a @ b through fly_gemm (the extension falls back to at::mm_out where we decline)."""
     from .._loader import ext
-    ext.mm_out(a, b, out, None)
+    if ext is None:
+        torch.mm(a, b, out=out)
+    else:
+        ext.mm_out(a, b, out, None)
 
 
 def flykernels_addmm(inp, a, b, *, out, alpha=1, beta=1):
     """out = beta * inp + alpha * (a @ b): fly_gemm with a bias vector, else at::addmm_out."""
     from .._loader import ext
-    ext.addmm_out(inp, a, b, out, float(beta), float(alpha), None)
+    if ext is None:
+        torch.addmm(inp, a, b, beta=beta, alpha=alpha, out=out)
+    else:
+        ext.addmm_out(inp, a, b, out, float(beta), float(alpha), None)
 
 
 def flykernels_grouped_mm(a, b, offs, *, out):
     """out = F.grouped_mm(a, b, offs=offs) through fly_grouped_gemm (else the stock op, copied)."""
     from .._loader import ext
-    ext.grouped_mm_out(a, b, offs, out)
+    if ext is None:
+        out.copy_(torch._grouped_mm(a, b, offs))
+    else:
+        ext.grouped_mm_out(a, b, offs, out)
+
+
+_EXTERN = (flykernels_mm, flykernels_addmm, flykernels_grouped_mm)
+
+
+def _name_extern_kernels(select_algorithm):
+    """Puts our functions into Inductor's extern_kernels namespace as soon as it exists, whatever
+    is enabled: the FX graph cache and the AOT caches hand back generated code that calls
+    extern_kernels.flykernels_mm & co. without running a lowering (so without _extern_choice)."""
+    ns = select_algorithm.extern_kernels
+    for fn in _EXTERN:
+        if not hasattr(ns, fn.__name__):
+            setattr(ns, fn.__name__, fn)
+
+
+inductor.after_import("torch._inductor.select_algorithm", _name_extern_kernels)
 
 
 def _extern_choice(kind):

@@ -10,6 +10,7 @@ import, so enabling costs nothing until torch.compile loads Inductor (about 3 s 
 
     register_candidates(name, provider, key, module="torch._inductor.kernel.mm")
     provider(choices, input_nodes, layout) -> list of extra ChoiceCallers (may be empty)
+    after_import(module, fn)   fn(module) once the module is imported (now if it already is)
 """
 import importlib.abc
 import sys
@@ -19,6 +20,7 @@ _module_of = {}  # lowering name -> the module whose selector serves it
 _wanted = set()  # lowering modules to wrap (now, or when imported)
 _wrapped = {}  # module name -> the original autotune_select_algorithm
 wrap_errors = {}  # module name -> why it was not wrapped
+_hooks = {}  # module name -> callables run once on the module after its import (after_import)
 
 
 def _select_with_candidates(original):
@@ -51,7 +53,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds a wanted lowering module through the other finders and wraps it once it has run."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in _wanted or fullname in _wrapped:
+        if (fullname not in _wanted or fullname in _wrapped) and fullname not in _hooks:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -65,6 +67,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                     def exec_module(module, run=run):
                         run(module)
                         _wrap(module)
+                        _run_hooks(module)
 
                     loader.exec_module = exec_module
                 return spec
@@ -72,6 +75,24 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 _finder = _AfterImport()
+
+
+def _run_hooks(module):
+    for fn in _hooks.pop(module.__name__, []):
+        try:
+            fn(module)
+        except Exception:  # a hook must never break the import of an Inductor module
+            pass
+
+
+def after_import(module, fn):
+    """Runs fn(module) once `module` is imported: now if it is, else right after its import."""
+    if module in sys.modules:
+        fn(sys.modules[module])
+        return
+    _hooks.setdefault(module, []).append(fn)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
 
 
 def register_candidates(name, provider, key, module="torch._inductor.kernel.mm"):
@@ -97,7 +118,7 @@ def unregister_candidates(name, key):
     if original is not None and module in sys.modules:
         sys.modules[module].autotune_select_algorithm = original
     _wanted.discard(module)
-    if not _wanted and _finder in sys.meta_path:
+    if not _wanted and not _hooks and _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
 
 

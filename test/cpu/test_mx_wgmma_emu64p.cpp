@@ -1,0 +1,20 @@
+// The wgmma MX GEMM's source (kernels/mx/mxfp_wgmma.cu, BN = 64, fold = 1, FLY_PIPE = 1: two scratch accumulator sets) run on host threads against
+// the FP64 reference: harness in mx_wgmma_emu.hpp, cases in mx_wgmma_emu_cases.hpp.
+#include "mx_wgmma_emu.hpp"
+#define FLY_BN 64
+#define FLY_FOLD 1
+#define FLY_PIPE 1
+#define fly_mxw_emu_and128 fly_mxw_emu_and128_n64p
+#define mxfp_wgmma mxfp_wgmma_emu_n64p
+#define fly_mxw_emu_smem fly_mxw_emu_smem_n64p
+#include "mx/mxfp_wgmma.cu"
+uint8_t* fly_mxw_emu_smem() { return emu::smem_base; }
+bool fly_mxw_emu_and128(bool v) {
+  const bool r = emu::producer_and->reduce(v);
+  if (r && emu::thread_idx.x == 0) {
+    std::lock_guard<std::mutex> l(emu::mu);
+    ++emu::folded_stages;
+  }
+  return r;
+}
+#include "mx_wgmma_emu_cases.hpp"
