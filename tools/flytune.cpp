@@ -13,6 +13,7 @@ int tune_topk(const Args&) __attribute__((weak));
 int tune_gemm(const Args&) __attribute__((weak));
 int tune_attention(const Args&) __attribute__((weak));
 int tune_grouped_gemm(const Args&) __attribute__((weak));
+int tune_mxfp(const Args&) __attribute__((weak));
 }  // namespace fly::tools
 
 int main(int argc, char** argv) try {
@@ -30,6 +31,8 @@ int main(int argc, char** argv) try {
        "db dump suite quick times dtype"},
       {"grouped_gemm", tune_grouped_gemm, "grouped GEMM: suite shapes, B K- or N-contiguous",
        "db dump suite quick times dtype layouts"},
+      {"mxfp", tune_mxfp, "MX block-scaled GEMM (MXFP8, MXFP4): suite shapes, every bundled variant",
+       "db dump suite quick times formats variants"},
   };
   Args args = parse_args(argc, argv);
   if (args.has("data-dir")) set_data_dir(args.get("data-dir"));
