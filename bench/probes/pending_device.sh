@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# What the 2026-12-02 session merged without running it on the GPU (its device time ran out), as
-# device calls for the next session. Each stage fits one call (<= 600 s); run them in order on a
-# warm machine, carrying .devdeps, .whl (expecttest, see docs/pytorch.md) and, for stage mx, the
-# wgmma MXFP branch's own script.
-#   bash bench/probes/pending_device.sh tests    # default build, ctest, python package + every python GPU test
-#   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family (topk rewrite, hd512)
+# What is merged but has not run on the GPU as a whole (the second 2026-12-02 session's device
+# time ran out), as device calls for the next session. Each stage fits one call (<= 600 s); run
+# them in order on a warm machine, carrying .devdeps and .whl (expecttest, see docs/pytorch.md).
+#   bash bench/probes/pending_device.sh tests    # default build (now with the MX wgmma and the ragged-K
+#                                                # grouped variants), ctest, python package + every python GPU test
+#                                                # (the extern-kernel names for cached graphs: run pytest twice)
+#   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family
 #   bash bench/probes/pending_device.sh bench    # TopK long rows after the DB change, compiled GEMM from suite shape 5
+# Then `bash kernels/mx/dev/device_wgmma.sh all` (the two-scratch-set MX variants `_p1` and `_n32_f0`
+# beside the default dispatch; then `flytune mxfp --dump db/sm_90a.sql` over a -DFLY_ALL_VARIANTS=ON
+# MX build if they win).
 # Logs under $OUT (at most 8 files come back: the stages tar their logs).
 set -uo pipefail
 stage=${1:-tests}
@@ -37,6 +41,10 @@ case "$stage" in
     (cd /tmp && PYTHONPATH=/tmp/pyfk:${PYTHONPATH:-} timeout 300 python3 -m pytest -q -rs -p no:cacheprovider \
       "$R/python/tests" 2>&1) >"$OUT/pytest.log"
     el "pytest rc=$?"; grep -E "passed|failed|FAILED|SKIPPED" "$OUT/pytest.log" | tail -20
+    # again, now with Inductor's caches warm: compiled graphs that picked ours come back from them
+    (cd /tmp && PYTHONPATH=/tmp/pyfk:${PYTHONPATH:-} timeout 120 python3 -m pytest -q -p no:cacheprovider \
+      -k "compile or grouped" "$R/python/tests" 2>&1) >"$OUT/pytest-cached.log"
+    el "pytest (warm caches) rc=$?"; tail -3 "$OUT/pytest-cached.log"
     ;;
   sanitize)
     build
