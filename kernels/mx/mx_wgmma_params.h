@@ -34,8 +34,16 @@ constexpr int stage_bytes(int bn, bool fold = false) {
   return a_bytes() + b_bytes(bn) + sa_bytes() + sb_bytes(bn) + raw_bytes(bn) + fold_bytes(bn, fold);
 }
 constexpr int stages(int bn) { return bn <= 32 ? 6 : bn <= 64 ? 5 : 4; }
-// Dynamic shared memory: 1024 bytes of alignment slack, the ring, 3 mbarriers per stage.
-constexpr int smem_bytes(int bn, bool fold = false) { return 1024 + stages(bn) * stage_bytes(bn, fold) + stages(bn) * 3 * 8; }
+// The producer's scale prefetch (variants with pipe = 2): per tile row (A rows, then B rows) the
+// E8M0 bytes of the four stages of the current chunk, one uint32 per stage (thread-owned: each
+// producer thread writes and reads only its own rows), after the barriers.
+constexpr int kScaleChunk = 4;  // stages per prefetched chunk
+constexpr int prefetch_bytes(int bn, bool prefetch) { return prefetch ? (kBM + bn) * kScaleChunk * 4 : 0; }
+// Dynamic shared memory: 1024 bytes of alignment slack, the ring, 3 mbarriers per stage, the
+// prefetch buffer.
+constexpr int smem_bytes(int bn, bool fold = false, bool prefetch = false) {
+  return 1024 + stages(bn) * stage_bytes(bn, fold) + stages(bn) * 3 * 8 + prefetch_bytes(bn, prefetch);
+}
 // Largest spread (binades) of a row's four k32 scales that the fold takes: E2M1 * 2^-d stays a
 // normal E4M3 code for d <= 5 (0.5 * 2^-5 = 2^-6), so the widening just lowers exponent fields.
 constexpr int kFoldMaxShift = 5;

@@ -55,9 +55,11 @@ constexpr bool FOLD = FLY_FOLD != 0;
 constexpr bool FOLD = false;
 #endif
 #if defined(FLY_PIPE)
-constexpr bool PIPE = FLY_PIPE != 0;
+constexpr bool PIPE = FLY_PIPE != 0;      // 1, 2: two scratch accumulator sets in the consumers
+constexpr bool PREFETCH = FLY_PIPE >= 2;  // 2: the producer prefetches the scales a chunk ahead
 #else
 constexpr bool PIPE = false;
+constexpr bool PREFETCH = false;
 #endif
 constexpr int STAGES = stages(BN);
 constexpr int STAGE = stage_bytes(BN, FOLD);
@@ -72,7 +74,8 @@ constexpr int ACC = BN / 2;  // accumulators per consumer thread (m64nBN: BN/2 f
 static_assert(BN == 32 || BN == 64 || BN == 128, "BN: 32, 64 or 128 (two accumulator sets of BN/2 registers)");
 static_assert(OFF_B % 1024 == 0 && OFF_SA % 1024 == 0 && OFF_RAW % 1024 == 0 && STAGE % 1024 == 0,
               "stage parts keep the 1024-byte swizzle-atom alignment");
-static_assert(smem_bytes(BN, FOLD) <= 232448, "ring fits the 227 KiB of dynamic shared memory");
+static_assert(smem_bytes(BN, FOLD, PREFETCH) <= 232448, "ring fits the 227 KiB of dynamic shared memory");
+constexpr int kRowsPerThread = (kBM + BN + 127) / 128;  // tile rows (A then B) of one producer thread
 static_assert(!FOLD || OFF_FLAG + 4 <= STAGE, "fold area inside the stage");
 using Mma = sm90::WgmmaF8<BN, sm90::F8::kE4m3, sm90::F8::kE4m3>;
 static_assert(Mma::kRegs == ACC, "accumulator count");
@@ -174,6 +177,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + STAGES * STAGE);
   uint64_t* empty = full + STAGES;
   uint64_t* raw_full = empty + STAGES;
+  uint32_t* scale_buf = reinterpret_cast<uint32_t*>(raw_full + STAGES);  // PREFETCH: [kBM + BN][kScaleChunk]
 
   const int wg = threadIdx.x / 128;
   const bool fp4 = p.fp4 != 0;
@@ -199,10 +203,49 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
     const int pt = threadIdx.x;
     int s = 0;
     uint32_t ph = 0;
+    // PREFETCH: with 4-byte aligned scale rows (K a multiple of 128 and aligned scale tensors),
+    // the thread's rows' scale words of chunk c + 1 (stages 4c + 4 .. 4c + 7) are loaded into
+    // registers while chunk c runs, and land in scale_buf at the chunk's start: the loads' latency
+    // is spread over four stages instead of stalling each stage. Otherwise each stage loads its
+    // bytes when it needs them.
+    const bool prefetch = PREFETCH && ((reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) |
+                                        uintptr_t(kbs)) & 3u) == 0;
+    uint32_t next[kRowsPerThread][kScaleChunk];
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, t);
       const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
+      // Scale word of stage ks (its four k32 blocks' bytes, low byte first) for the thread's row i.
+      auto load_word = [&](int i, int ks) -> uint32_t {
+        const int r = pt + 128 * i;
+        if (r >= kBM + BN || ks >= ksteps) return 0u;
+        const bool is_a = r < kBM;
+        const int64_t grow = int64_t(is_a ? m0 : n0) + (is_a ? r : r - kBM);
+        if (grow >= (is_a ? p.M : p.N)) return 0u;
+        return *reinterpret_cast<const uint32_t*>((is_a ? p.sa : p.sb) + grow * kbs + ks * 4);
+      };
+      auto issue_chunk = [&](int c) {
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i)
+#pragma unroll
+          for (int q = 0; q < kScaleChunk; ++q) next[i][q] = load_word(i, c * kScaleChunk + q);
+      };
+      auto land_chunk = [&]() {
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i)
+          if (pt + 128 * i < kBM + BN)
+#pragma unroll
+            for (int q = 0; q < kScaleChunk; ++q) scale_buf[(pt + 128 * i) * kScaleChunk + q] = next[i][q];
+      };
+      if (prefetch) {
+        issue_chunk(0);
+        land_chunk();
+        issue_chunk(1);
+      }
       for (int ks = 0; ks < ksteps; ++ks) {
+        if (prefetch && ks > 0 && ks % kScaleChunk == 0) {
+          land_chunk();  // chunk ks / 4, loaded during the previous chunk
+          issue_chunk(ks / kScaleChunk + 1);
+        }
         sm90::mbar_wait(&empty[s], ph ^ 1);
         uint8_t* st = ring + s * STAGE;
         if (pt == 0) {
@@ -232,10 +275,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
           uint8_t e[4];
           bool valid[4];
           int emax = 0;
+          const uint32_t word = prefetch ? scale_buf[r * kScaleChunk + ks % kScaleChunk] : 0u;
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             valid[j] = in && kb0 + j < kbs;
-            e[j] = valid[j] ? src[kb0 + j] : uint8_t(0);
+            e[j] = !valid[j] ? uint8_t(0) : prefetch ? uint8_t(word >> (8 * j)) : src[kb0 + j];
             dst[j * ld + rr] = valid[j] ? fly::mxe::e8m0_to_float(e[j]) : 0.0f;
             emax = e[j] > emax ? e[j] : emax;
           }
@@ -312,41 +356,76 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
             if (j < jmax) Mma::mma(tmp, da + 2 * j, db + 2 * j, j > 0 ? 1 : 0);
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
-          fence_tmp(tmp);
-          const float* fsc = reinterpret_cast<const float*>(st + OFF_FSC);
-          promote(acc, tmp, fsc, fsc + kBM, ra, ct);
-        } else if constexpr (PIPE) {
-          // Two scratch sets: block j + 1's wgmma runs while block j is promoted (wait<1> leaves
-          // the newer group in flight), so the tensor core works through 3 of the 4 promotions.
-          float tmp2[ACC];
-          if (jmax > 0) issue_block(tmp, da, db, 0);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            if (j < jmax) {
-              const bool next = j + 1 < jmax;
-              if ((j & 1) == 0) {
-                if (next) issue_block(tmp2, da, db, j + 1);
-                if (next) sm90::wgmma_wait<1>();
-                else sm90::wgmma_wait<0>();
+          for (int i = 0; i < ACC; ++i) sm90::reg_fence(tmp[i]);
+          const float* fsc = reinterpret_cast<const float*>(st + OFF_FSC);
+          const float sa0 = fsc[ra], sa1 = fsc[ra + 8];
+#pragma unroll
+          for (int c8 = 0; c8 < BN / 8; ++c8) {  // promote() with the folded scales, kept apart: the
+            // fold variants' code stays as it was validated on the H200 (bit-identical cubins)
+            const float2 sbv = *reinterpret_cast<const float2*>(&fsc[kBM + acc_col(ct, 4 * c8)]);
+            acc[4 * c8 + 0] = fmaf(tmp[4 * c8 + 0], sa0 * sbv.x, acc[4 * c8 + 0]);
+            acc[4 * c8 + 1] = fmaf(tmp[4 * c8 + 1], sa0 * sbv.y, acc[4 * c8 + 1]);
+            acc[4 * c8 + 2] = fmaf(tmp[4 * c8 + 2], sa1 * sbv.x, acc[4 * c8 + 2]);
+            acc[4 * c8 + 3] = fmaf(tmp[4 * c8 + 3], sa1 * sbv.y, acc[4 * c8 + 3]);
+          }
+        }
+        if constexpr (PIPE) {
+          if (!fold && jmax == 4) {
+            // Two scratch sets: block j + 1's wgmma runs while block j is promoted (wait_group 1
+            // leaves the newer group in flight), so the tensor core works through 3 of the 4
+            // promotions. Straight-line, and only for whole stages: ptxas serializes the wgmma
+            // (C7514) when some path it cannot rule out leaves a group in flight past the stage.
+            float tmp2[ACC];
+            issue_block(tmp, da, db, 0);
+            issue_block(tmp2, da, db, 1);
+            sm90::wgmma_wait<1>();
+            fence_tmp(tmp);
+            promote(acc, tmp, sa_s, sb_s, ra, ct);
+            issue_block(tmp, da, db, 2);
+            sm90::wgmma_wait<1>();
+            fence_tmp(tmp2);
+            promote(acc, tmp2, sa_s + kBM, sb_s + BN, ra, ct);
+            issue_block(tmp2, da, db, 3);
+            sm90::wgmma_wait<1>();
+            fence_tmp(tmp);
+            promote(acc, tmp, sa_s + 2 * kBM, sb_s + 2 * BN, ra, ct);
+            sm90::wgmma_wait<0>();
+            fence_tmp(tmp2);
+            promote(acc, tmp2, sa_s + 3 * kBM, sb_s + 3 * BN, ra, ct);
+          } else if (!fold) {  // a partial last stage: one set
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if (j < jmax) {
+                issue_block(tmp, da, db, j);
+                sm90::wgmma_wait<0>();
                 fence_tmp(tmp);
                 promote(acc, tmp, sa_s + j * kBM, sb_s + j * BN, ra, ct);
-              } else {
-                if (next) issue_block(tmp, da, db, j + 1);
-                if (next) sm90::wgmma_wait<1>();
-                else sm90::wgmma_wait<0>();
-                fence_tmp(tmp2);
-                promote(acc, tmp2, sa_s + j * kBM, sb_s + j * BN, ra, ct);
               }
             }
           }
         } else {
+          // One set: each block's wgmma waited on before its promotion (written out rather than
+          // through issue_block / promote: these variants keep the code validated on the H200,
+          // bit-identical cubins).
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            if (j < jmax) {
-              issue_block(tmp, da, db, j);
+            if (!fold && j < jmax) {
+              sm90::wgmma_fence();
+              Mma::mma(tmp, da + 2 * j, db + 2 * j, 0);  // +32 bytes of the 128-byte row per k32
+              sm90::wgmma_commit();
               sm90::wgmma_wait<0>();
-              fence_tmp(tmp);
-              promote(acc, tmp, sa_s + j * kBM, sb_s + j * BN, ra, ct);
+#pragma unroll
+              for (int i = 0; i < ACC; ++i) sm90::reg_fence(tmp[i]);
+              const float sa0 = sa_s[j * kBM + ra], sa1 = sa_s[j * kBM + ra + 8];
+#pragma unroll
+              for (int c8 = 0; c8 < BN / 8; ++c8) {
+                const float2 sbv = *reinterpret_cast<const float2*>(&sb_s[j * BN + acc_col(ct, 4 * c8)]);
+                acc[4 * c8 + 0] = fmaf(tmp[4 * c8 + 0], sa0 * sbv.x, acc[4 * c8 + 0]);
+                acc[4 * c8 + 1] = fmaf(tmp[4 * c8 + 1], sa0 * sbv.y, acc[4 * c8 + 1]);
+                acc[4 * c8 + 2] = fmaf(tmp[4 * c8 + 2], sa1 * sbv.x, acc[4 * c8 + 2]);
+                acc[4 * c8 + 3] = fmaf(tmp[4 * c8 + 3], sa1 * sbv.y, acc[4 * c8 + 3]);
+              }
             }
           }
         }

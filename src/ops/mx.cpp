@@ -83,7 +83,7 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   LaunchConfig cfg;
   cfg.grid[0] = unsigned(tiles_m * tiles_n < sms ? tiles_m * tiles_n : sms);
   cfg.block[0] = mxw::kThreads;
-  cfg.smem = unsigned(mxw::smem_bytes(bn, fold));
+  cfg.smem = unsigned(mxw::smem_bytes(bn, fold, v.get_int("pipe", 0) >= 2));
   return launch1(f, cfg, stream, p);
 }
 

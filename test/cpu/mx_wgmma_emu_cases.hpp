@@ -8,7 +8,9 @@
 
 #define MXW_STR2(x) #x
 #define MXW_STR(x) MXW_STR2(x)
-#if defined(FLY_PIPE) && FLY_PIPE
+#if defined(FLY_PIPE) && FLY_PIPE >= 2
+#define MXW_PIPE_TAG ", two scratch sets, scale prefetch"
+#elif defined(FLY_PIPE) && FLY_PIPE
 #define MXW_PIPE_TAG ", two scratch sets"
 #else
 #define MXW_PIPE_TAG ""
@@ -20,7 +22,11 @@ namespace mxw_emu {
 namespace mx = fly::mx;
 
 void run(const fly::mxw::Params& p, unsigned grid) {
+#if defined(FLY_PIPE)
+  const size_t bytes = size_t(fly::mxw::smem_bytes(FLY_BN, FLY_FOLD != 0, FLY_PIPE >= 2));
+#else
   const size_t bytes = size_t(fly::mxw::smem_bytes(FLY_BN, FLY_FOLD != 0));
+#endif
   std::unique_ptr<uint8_t, void (*)(void*)> buf(static_cast<uint8_t*>(std::aligned_alloc(1024, (bytes + 1023) / 1024 * 1024)), std::free);
   emu::smem_base = buf.get();
   emu::smem_size = bytes;
@@ -169,6 +175,10 @@ TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ", fold " MXW_STR(FLY_FOLD) MXW_PIPE
     mxw_emu::gemm_case(130, 2 * FLY_BN + 3, 288, fp4, true, false, -30, 30, -6, 6, 2);  // 2 x 3 tiles on 2 CTAs
     mxw_emu::gemm_case(5, 96, 1056, fp4, false, true, -9, -3, -9, -3, 1);      // one CTA, the ring lapping
     mxw_emu::gemm_case(3, 40, 160, fp4, true, true, -127, 127, -127, -31, 132);  // 0xFE / 0x00 rows
+    // K a multiple of 128 (4-byte scale rows: the pipe = 2 producer's prefetch path): 13 stages,
+    // three chunk boundaries and a chunk past K, on one CTA lapping the ring and on two CTAs
+    mxw_emu::gemm_case(9, FLY_BN + 5, 1664, fp4, true, true, -12, 12, -20, 4, 1);
+    mxw_emu::gemm_case(130, 2 * FLY_BN, 640, fp4, false, false, -9, -3, -8, -2, 2);
   }
   // scales within 5 binades per row: the fold variants fold every MXFP4 stage (and never MXFP8's);
   // wide spreads above must not have folded a stage whose rows do not allow it (checked by value)

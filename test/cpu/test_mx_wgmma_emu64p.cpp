@@ -1,9 +1,9 @@
-// The wgmma MX GEMM's source (kernels/mx/mxfp_wgmma.cu, BN = 64, fold = 1, FLY_PIPE = 1: two scratch accumulator sets) run on host threads against
+// The wgmma MX GEMM's source (kernels/mx/mxfp_wgmma.cu, BN = 64, fold = 0, FLY_PIPE = 2: two scratch accumulator sets and the scale prefetch) run on host threads against
 // the FP64 reference: harness in mx_wgmma_emu.hpp, cases in mx_wgmma_emu_cases.hpp.
 #include "mx_wgmma_emu.hpp"
 #define FLY_BN 64
-#define FLY_FOLD 1
-#define FLY_PIPE 1
+#define FLY_FOLD 0
+#define FLY_PIPE 2
 #define fly_mxw_emu_and128 fly_mxw_emu_and128_n64p
 #define mxfp_wgmma mxfp_wgmma_emu_n64p
 #define fly_mxw_emu_smem fly_mxw_emu_smem_n64p

@@ -74,8 +74,8 @@ if [ "$mode" = all ] || [ "$mode" = bench ]; then
   # flybench mxfp five times (default dispatch, four wgmma variants forced), then the torch
   # baselines on the same shapes in the same process run; flybench's own tables are in torch.log
   PYTHONUNBUFFERED=1 phase "mxfp_torch.py" 480 "$out/torch.log" python3 bench/mxfp_torch.py --flybench "$bx/flybench" \
-    --reps "${REPS:-10}" --json "$out/torch.json" ${VARIANTS:---variant mxfp_wgmma_n128_f0_p1 --variant mxfp_wgmma_n64_f0_p1 \
-    --variant mxfp_wgmma_n128_f1_p1 --variant mxfp_wgmma_n32_f0}
+    --reps "${REPS:-10}" --json "$out/torch.json" ${VARIANTS:---variant mxfp_wgmma_n128_f0_p2 --variant mxfp_wgmma_n64_f0_p2 \
+    --variant mxfp_wgmma_n32_f0_p2 --variant mxfp_wgmma_n128_f0_p1 --variant mxfp_wgmma_n32_f0}
   grep -E "^(mxfp|fmt)|vs_default" "$out/torch.log" >"$out/bench.log"
   tail -8 "$out/torch.log" | tee -a "$out/summary.txt"
 fi
