@@ -19,42 +19,15 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "flykernels/flykernels.hpp"
+#include "grouped_test_util.hpp"
 
 namespace {
 
-uint16_t enc(float v, fly_dtype dt) {  // exact for the small dyadic values used here
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  if (dt == FLY_BF16) return uint16_t(u >> 16);
-  if (v == 0.f) return uint16_t((u >> 16) & 0x8000);
-  const uint32_t sign = (u >> 16) & 0x8000;
-  const int e = int((u >> 23) & 0xFF) - 127 + 15;
-  return uint16_t(sign | (uint32_t(e) << 10) | ((u >> 13) & 0x3FF));
-}
-float dec(uint16_t h, fly_dtype dt) {
-  uint32_t u;
-  if (dt == FLY_BF16) {
-    u = uint32_t(h) << 16;
-  } else {
-    const uint32_t sign = uint32_t(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-    if (e == 0x1F) u = sign | 0x7F800000 | (m << 13);
-    else if (e == 0) {
-      const float f = std::ldexp(float(m), -24);
-      return (h & 0x8000) ? -f : f;
-    } else u = sign | ((e - 15 + 127) << 23) | (m << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using grouped_test::dec;
+using grouped_test::Dev;
+using grouped_test::enc;
+using grouped_test::round8;
 
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { REQUIRE(cudaMalloc(&p, bytes ? bytes : 16) == cudaSuccess); }
-  ~Dev() { cudaFree(p); }
-};
-
-int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
 
 struct Case {
   std::vector<int32_t> offs;  // as passed to the kernel (cumulative ends; may be bad on purpose)
