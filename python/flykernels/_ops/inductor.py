@@ -77,18 +77,22 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 _finder = _AfterImport()
 
 
+def _run_hook(fn, module):
+    try:
+        fn(module)
+    except Exception:  # a hook must never break the import of an Inductor module, nor ours
+        pass
+
+
 def _run_hooks(module):
     for fn in _hooks.pop(module.__name__, []):
-        try:
-            fn(module)
-        except Exception:  # a hook must never break the import of an Inductor module
-            pass
+        _run_hook(fn, module)
 
 
 def after_import(module, fn):
     """Runs fn(module) once `module` is imported: now if it is, else right after its import."""
     if module in sys.modules:
-        fn(sys.modules[module])
+        _run_hook(fn, sys.modules[module])
         return
     _hooks.setdefault(module, []).append(fn)
     if _finder not in sys.meta_path:
