@@ -3,7 +3,12 @@
 // encoders shared with the host test in mx/mx_encode.h). One thread per 32-element block: it
 // loads the block (16-byte vectors when aligned), takes amax, the scale byte, divides by the
 // scale (exact: a power of two) and encodes with nearest-even and saturation.
-// Variant constants (tools/flygen): FLY_THREADS (threads per CTA).
+// Variant constants (tools/flygen): FLY_THREADS (threads per CTA); FLY_HW_CVT = 1 (variants
+// `_hw`): the block is scaled by multiplying with the exact reciprocal of its power-of-two scale
+// (the same correctly rounded value as the division: x / 2^e and x * 2^-e are one real number,
+// and 2^-e is an FP32 value for every scale byte) and, on the GPU, E4M3 codes come from
+// `cvt.rn.satfinite.e4m3x2.f32` (nearest-even, saturating to +-448: the encoder's rules for the
+// finite values it gets). The host emulation runs the software encoder there.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -51,6 +56,15 @@ __device__ __forceinline__ void load_block(const MxQuantizeParams& p, int64_t ro
   }
 }
 
+#if defined(FLY_HW_CVT) && FLY_HW_CVT && !defined(FLY_MX_HOST_EMU)
+// Two E4M3 codes of the finite x0 (low byte) and x1 (high byte), nearest-even, saturating.
+__device__ __forceinline__ uint32_t e4m3x2(float x0, float x1) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(x1), "f"(x0));
+  return r;
+}
+#endif
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(FLY_THREADS) mx_quantize(MxQuantizeParams p) {
@@ -72,11 +86,18 @@ extern "C" __global__ void __launch_bounds__(FLY_THREADS) mx_quantize(MxQuantize
                           : fly::mxe::scale_byte(amax, p.rceil != 0, p.fp4 ? 2 : 8, p.fp4 ? 6.0f : 448.0f);
     p.scales[b] = s;
     const float scale = fly::mxe::e8m0_to_float(s);
+#if defined(FLY_HW_CVT) && FLY_HW_CVT
+    // 1 / 2^(s - 127) = 2^(127 - s), the E8M0 byte 254 - s (s = 0xFF: unused, the NaN codes)
+    const float inv = fly::mxe::e8m0_to_float(uint8_t(s == 0xFF ? 127 : 254 - s));
+#define FLY_MXQ_SCALED(x) ((x) * inv)
+#else
+#define FLY_MXQ_SCALED(x) __fdiv_rn((x), scale)
+#endif
     if (p.fp4) {
       uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        const uint8_t c = s == 0xFF ? uint8_t(0x7) : fly::mxe::encode_e2m1(__fdiv_rn(v[i], scale));
+        const uint8_t c = s == 0xFF ? uint8_t(0x7) : fly::mxe::encode_e2m1(FLY_MXQ_SCALED(v[i]));
         w[i / 8] |= uint32_t(c) << ((i % 8) * 4);
       }
       uint8_t* q = static_cast<uint8_t*>(p.q) + row * (p.K / 2) + kb * 16;
@@ -88,11 +109,22 @@ extern "C" __global__ void __launch_bounds__(FLY_THREADS) mx_quantize(MxQuantize
       }
     } else {
       uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#if defined(FLY_HW_CVT) && FLY_HW_CVT && !defined(FLY_MX_HOST_EMU)
+      if (s == 0xFF) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = 0x7F7F7F7Fu;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          w[i] = e4m3x2(v[4 * i] * inv, v[4 * i + 1] * inv) | (e4m3x2(v[4 * i + 2] * inv, v[4 * i + 3] * inv) << 16);
+      }
+#else
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        const uint8_t c = s == 0xFF ? uint8_t(0x7F) : fly::mxe::encode_e4m3(__fdiv_rn(v[i], scale));
+        const uint8_t c = s == 0xFF ? uint8_t(0x7F) : fly::mxe::encode_e4m3(FLY_MXQ_SCALED(v[i]));
         w[i / 4] |= uint32_t(c) << ((i % 4) * 8);
       }
+#endif
       uint8_t* q = static_cast<uint8_t*>(p.q) + row * p.K + kb * 32;
       if (p.vec_q) {
         reinterpret_cast<uint4*>(q)[0] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -104,3 +136,4 @@ extern "C" __global__ void __launch_bounds__(FLY_THREADS) mx_quantize(MxQuantize
     }
   }
 }
+#undef FLY_MXQ_SCALED

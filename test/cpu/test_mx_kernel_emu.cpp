@@ -74,6 +74,15 @@ inline __half us2h(uint16_t u) { __half h; std::memcpy(&h, &u, 2); return h; }
 #define FLY_BN 64
 #include "mx/mx_quantize.cu"
 #include "mx/mxfp_gemm.cu"
+// The `_hw` quantizer variants' source (FLY_HW_CVT: scaling by the exact reciprocal; the E4M3
+// cvt itself is GPU-only, the emulation keeps the software encoder) as a second kernel.
+namespace mxq_hw {
+#define FLY_HW_CVT 1
+#define mx_quantize mx_quantize_hw
+#include "mx/mx_quantize.cu"
+#undef mx_quantize
+#undef FLY_HW_CVT
+}  // namespace mxq_hw
 
 namespace {  // the kernel file declares it in its anonymous namespace
 void fly_mx_emu_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -204,6 +213,7 @@ TEST_CASE("mx_quantize kernel source, run on the host, equals the reference bit 
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_int_distribution<int> ue(-140, 120);
+  for (int hw = 0; hw < 2; ++hw)
   for (int src = 0; src < 3; ++src)
     for (int fp4 = 0; fp4 < 2; ++fp4)
       for (int vec = 0; vec < 2; ++vec) {
@@ -233,7 +243,12 @@ TEST_CASE("mx_quantize kernel source, run on the host, equals the reference bit 
         p.vec_x = vec; p.vec_q = vec;
         emu::block_dim = {256, 1, 1};
         emu::grid_dim = {1, 1, 1};
-        for (unsigned t = 0; t < 256; ++t) { emu::thread_idx = {t, 0, 0}; emu::block_idx = {0, 0, 0}; mx_quantize(p); }
+        for (unsigned t = 0; t < 256; ++t) {
+          emu::thread_idx = {t, 0, 0};
+          emu::block_idx = {0, 0, 0};
+          if (hw) mxq_hw::mx_quantize_hw(p);
+          else mx_quantize(p);
+        }
         std::vector<uint8_t> codes(size_t(M * K)), ws(size_t(M * K / 32));
         for (int64_t r = 0; r < M; ++r)
           mx::quantize(&xv[size_t(r * K)], K, fp4 != 0, vec ? mx::ScaleMode::kRceil : mx::ScaleMode::kFloor,
@@ -242,7 +257,7 @@ TEST_CASE("mx_quantize kernel source, run on the host, equals the reference bit 
         for (int64_t i = 0; i < M * qc; ++i)
           bad += q[size_t(i)] != (fp4 ? mx::pack_e2m1x2(codes[size_t(2 * i)], codes[size_t(2 * i + 1)]) : codes[size_t(i)]);
         for (size_t i = 0; i < ws.size(); ++i) bad += s[i] != ws[i];
-        INFO("src " << src << " fp4 " << fp4 << " vec " << vec);
+        INFO("hw " << hw << " src " << src << " fp4 " << fp4 << " vec " << vec);
         CHECK(bad == 0);
       }
 }

@@ -242,7 +242,7 @@ void gemm_case(const GemmCase& g, int sabs_log2 = -12) {
 
 }  // namespace
 
-TEST_CASE("mx_quantize matches the reference bit for bit", "[gpu][mx][quantize]") {
+static void quantize_suite() {
   for (fly_dtype dt : {FLY_BF16, FLY_F16, FLY_F32})
     for (bool fp4 : {false, true})
       for (bool rceil : {false, true}) {
@@ -250,6 +250,29 @@ TEST_CASE("mx_quantize matches the reference bit for bit", "[gpu][mx][quantize]"
         quantize_case(dt, fp4, rceil, 5, 96, 101, 1);  // unaligned rows and q: scalar paths
       }
   quantize_case(FLY_BF16, false, false, 4099, 1024, 1024, 0);  // a grid that walks rows
+}
+
+TEST_CASE("mx_quantize matches the reference bit for bit", "[gpu][mx][quantize]") { quantize_suite(); }
+
+// Every bundled mx_quantize variant forced (the `_hw` ones, hardware E4M3 cvt, are in
+// -DFLY_ALL_VARIANTS=ON builds only).
+TEST_CASE("mx_quantize: every bundled variant is bit for bit the reference", "[gpu][mx][quantize]") {
+  struct Unforce {
+    ~Unforce() { fly_force_variant(nullptr); }
+  } unforce;
+  int forced = 0;
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const char* name = fly_variant_name(i);
+    const char *family = nullptr, *params = nullptr;
+    REQUIRE(fly_variant_info(name, &family, &params) == FLY_SUCCESS);
+    if (std::string(family) != "mx_quantize") continue;
+    INFO("forced variant " << name);
+    REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+    quantize_suite();
+    ++forced;
+  }
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  CHECK(forced >= 1);
 }
 
 static void gemm_suite(int sabs_log2, bool many_tiles) {
