@@ -32,7 +32,7 @@ int main(int argc, char** argv) try {
       {"grouped_gemm", bench_grouped_gemm, "grouped GEMM (mixture-of-experts): suite shapes, B K- or N-contiguous",
        "suite json dtype layouts warm-ms"},
       {"mxfp", bench_mxfp, "MX block-scaled GEMM (MXFP8, MXFP4) and the MX quantizer: suite shapes",
-       "suite json no-flush variant"},
+       "suite json no-flush variant quant-variant"},
   };
   Args args = parse_args(argc, argv);
   if (args.has("data-dir")) set_data_dir(args.get("data-dir"));

@@ -5,6 +5,8 @@
 // --variant NAME forces that mxfp variant for the GEMM (fly_force_variant; e.g. mxfp_wgmma_n128_f1,
 // built with -DFLY_ALL_VARIANTS=ON); the output is then also compared with the default kernel's
 // on the same operands ("vs_default": max |forced - default| / max |default|).
+// --quant-variant NAME forces that mx_quantize variant for the quantizer's timing (e.g.
+// mx_quantize_t256_hw1), whose output is compared byte for byte with the default quantizer's.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -19,6 +21,7 @@ int bench_mxfp(const Args& args) {
   const double copy_bw = copy_bandwidth_bytes_per_s();
   const bool flush = !args.has("no-flush");
   const std::string force = args.get("variant", "");
+  const std::string qforce = args.get("quant-variant", "");
   std::printf("flybench mxfp on %s: copy bandwidth %.2f TB/s, L2 flush: %s\n", gpu_name().c_str(), copy_bw / 1e12,
               l2_flush_method());
   std::printf("%-5s %6s %6s %6s %10s %9s %8s %10s %8s  %s\n", "fmt", "M", "N", "K", "gemm_us", "TFLOP/s", "TB/s",
@@ -42,7 +45,19 @@ int bench_mxfp(const Args& args) {
       fly_tensor tc = tensor2d(cbuf.ptr, FLY_BF16, M, N, N);
       TOOL_FLY(fly_mx_quantize(&ta, fmt, &tqa, &tsa, s));
       // the quantizer on the weight operand (the larger one): bytes read + written vs a copy
+      if (!qforce.empty()) {  // the forced quantizer must give the default's bytes
+        TOOL_FLY(fly_mx_quantize(&tb, fmt, &tqb, &tsb, s));
+        TOOL_CUDA(cudaStreamSynchronize(s));
+        std::vector<uint8_t> want(size_t(N * cols)), got(size_t(N * cols));
+        TOOL_CUDA(cudaMemcpy(want.data(), qb.ptr, want.size(), cudaMemcpyDeviceToHost));
+        TOOL_FLY(fly_force_variant(qforce.c_str()));
+        TOOL_FLY(fly_mx_quantize(&tb, fmt, &tqb, &tsb, s));
+        TOOL_CUDA(cudaStreamSynchronize(s));
+        TOOL_CUDA(cudaMemcpy(got.data(), qb.ptr, got.size(), cudaMemcpyDeviceToHost));
+        if (want != got) throw std::runtime_error("flybench mxfp: " + qforce + " quantizes differently from the default");
+      }
       const double qus = time_median_us([&] { TOOL_FLY(fly_mx_quantize(&tb, fmt, &tqb, &tsb, s)); }, s, 3, 15, flush);
+      if (!qforce.empty()) TOOL_FLY(fly_force_variant(nullptr));
       const double qbytes = double(N * K) * 2 + double(N * cols) + double(N * K / 32);
       double vs_default = -1;
       if (!force.empty()) {

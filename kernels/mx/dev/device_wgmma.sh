@@ -77,6 +77,10 @@ if [ "$mode" = all ] || [ "$mode" = bench ]; then
     --reps "${REPS:-10}" --json "$out/torch.json" ${VARIANTS:---variant mxfp_wgmma_n128_f0_p2 --variant mxfp_wgmma_n64_f0_p2 \
     --variant mxfp_wgmma_n32_f0_p2 --variant mxfp_wgmma_n128_f0_p1 --variant mxfp_wgmma_n32_f0}
   grep -E "^(mxfp|fmt)|vs_default" "$out/torch.log" >"$out/bench.log"
+  # the quantizer's hardware-cvt variant (bytes checked equal to the default's, then timed): its
+  # quant_us / %copy columns beside the default's in torch.log
+  phase "quantizer _hw1" 60 "$out/more/quant-hw.log" "$bx/flybench" mxfp --quant-variant mx_quantize_t256_hw1
+  grep -E "^(mxfp|fmt)" "$out/more/quant-hw.log" | awk '{print "quant_hw1", $1, $2, $3, $4, $8, $9}' >>"$out/bench.log"
   tail -8 "$out/torch.log" | tee -a "$out/summary.txt"
 fi
 sum "done ($(( $(date +%s) - t0 ))s)"
