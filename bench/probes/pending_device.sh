@@ -8,8 +8,8 @@
 #   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family
 #   bash bench/probes/pending_device.sh bench    # TopK long rows after the DB change, compiled GEMM from suite shape 5
 # Then `bash kernels/mx/dev/device_wgmma.sh all` (the pipelined MX variants `_p1`/`_p2` and `_n32_f0`
-# beside the default dispatch; then `flytune mxfp --dump db/sm_90a.sql` over a -DFLY_ALL_VARIANTS=ON
-# MX build if they win).
+# beside the default dispatch, and the quantizer's `_hw1`) and, if they win, `... device_wgmma.sh tune`
+# (flytune mxfp over that build, the re-dumped db/sm_90a.sql back under $OUT).
 # Logs under $OUT (at most 8 files come back: the stages tar their logs).
 set -uo pipefail
 stage=${1:-tests}

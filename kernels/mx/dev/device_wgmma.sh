@@ -4,7 +4,9 @@
 # (every bundled mxfp variant forced), compute-sanitizer memcheck + racecheck, then flybench mxfp
 # and bench/mxfp_torch.py with each wgmma variant forced beside the default kernel and the torch
 # baselines (dequantize + cuBLAS BF16, cuBLAS BF16, cuBLAS FP8 rowwise).
-#   bash kernels/mx/dev/device_wgmma.sh [all|check|bench]     (run from the repository root)
+#   bash kernels/mx/dev/device_wgmma.sh [all|check|bench|tune] (run from the repository root)
+# tune: flytune mxfp over every bundled mxfp variant of this build; the re-dumped db/sm_90a.sql
+# comes back as $OUT/sm_90a.sql (copy it over db/sm_90a.sql to ship the new rows).
 # Logs under $OUT (default ./out-mxw): summary.txt, gpu.log, memcheck.log, racecheck.log,
 # bench.log (the tables), torch.log, torch.json, and logs.tgz with the rest (at most 8 files come back).
 # QUICK=1 skips memcheck over the tests and synccheck; REPS, VARIANTS ("--variant NAME ...") set the bench.
@@ -26,11 +28,11 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader >"$
 sum "device_wgmma.sh $mode on $(head -1 "$out/more/gpu.txt") at $(date -u +%H:%M:%S) commit $(git rev-parse --short HEAD 2>/dev/null)"
 
 build() {
-  if [ ! -x "$bdir/test/fly_gpu_tests" ] || [ ! -x "$bdir/flybench" ]; then
+  if [ ! -x "$bdir/test/fly_gpu_tests" ] || [ ! -x "$bdir/flybench" ] || [ ! -x "$bdir/flytune" ]; then
     bash tools/device_run.sh "$bdir" -DFLY_FAMILIES="mx_quantize;mxfp" -DFLY_ALL_VARIANTS=ON \
       -DFLY_VARIANT_MATCH="mx" >"$out/more/cfg.log" 2>&1
   fi
-  ninja -C "$bdir" -j16 flykernels fly_gpu_tests fly_cpu_tests fly_gpu_subset flybench >"$out/more/build.log" 2>&1
+  ninja -C "$bdir" -j16 flykernels fly_gpu_tests fly_cpu_tests fly_gpu_subset flybench flytune >"$out/more/build.log" 2>&1
   local rc=$?
   sum "build rc=$rc ($(( $(date +%s) - t0 ))s); cubins: $(ls "$bdir"/cubins 2>/dev/null | tr '\n' ' ')"
   [ $rc -eq 0 ] || { tail -40 "$out/more/build.log"; return 1; }
@@ -82,6 +84,12 @@ if [ "$mode" = all ] || [ "$mode" = bench ]; then
   phase "quantizer _hw1" 60 "$out/more/quant-hw.log" "$bx/flybench" mxfp --quant-variant mx_quantize_t256_hw1
   grep -E "^(mxfp|fmt)" "$out/more/quant-hw.log" | awk '{print "quant_hw1", $1, $2, $3, $4, $8, $9}' >>"$out/bench.log"
   tail -8 "$out/torch.log" | tee -a "$out/summary.txt"
+fi
+if [ "$mode" = tune ]; then
+  cp db/sm_90a.sql "$out/sm_90a.sql"
+  phase "flytune mxfp" 400 "$out/more/tune.log" "$bx/flytune" mxfp --db "$out/more/tune.sqlite" --dump "$out/sm_90a.sql" \
+    --times "$out/more/tune-times.tsv"
+  tail -3 "$out/more/tune.log" | tee -a "$out/summary.txt"
 fi
 sum "done ($(( $(date +%s) - t0 ))s)"
 tar czf "$out/logs.tgz" -C "$out" more
