@@ -39,13 +39,10 @@ int64_t mean_m_bucket(int64_t T, int64_t G) {
   return b;
 }
 
-fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs, const fly_tensor* bias,
-                    const fly_tensor* c, GroupedCall* out) {
-  FLY_TRY(check_tensor(a, "a", 2));
-  FLY_TRY(check_tensor(b, "b", 3));
-  FLY_TRY(check_tensor(offs, "offs", 1));
-  FLY_TRY(check_tensor(c, "c", 2));
-  if (bias) FLY_TRY(check_tensor(bias, "bias", 2));
+// Both modes: a FP16 or BF16, b, c (and bias) of a's dtype, offs int32 (`offs_what`: what its
+// entries are, for the message).
+fly_status check_dtypes(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c, const fly_tensor* bias,
+                        const fly_tensor* offs, const char* offs_what) {
   const fly_dtype dt = a->dtype;
   if (dt != FLY_F16 && dt != FLY_BF16)
     return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (fp16, bf16)", dtype_name(dt));
@@ -57,8 +54,19 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
     return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: dtype %s does not match a (%s)", dtype_name(bias->dtype),
                 dtype_name(dt));
   if (offs->dtype != FLY_I32)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "offs: dtype %s, expected int32 (cumulative group end rows)",
-                dtype_name(offs->dtype));
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "offs: dtype %s, expected int32 (%s)", dtype_name(offs->dtype), offs_what);
+  return FLY_SUCCESS;
+}
+
+fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs, const fly_tensor* bias,
+                    const fly_tensor* c, GroupedCall* out) {
+  FLY_TRY(check_tensor(a, "a", 2));
+  FLY_TRY(check_tensor(b, "b", 3));
+  FLY_TRY(check_tensor(offs, "offs", 1));
+  FLY_TRY(check_tensor(c, "c", 2));
+  if (bias) FLY_TRY(check_tensor(bias, "bias", 2));
+  FLY_TRY(check_dtypes(a, b, c, bias, offs, "cumulative group end rows"));
+  const fly_dtype dt = a->dtype;
   const int64_t T = a->sizes[0], K = a->sizes[1], G = b->sizes[0], N = b->sizes[2];
   if (b->sizes[1] != K)
     return fail(FLY_ERROR_INVALID_ARGUMENT,
@@ -200,12 +208,12 @@ bool is_k_mode(const fly_tensor* a, const fly_tensor* b) { return a && b && a->r
 struct KCall {
   fly_dtype dt = FLY_DTYPE_INVALID;
   int64_t M = 0, N = 0, Ktot = 0, G = 0;
+  // a is M contiguous (X.t()) and b N contiguous (dC): the K-contiguous orders are refused
+  // (validate_k), so both are MN-major operands whose strides are those of k.
   const void* a = nullptr;
-  bool a_kmajor = false;  // always false: a is M contiguous (X.t()); K contiguous is refused (validate_k)
-  int64_t a_ld = 0;       // stride of the other dimension (elements)
+  int64_t a_ld = 0;  // stride of k in a (elements)
   const void* b = nullptr;
-  bool b_kmajor = false;  // always false: b is N contiguous (dC)
-  int64_t b_ld = 0;
+  int64_t b_ld = 0;  // stride of k in b
   const int32_t* offs = nullptr;
   void* c = nullptr;
   int64_t ldc = 0, c_gs = 0;
@@ -221,16 +229,8 @@ fly_status validate_k(const fly_tensor* a, const fly_tensor* b, const fly_tensor
                 int(c->rank));
   FLY_TRY(check_tensor(c, "c", 3));
   if (bias) return fail(FLY_ERROR_UNSUPPORTED, "bias: not supported in the ragged-K mode (2-D a and b)");
+  FLY_TRY(check_dtypes(a, b, c, nullptr, offs, "cumulative group ends along K"));
   const fly_dtype dt = a->dtype;
-  if (dt != FLY_F16 && dt != FLY_BF16)
-    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (fp16, bf16)", dtype_name(dt));
-  if (b->dtype != dt)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(dt));
-  if (c->dtype != dt)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: dtype %s does not match a (%s)", dtype_name(c->dtype), dtype_name(dt));
-  if (offs->dtype != FLY_I32)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "offs: dtype %s, expected int32 (cumulative group ends along K)",
-                dtype_name(offs->dtype));
   const int64_t M = a->sizes[0], Ktot = a->sizes[1], N = b->sizes[1], G = offs->sizes[0];
   if (b->sizes[0] != Ktot)
     return fail(FLY_ERROR_INVALID_ARGUMENT,
@@ -280,10 +280,8 @@ fly_status validate_k(const fly_tensor* a, const fly_tensor* b, const fly_tensor
   out->Ktot = Ktot;
   out->G = G;
   out->a = a->data;
-  out->a_kmajor = false;
   out->a_ld = a_ld;
   out->b = b->data;
-  out->b_kmajor = false;
   out->b_ld = b_ld;
   out->offs = static_cast<const int32_t*>(offs->data);
   out->c = c->data;
@@ -294,14 +292,14 @@ fly_status validate_k(const fly_tensor* a, const fly_tensor* b, const fly_tensor
   const int eb = 2;
   if (reinterpret_cast<uintptr_t>(out->a) % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: base address is not 16-byte aligned (TMA)");
-  if ((out->a_kmajor ? M : Ktot) > 1 && (a_ld * eb) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "a: stride %" PRId64 " of its %s * 2 bytes is not a multiple of 16 (TMA)", a_ld,
-                out->a_kmajor ? "rows" : "k columns");
+  if (Ktot > 1 && (a_ld * eb) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: stride %" PRId64 " of its k columns * 2 bytes is not a multiple of 16 (TMA)",
+                a_ld);
   if (reinterpret_cast<uintptr_t>(out->b) % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "b: base address is not 16-byte aligned (TMA)");
-  if ((out->b_kmajor ? N : Ktot) > 1 && (b_ld * eb) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "b: stride %" PRId64 " of its %s * 2 bytes is not a multiple of 16 (TMA)", b_ld,
-                out->b_kmajor ? "n columns" : "k rows");
+  if (Ktot > 1 && (b_ld * eb) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: stride %" PRId64 " of its k rows * 2 bytes is not a multiple of 16 (TMA)",
+                b_ld);
   return FLY_SUCCESS;
 }
 
@@ -316,7 +314,7 @@ bool k_variant_fits(const Variant& v, const KCall& k) {
   if (!is_k_variant(v) || v.get("dtype") != dtype_name(k.dt)) return false;
   const TileOf t = tile_of(v);
   const int q_cols = t.bm == 128 ? t.bn : t.bn / 2;
-  return k.b_kmajor || q_cols % 64 == 0;
+  return q_cols % 64 == 0;
 }
 
 // Mean k per group, rounded up to a power of two: the dispatch key's third dimension.
@@ -347,15 +345,15 @@ fly_status run_k(const KCall& call, void* workspace, size_t workspace_bytes, voi
   FLY_TRY(check_device_bytes(call.c, ((call.G - 1) * call.c_gs + (call.M - 1) * call.ldc + call.N) * 2, "c"));
   FLY_TRY(check_device_bytes(workspace, need, "workspace"));
   if (reads) {
-    const int64_t a_extent = call.a_kmajor ? (call.M - 1) * call.a_ld + call.Ktot : (call.Ktot - 1) * call.a_ld + call.M;
-    const int64_t b_extent = call.b_kmajor ? (call.N - 1) * call.b_ld + call.Ktot : (call.Ktot - 1) * call.b_ld + call.N;
+    const int64_t a_extent = (call.Ktot - 1) * call.a_ld + call.M;
+    const int64_t b_extent = (call.Ktot - 1) * call.b_ld + call.N;
     FLY_TRY(check_device_bytes(call.a, a_extent * 2, "a"));
     FLY_TRY(check_device_bytes(call.b, b_extent * 2, "b"));
   }
 
-  // Key: (dtype, layout: a's contiguous dimension m|k, b's k|n; N, M, mean-k bucket, G).
-  const std::string layout = std::string(call.a_kmajor ? "k" : "m") + (call.b_kmajor ? "k" : "n");
-  DispatchRequest req = make_request(kFamily, "grouped_gemm_k", dtype_name(call.dt), layout.c_str(),
+  // Key: (dtype, layout "mn": a's contiguous dimension m, b's n (the one order taken); N, M,
+  // mean-k bucket, G).
+  DispatchRequest req = make_request(kFamily, "grouped_gemm_k", dtype_name(call.dt), "mn",
                                      {{"N", call.N}, {"M", call.M}, {"K", mean_k_bucket(call.Ktot, call.G)}, {"G", call.G}});
   const KCall cc = call;
   req.supports = [cc](const Variant& v) { return k_variant_fits(v, cc); };
@@ -372,8 +370,8 @@ fly_status run_k(const KCall& call, void* workspace, size_t workspace_bytes, voi
   gemm::GemmParams& p = kp.core;
   if (reads) {
     // The template maps over all of Ktot: P = a (rows M), Q = b^T (rows N).
-    const gemm::Operand A{call.a, call.M, call.a_ld, call.a_kmajor};
-    const gemm::Operand B{call.b, call.N, call.b_ld, call.b_kmajor};
+    const gemm::Operand A{call.a, call.M, call.a_ld, false};  // MN-major (see KCall)
+    const gemm::Operand B{call.b, call.N, call.b_ld, false};
     CUresult r = gemm::encode_operand(rk.d->cuTensorMapEncodeTiled, &p.tm_p, A, call.Ktot, t.bm, gdt);
     if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled (a)");
     r = gemm::encode_operand(rk.d->cuTensorMapEncodeTiled, &p.tm_q, B, call.Ktot, t.bn, gdt);
@@ -385,8 +383,8 @@ fly_status run_k(const KCall& call, void* workspace, size_t workspace_bytes, voi
   p.rows = int32_t(call.M);
   p.cols = int32_t(call.N);
   p.k = int32_t(call.Ktot);
-  p.p_kmajor = call.a_kmajor ? 1 : 0;
-  p.q_kmajor = call.b_kmajor ? 1 : 0;
+  p.p_kmajor = 0;  // both MN-major: the kernel's consumers take <1, 1> only
+  p.q_kmajor = 0;
   p.tiles_m = int32_t((call.M + t.bm - 1) / t.bm);
   p.tiles_n = int32_t((call.N + t.bn - 1) / t.bn);
   p.strip_m = 1;
