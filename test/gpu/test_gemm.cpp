@@ -15,6 +15,7 @@
 
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
+#include "gemm_test_util.hpp"
 #include "test_tensors.hpp"
 
 namespace {
@@ -22,40 +23,10 @@ namespace {
 using fly_test::mat;
 
 // Exact encodings of small dyadic values (k/8, |k| <= 32) in both 16-bit formats, and decoding.
-uint16_t enc(float v, fly_dtype dt) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  if (dt == FLY_BF16) return uint16_t(u >> 16);
-  if (v == 0.f) return uint16_t((u >> 16) & 0x8000);
-  const uint32_t sign = (u >> 16) & 0x8000;
-  const int e = int((u >> 23) & 0xFF) - 127 + 15;
-  return uint16_t(sign | (uint32_t(e) << 10) | ((u >> 13) & 0x3FF));
-}
-float dec(uint16_t h, fly_dtype dt) {
-  uint32_t u;
-  if (dt == FLY_BF16) {
-    u = uint32_t(h) << 16;
-  } else {
-    const uint32_t sign = uint32_t(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
-    if (e == 0x1F) u = sign | 0x7F800000 | (m << 13);
-    else if (e == 0) {
-      float f = std::ldexp(float(m), -24);
-      return (h & 0x8000) ? -f : f;
-    } else u = sign | ((e - 15 + 127) << 23) | (m << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { REQUIRE(cudaMalloc(&p, bytes ? bytes : 16) == cudaSuccess); }
-  ~Dev() { cudaFree(p); }
-};
-
-
-int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
+using gemm_test::dec;
+using gemm_test::Dev;
+using gemm_test::enc;
+using gemm_test::round8;
 
 struct Case {
   int64_t M, N, K;

@@ -19,14 +19,14 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "flykernels/flykernels.hpp"
-#include "grouped_test_util.hpp"
+#include "gemm_test_util.hpp"
 
 namespace {
 
-using grouped_test::dec;
-using grouped_test::Dev;
-using grouped_test::enc;
-using grouped_test::round8;
+using gemm_test::dec;
+using gemm_test::Dev;
+using gemm_test::enc;
+using gemm_test::round8;
 
 
 struct Case {
@@ -306,28 +306,5 @@ TEST_CASE("grouped gemm: bad device offsets are clamped, never out of bounds", "
 TEST_CASE("grouped gemm: a CUDA graph replays with new device offsets", "[gpu][grouped_gemm]") {
   Case c = make({100, 28, 0, 128}, 256, 192, true, true, FLY_BF16);
   Run r(c, 9);
-  cudaStream_t s;
-  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  REQUIRE(r.call(s) == FLY_SUCCESS);  // first call outside the capture (module load, dispatch)
-  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-  cudaGraph_t g;
-  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-  const fly_status st = r.call(s);
-  INFO(fly_get_last_error());
-  REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
-  REQUIRE(st == FLY_SUCCESS);
-  cudaGraphExec_t ge;
-  REQUIRE(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
-  for (const std::vector<int32_t>& offs : {std::vector<int32_t>{100, 128, 128, 256}, std::vector<int32_t>{0, 3, 200, 256},
-                                           std::vector<int32_t>{256, 256, 256, 256}}) {
-    INFO("offs " << offs[0] << "," << offs[1] << "," << offs[2] << "," << offs[3]);
-    r.poison();
-    REQUIRE(cudaMemcpy(r.doffs->p, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    REQUIRE(cudaGraphLaunch(ge, s) == cudaSuccess);
-    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-    r.check(offs);
-  }
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
+  gemm_test::replay_with_new_offsets(r, {{100, 128, 128, 256}, {0, 3, 200, 256}, {256, 256, 256, 256}});
 }

@@ -23,14 +23,14 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "flykernels/flykernels.hpp"
-#include "grouped_test_util.hpp"
+#include "gemm_test_util.hpp"
 
 namespace {
 
-using grouped_test::dec;
-using grouped_test::Dev;
-using grouped_test::enc;
-using grouped_test::round8;
+using gemm_test::dec;
+using gemm_test::Dev;
+using gemm_test::enc;
+using gemm_test::round8;
 
 
 struct KCase {
@@ -326,28 +326,5 @@ TEST_CASE("grouped gemm k: repeat runs are bit-identical", "[gpu][grouped_gemm]"
 TEST_CASE("grouped gemm k: a CUDA graph replays with new device offsets", "[gpu][grouped_gemm]") {
   KCase c{cumulative({100, 28, 0, 128}), 256, 192, 256, false, false, FLY_BF16};
   KRun r(c, 61);
-  cudaStream_t s;
-  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  REQUIRE(r.call(s) == FLY_SUCCESS);  // first call outside the capture (module load, dispatch)
-  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-  cudaGraph_t g;
-  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-  const fly_status st = r.call(s);
-  INFO(fly_get_last_error());
-  REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
-  REQUIRE(st == FLY_SUCCESS);
-  cudaGraphExec_t ge;
-  REQUIRE(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
-  for (const std::vector<int32_t>& offs : {std::vector<int32_t>{100, 128, 128, 256}, std::vector<int32_t>{0, 3, 200, 256},
-                                           std::vector<int32_t>{256, 256, 256, 256}, std::vector<int32_t>{7, 7, 64, 65}}) {
-    INFO("offs " << offs[0] << "," << offs[1] << "," << offs[2] << "," << offs[3]);
-    r.poison();
-    REQUIRE(cudaMemcpyAsync(r.doffs->p, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice, s) == cudaSuccess);
-    REQUIRE(cudaGraphLaunch(ge, s) == cudaSuccess);
-    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-    r.check(offs);
-  }
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
+  gemm_test::replay_with_new_offsets(r, {{100, 128, 128, 256}, {0, 3, 200, 256}, {256, 256, 256, 256}, {7, 7, 64, 65}});
 }
