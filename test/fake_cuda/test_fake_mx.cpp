@@ -56,6 +56,18 @@ struct MxOperands {
     fake_cuda_clear_records();
     return fly_scaled_gemm(&a, &sa, &b, &sb, with_bias ? &bias : nullptr, &c, nullptr, 0, stream);
   }
+  // The fields both GEMM kernels' parameters share (MxGemmParams, mxw::Params), after run(s, true).
+  template <class P>
+  void check_common(const P& p) const {
+    CHECK(p.sa == sad);
+    CHECK(p.sb == sbd);
+    CHECK(p.c == cd);
+    CHECK(p.bias == biasd);
+    CHECK(p.M == M);
+    CHECK(p.N == N);
+    CHECK(p.K == K);
+    CHECK(p.ldc == N);
+  }
 };
 
 }  // namespace
@@ -123,16 +135,9 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
         const auto p = mx_params_of<MxGemmParams>(L);
         CHECK(p.a == o.ad);
         CHECK(p.b == o.bd);
-        CHECK(p.sa == o.sad);
-        CHECK(p.sb == o.sbd);
-        CHECK(p.c == o.cd);
-        CHECK(p.bias == o.biasd);
-        CHECK(p.M == M);
-        CHECK(p.N == N);
-        CHECK(p.K == K);
+        o.check_common(p);
         CHECK(p.lda == cols);
         CHECK(p.ldb == cols);
-        CHECK(p.ldc == N);
         CHECK(p.fp4 == fp4);
         CHECK(p.out_bf16 == (out == FLY_BF16 ? 1 : 0));
       }
@@ -201,14 +206,7 @@ TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake
         CHECK(L->grid[0] == unsigned(std::min<int64_t>(tiles_m * tiles_n, 132)));
         CHECK(L->grid[1] == 1u);
         const auto p = mx_params_of<fly::mxw::Params>(L);
-        CHECK(p.sa == o.sad);
-        CHECK(p.sb == o.sbd);
-        CHECK(p.c == o.cd);
-        CHECK(p.bias == o.biasd);
-        CHECK(p.M == M);
-        CHECK(p.N == N);
-        CHECK(p.K == K);
-        CHECK(p.ldc == N);
+        o.check_common(p);
         CHECK(p.tiles_m == tiles_m);
         CHECK(p.tiles_n == tiles_n);
         CHECK(p.strip_m >= 1);
