@@ -128,7 +128,7 @@ extern "C" FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, c
 
   DispatchRequest req = make_request("mx_quantize", "mx_quantize", dtype_name(dt), fp4 ? "e2m1" : "e4m3",
                                      {{"K", K}, {"M", M}});
-  req.fallback = [] { return std::string("mx_quantize_t256"); };
+  req.fallback = [] { return std::string("mx_quantize_t256_hw1"); };
   ResolvedKernel rk;
   FLY_TRY(resolve_kernel(*dc, req, "mx_quantize", &rk));
   const int64_t es = int64_t(dtype_size(dt)), ldx = row_stride(*x);

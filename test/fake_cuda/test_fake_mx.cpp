@@ -73,7 +73,7 @@ struct MxOperands {
 }  // namespace
 
 TEST_CASE("mx_quantize: launch configuration and parameters", "[fake][mx]") {
-  if (!fly::find_variant("mx_quantize_t256")) { WARN("mx_quantize not in this build"); return; }
+  if (!fly::find_variant("mx_quantize_t256_hw1")) { WARN("mx_quantize not in this build"); return; }
   void* s = fake_cuda_stream_create(0);
   for (fly_dtype dt : {FLY_F16, FLY_BF16, FLY_F32})
     for (int fp4 = 0; fp4 < 2; ++fp4)
@@ -154,16 +154,17 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
 // The shipped rows (db/sm_90a.sql, op scaled_gemm): a suite shape runs its row's variant, a shape
 // far from every row the nearest row's, and the launch is that variant's (384 threads: wgmma).
 TEST_CASE("scaled_gemm: the database picks the variant", "[fake][mx]") {
-  if (!fly::find_variant("mxfp_wgmma_n128_f0") || !fly::find_variant("mxfp_wgmma_n64_f0")) {
-    WARN("the DB's mxfp variants are not in this build");
-    return;
-  }
+  for (const char* v : {"mxfp_wgmma_n128_f0_p2", "mxfp_wgmma_n64_f0", "mxfp_wgmma_n32_f0"})
+    if (!fly::find_variant(v)) {
+      WARN("the DB's mxfp variants are not in this build");
+      return;
+    }
   void* s = fake_cuda_stream_create(0);
   struct Case { int64_t M, N, K; int fp4; const char* want; };
-  // rows: mxfp8 2048 x 14336 x 4096 -> n128_f0; mxfp4 64 x 8192 x 8192 -> n64_f0;
-  // mxfp8 128 x 4096 x 4096 -> the mma.sync kernel
-  for (Case cs : {Case{2048, 14336, 4096, 0, "mxfp_wgmma_n128_f0"}, Case{64, 8192, 8192, 1, "mxfp_wgmma_n64_f0"},
-                  Case{128, 4096, 4096, 0, "mxfp_gemm_m64_n64"}}) {
+  // rows: mxfp8 2048 x 14336 x 4096 -> n128_f0_p2; mxfp4 64 x 8192 x 8192 -> n64_f0;
+  // mxfp8 128 x 4096 x 4096 -> n32_f0; mxfp8 3000 x 5000 x 6016 (no row) -> the nearest, n128_f0_p2
+  for (Case cs : {Case{2048, 14336, 4096, 0, "mxfp_wgmma_n128_f0_p2"}, Case{64, 8192, 8192, 1, "mxfp_wgmma_n64_f0"},
+                  Case{128, 4096, 4096, 0, "mxfp_wgmma_n32_f0"}, Case{3000, 5000, 6016, 0, "mxfp_wgmma_n128_f0_p2"}}) {
     MxOperands o(cs.M, cs.N, cs.K, cs.fp4 != 0, FLY_BF16);
     const fly_status st = o.run(s, false);
     INFO("M " << cs.M << " N " << cs.N << " K " << cs.K << " fp4 " << cs.fp4 << " " << fly_get_last_error());
