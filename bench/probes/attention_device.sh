@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the attention family: build (attention only), CPU + GPU tests, flybench,
 # compute-sanitizer memcheck/racecheck. Logs under $OUT. Usage: bench/probes/attention_device.sh [stages]
-# FLY_MATCH=REGEX builds every variant matching it (tuning). stages: any of test,bench,tune,torch,memcheck,racecheck (default: test,bench,memcheck,racecheck)
+# FLY_MATCH=REGEX builds every variant matching it (tuning); RACE_TESTS: the Catch2 filter racecheck runs. stages: any of test,bench,tune,torch,memcheck,racecheck (default: test,bench,memcheck,racecheck)
 set -uo pipefail
 stages=${1:-test,bench,memcheck,racecheck}
 out=${OUT:-/tmp/attn_out}; mkdir -p "$out"
@@ -34,7 +34,7 @@ if has memcheck; then
   echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed|failed|Invalid" "$out/memcheck.log" | head -8
 fi
 if has racecheck; then
-  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 bd/test/fly_gpu_tests "attention_fwd: grouped-query*,attention_fwd: one query*" > "$out/racecheck.log" 2>&1
+  timeout ${RACE_TIMEOUT:-150} compute-sanitizer --tool racecheck --error-exitcode 9 bd/test/fly_gpu_tests "${RACE_TESTS:-attention_fwd: grouped-query*,attention_fwd: one query*}" > "$out/racecheck.log" 2>&1
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed|hazard" "$out/racecheck.log" | head -8
 fi
 echo "total: $(( $(date +%s) - t0 )) s"

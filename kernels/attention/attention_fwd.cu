@@ -25,6 +25,9 @@
 #ifndef FLY_MC  // wide variants: 2 = may run as multicast clusters of 2 CTAs (p.cluster)
 #define FLY_MC 1
 #endif
+#ifndef FLY_PP  // 1: the two consumer warpgroups take turns issuing their wgmma (PingPong below)
+#define FLY_PP 0
+#endif
 
 namespace fly::attn {
 namespace {
@@ -37,6 +40,11 @@ using Cfg = AttnConfig<FLY_HD, FLY_M / 64, FLY_N, FLY_ST, FLY_DTYPE_IS_BF16 != 0
 #endif
 static_assert(Cfg::kSmemBytes == attn_smem_bytes(FLY_HD, FLY_M, FLY_N, FLY_ST), "host and device smem sizes");
 using Elem = typename std::conditional<Cfg::kBF16, __nv_bfloat16, __half>::type;
+#if FLY_HD <= 256
+static_assert(FLY_PP == 0 || (FLY_OV == 1 && Cfg::kNWG == 2), "ping-pong: the overlapped consumer, two warpgroups");
+#else
+static_assert(FLY_PP == 0, "ping-pong: not in the wide-head schedule");
+#endif
 
 struct Ring {
   uint64_t* q_full;
@@ -192,6 +200,29 @@ __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord
   store_output(p, t, rm, o, inv, lse);
 }
 
+// FLY_PP = 1 (with FLY_OV = 1 and two consumer warpgroups): inter-warpgroup ping-pong. Each
+// warpgroup's wgmma issue blocks (its first S, each S_{j+1} + P_j V_j pair, its last P V) alternate
+// with the other's through two named barriers, warpgroup 0 first, so one warpgroup's softmax runs
+// under the other's products instead of both exponentiating at once. Barrier kTurnBar + w is
+// "warpgroup w may issue": w syncs on it (128 threads) and the other warpgroup arrives on it
+// (128) once it has issued. Both warpgroups issue iters + 1 blocks of the same tile; warpgroup 1
+// arrives once up front and skips its last arrive, so every barrier ends with no arrival pending.
+constexpr int kTurnBar = 3;  // ids 3 and 4 (the wide schedule's 1 and 2 are not in these variants)
+struct PingPong {
+  int cw;
+  __device__ __forceinline__ void start(int iters) const {
+    if constexpr (FLY_PP != 0)
+      if (cw == 1 && iters > 0) asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBar), "r"(256) : "memory");
+  }
+  __device__ __forceinline__ void begin() const {
+    if constexpr (FLY_PP != 0) named_bar_sync(kTurnBar + cw, 256);
+  }
+  __device__ __forceinline__ void end(bool last) const {
+    if constexpr (FLY_PP != 0)
+      if (!(last && cw == 1)) asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBar + (cw ^ 1)), "r"(256) : "memory");
+  }
+};
+
 // The same with the softmax of key tile j + 1 under the P V product of tile j (FA3's intra-warpgroup
 // overlap): S_{j+1} = Q K_{j+1}^T and O += P_j V_j are in flight together; S_{j+1} is exponentiated
 // while P_j V_j still runs, and O is rescaled once that product has landed.
@@ -210,13 +241,17 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
   OnlineSoftmax sm;
   float inv[2], lse[2];
   const int iters = t.n_end - t.n_begin;
+  const PingPong pp{cw};
+  pp.start(iters);
   sm90::mbar_wait(r.q_full, 0);
   if (iters > 0) {
     uint32_t pf[Cfg::kBN / 16][4];
     float s[Cfg::kBN / 2];
     float alpha[2];
     sm90::mbar_wait(&r.k_full[0], 0);
+    pp.begin();
     mma_qk<Cfg>(s, sq, Cfg::BM, sk);
+    pp.end(false);
     sm90::wgmma_wait<0>();
     fence_regs(s);
     if (needs_mask(t.n_begin * Cfg::kBN)) mask_tile<Cfg::kBN>(s, t.n_begin * Cfg::kBN, p.Sk, p.causal, rm.pos);
@@ -227,9 +262,11 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
       const uint32_t phase = (it / Cfg::kST) & 1, prev_phase = ((it - 1) / Cfg::kST) & 1;
       const int n0 = (t.n_begin + it) * Cfg::kBN;
       sm90::mbar_wait(&r.k_full[stage], phase);
+      pp.begin();
       mma_qk<Cfg>(s, sq, Cfg::BM, sk + stage * Cfg::kKVBytes);
       sm90::mbar_wait(&r.v_full[prev], prev_phase);
       mma_pv<Cfg>(o, pf, sv + prev * Cfg::kKVBytes);
+      pp.end(false);
       sm90::wgmma_wait<1>();  // S of this tile is in; P V of the previous one may still run
       fence_regs(s);
       if (needs_mask(n0)) mask_tile<Cfg::kBN>(s, n0, p.Sk, p.causal, rm.pos);
@@ -242,7 +279,9 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
     }
     const int last = (iters - 1) % Cfg::kST;
     sm90::mbar_wait(&r.v_full[last], ((iters - 1) / Cfg::kST) & 1);
+    pp.begin();
     mma_pv<Cfg>(o, pf, sv + last * Cfg::kKVBytes);
+    pp.end(true);
     sm90::wgmma_wait<0>();
     fence_regs(o);
     if (threadIdx.x % 32 == 0) sm90::mbar_arrive(&r.empty[last]);
