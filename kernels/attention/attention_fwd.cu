@@ -28,6 +28,9 @@
 #ifndef FLY_PP  // 1: the two consumer warpgroups take turns issuing their wgmma (PingPong below)
 #define FLY_PP 0
 #endif
+#ifndef FLY_PS  // 1: persistent (a CTA per SM walks the tiles longest first, persistent_tile)
+#define FLY_PS 0
+#endif
 
 namespace fly::attn {
 namespace {
@@ -44,6 +47,7 @@ using Elem = typename std::conditional<Cfg::kBF16, __nv_bfloat16, __half>::type;
 static_assert(FLY_PP == 0 || (FLY_OV == 1 && Cfg::kNWG == 2), "ping-pong: the overlapped consumer, two warpgroups");
 #else
 static_assert(FLY_PP == 0, "ping-pong: not in the wide-head schedule");
+static_assert(FLY_PS == 0, "persistent: not in the wide-head schedule");
 #endif
 
 struct Ring {
@@ -51,6 +55,7 @@ struct Ring {
   uint64_t* k_full;  // [ST]
   uint64_t* v_full;  // [ST]
   uint64_t* empty;   // [ST]: every consumer warp arrives once it has read the stage's K and V
+  uint64_t* q_empty;  // persistent only: every consumer warp arrives once its products that read Q are done
 };
 
 // The producer's start on a tile, both schedules: prefetch the three maps, then the tile's Q
@@ -71,12 +76,15 @@ __device__ __forceinline__ void load_q_tile(const AttnFwdParams& p, const TileCo
 }
 
 #if FLY_HD <= 256
-__device__ __forceinline__ void producer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r) {
+// g0: ring iterations before this tile (persistent CTAs continue the ring's stages and phases
+// across their tiles; 0 otherwise).
+__device__ __forceinline__ void producer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r,
+                                         int g0 = 0) {
   uint8_t* sq = smem;
   uint8_t* sk = smem + Cfg::kQBytes;
   uint8_t* sv = sk + Cfg::kST * Cfg::kKVBytes;
   load_q_tile(p, t, sq, r.q_full);
-  for (int n = t.n_begin, it = 0; n < t.n_end; ++n, ++it) {
+  for (int n = t.n_begin, it = g0; n < t.n_end; ++n, ++it) {
     const int stage = it % Cfg::kST;
     const uint32_t phase = (it / Cfg::kST) & 1;
     sm90::mbar_wait(&r.empty[stage], phase ^ 1);
@@ -160,8 +168,9 @@ __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileC
 }
 
 #if FLY_HD <= 256
+// g0 as in producer; qph: the parity of this tile's q_full phase (the CTA's tile count & 1).
 __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r,
-                                         int cw) {
+                                         int cw, int g0 = 0, uint32_t qph = 0) {
   const uint32_t sq = sm90::smem_u32(smem) + cw * 64 * 128;  // this warpgroup's 64 rows of each chunk
   const uint32_t sk = sm90::smem_u32(smem) + Cfg::kQBytes;
   const uint32_t sv = sk + Cfg::kST * Cfg::kKVBytes;
@@ -173,8 +182,8 @@ __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord
 #pragma unroll
   for (int i = 0; i < Cfg::kHD / 2; ++i) o[i] = 0.f;
   OnlineSoftmax sm;
-  sm90::mbar_wait(r.q_full, 0);
-  for (int n = t.n_begin, it = 0; n < t.n_end; ++n, ++it) {
+  sm90::mbar_wait(r.q_full, qph);
+  for (int n = t.n_begin, it = g0; n < t.n_end; ++n, ++it) {
     const int stage = it % Cfg::kST;
     const uint32_t phase = (it / Cfg::kST) & 1;
     const int n0 = n * Cfg::kBN;
@@ -195,6 +204,8 @@ __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord
     fence_regs(o);
     if (threadIdx.x % 32 == 0) sm90::mbar_arrive(&r.empty[stage]);
   }
+  if constexpr (FLY_PS != 0)
+    if (threadIdx.x % 32 == 0) sm90::mbar_arrive(r.q_empty);  // every product reading Q is done
   float inv[2], lse[2];
   sm.finish(p.scale_log2, inv, lse);
   store_output(p, t, rm, o, inv, lse);
@@ -227,7 +238,7 @@ struct PingPong {
 // overlap): S_{j+1} = Q K_{j+1}^T and O += P_j V_j are in flight together; S_{j+1} is exponentiated
 // while P_j V_j still runs, and O is rescaled once that product has landed.
 __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem,
-                                                 const Ring& r, int cw) {
+                                                 const Ring& r, int cw, int g0 = 0, uint32_t qph = 0) {
   const uint32_t sq = sm90::smem_u32(smem) + cw * 64 * 128;
   const uint32_t sk = sm90::smem_u32(smem) + Cfg::kQBytes;
   const uint32_t sv = sk + Cfg::kST * Cfg::kKVBytes;
@@ -243,14 +254,15 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
   const int iters = t.n_end - t.n_begin;
   const PingPong pp{cw};
   pp.start(iters);
-  sm90::mbar_wait(r.q_full, 0);
+  sm90::mbar_wait(r.q_full, qph);
   if (iters > 0) {
     uint32_t pf[Cfg::kBN / 16][4];
     float s[Cfg::kBN / 2];
     float alpha[2];
-    sm90::mbar_wait(&r.k_full[0], 0);
+    const int s0 = g0 % Cfg::kST;
+    sm90::mbar_wait(&r.k_full[s0], (g0 / Cfg::kST) & 1);
     pp.begin();
-    mma_qk<Cfg>(s, sq, Cfg::BM, sk);
+    mma_qk<Cfg>(s, sq, Cfg::BM, sk + s0 * Cfg::kKVBytes);
     pp.end(false);
     sm90::wgmma_wait<0>();
     fence_regs(s);
@@ -258,8 +270,9 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
     sm.step<Cfg::kBN>(s, p.scale_log2, alpha);  // O is still zero: no rescale
     pack_p<Cfg>(s, pf);
     for (int it = 1; it < iters; ++it) {
-      const int stage = it % Cfg::kST, prev = (it - 1) % Cfg::kST;
-      const uint32_t phase = (it / Cfg::kST) & 1, prev_phase = ((it - 1) / Cfg::kST) & 1;
+      const int g = g0 + it;
+      const int stage = g % Cfg::kST, prev = (g - 1) % Cfg::kST;
+      const uint32_t phase = (g / Cfg::kST) & 1, prev_phase = ((g - 1) / Cfg::kST) & 1;
       const int n0 = (t.n_begin + it) * Cfg::kBN;
       sm90::mbar_wait(&r.k_full[stage], phase);
       pp.begin();
@@ -277,8 +290,8 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
       scale_rows(o, alpha);
       pack_p<Cfg>(s, pf);  // pf was the in-flight product's operand until the wait above
     }
-    const int last = (iters - 1) % Cfg::kST;
-    sm90::mbar_wait(&r.v_full[last], ((iters - 1) / Cfg::kST) & 1);
+    const int last = (g0 + iters - 1) % Cfg::kST;
+    sm90::mbar_wait(&r.v_full[last], ((g0 + iters - 1) / Cfg::kST) & 1);
     pp.begin();
     mma_pv<Cfg>(o, pf, sv + last * Cfg::kKVBytes);
     pp.end(true);
@@ -286,6 +299,8 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
     fence_regs(o);
     if (threadIdx.x % 32 == 0) sm90::mbar_arrive(&r.empty[last]);
   }
+  if constexpr (FLY_PS != 0)
+    if (threadIdx.x % 32 == 0) sm90::mbar_arrive(r.q_empty);  // every product reading Q is done
   sm.finish(p.scale_log2, inv, lse);
   store_output(p, t, rm, o, inv, lse);
 }
@@ -511,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Cfg::kBarOffset);
-  Ring r{bars, bars + 1, bars + 1 + Cfg::kST, bars + 1 + 2 * Cfg::kST};
+  Ring r{bars, bars + 1, bars + 1 + Cfg::kST, bars + 1 + 2 * Cfg::kST, bars + 1 + 3 * Cfg::kST};
   if (threadIdx.x == 0) {
     fly::sm90::mbar_init(r.q_full, 1);
     for (int s = 0; s < Cfg::kST; ++s) {
@@ -519,9 +534,37 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
       fly::sm90::mbar_init(&r.v_full[s], 1);
       fly::sm90::mbar_init(&r.empty[s], 4 * Cfg::kNWG);
     }
+    if constexpr (FLY_PS != 0) fly::sm90::mbar_init(r.q_empty, 4 * Cfg::kNWG);
     fly::sm90::fence_barrier_init();
   }
   __syncthreads();
+#if FLY_PS
+  const int wg = threadIdx.x / 128;
+  // Persistent: the same tile stream for the producer and the consumers; the ring's iteration count
+  // g carries over, Q is reloaded per tile once the consumers have released the last one.
+  const int total = attn_tile_count(p);
+  if (wg == 0) {
+    fly::sm90::setmaxnreg_dec<Cfg::kNWG == 2 ? 24 : 56>();
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) {
+      int g = 0, k = 0;
+      for (int L = int(blockIdx.x); L < total; L += int(gridDim.x), ++k) {
+        const TileCoord t = persistent_tile<Cfg::BM, Cfg::kBN>(p, L);
+        if (k > 0) fly::sm90::mbar_wait(r.q_empty, uint32_t(k - 1) & 1);
+        producer(p, t, smem, r, g);
+        g += t.n_end - t.n_begin;
+      }
+    }
+  } else {
+    fly::sm90::setmaxnreg_inc<Cfg::kNWG == 2 ? 240 : 256>();
+    int g = 0, k = 0;
+    for (int L = int(blockIdx.x); L < total; L += int(gridDim.x), ++k) {
+      const TileCoord t = persistent_tile<Cfg::BM, Cfg::kBN>(p, L);
+      if constexpr (FLY_OV != 0) consumer_overlap(p, t, smem, r, wg - 1, g, uint32_t(k) & 1);
+      else consumer(p, t, smem, r, wg - 1, g, uint32_t(k) & 1);
+      g += t.n_end - t.n_begin;
+    }
+  }
+#else
   const TileCoord t = schedule_tile<Cfg::BM, Cfg::kBN>(p);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
@@ -532,6 +575,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
     if constexpr (FLY_OV != 0) consumer_overlap(p, t, smem, r, wg - 1);
     else consumer(p, t, smem, r, wg - 1);
   }
+#endif
 }
 
 #endif  // FLY_HD > 256

@@ -237,6 +237,12 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   if (cluster) cfg.cluster[0] = 2;
   cfg.grid[1] = unsigned(g.heads_y);
   cfg.grid[2] = unsigned(s.B);
+  if (v->get_int("ps", 0) == 1) {  // persistent: at most a CTA per SM, walking every tile (persistent_tile)
+    const int64_t tiles = g.m_blocks * splits * g.heads_y * s.B;
+    const int64_t sms = dc->sm_count > 0 ? dc->sm_count : 132;
+    cfg.grid[0] = unsigned(tiles < 1 ? 1 : tiles < sms ? tiles : sms);
+    cfg.grid[1] = cfg.grid[2] = 1;
+  }
   cfg.block[0] = unsigned(attn::attn_threads(hd, bm));
   cfg.smem = smem;
   FLY_TRY(launch1(rk.f, cfg, stream, p));

@@ -346,6 +346,45 @@ TEST_CASE("attention_fwd: every bundled variant", "[attention][gpu]") {
   CHECK(n >= 8);
 }
 
+// The persistent (`_ps1`) and ping-pong (`_pp1`) schedules (off the defaults: in builds with every
+// variant) on grids of more tiles than SMs, so each persistent CTA walks several tiles: the ring's
+// stages and phases carried across tiles, Q reloaded per tile, the turns balanced per tile. Causal
+// and not (longest tiles first), Sq off the tile, a GQA split-key decode (split partials + combine).
+TEST_CASE("attention_fwd: persistent and ping-pong variants over many tiles", "[attention][gpu][attention_ps]") {
+  int n = 0;
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const std::string name = fly_variant_name(i);
+    if (name.rfind("attention_fwd_", 0) != 0 || (name.find("_ps1") == std::string::npos && name.find("_pp1") == std::string::npos))
+      continue;
+    const int hd = std::atoi(name.c_str() + name.find("_hd") + 3);
+    const fly_dtype dt = name.find("_bf16_") != std::string::npos ? FLY_BF16 : FLY_F16;
+    for (bool causal : {false, true}) {
+      Case c;
+      c.dt = dt;
+      c.B = 2;
+      c.Hq = c.Hkv = 48;  // 2 x 48 heads x 3 m blocks = 288 tiles
+      c.Sq = 260;
+      c.Sk = 150;
+      c.D = hd - 8;
+      c.causal = causal;
+      c.force = name.c_str();
+      check_case(c);
+    }
+    Case d;  // one query per head against many keys: key splits, each split a tile of the stream
+    d.dt = dt;
+    d.B = 4;
+    d.Hq = 32;
+    d.Hkv = 8;
+    d.Sq = 1;
+    d.Sk = 3000;
+    d.D = hd;
+    d.force = name.c_str();
+    check_case(d);
+    ++n;
+  }
+  if (n == 0) WARN("no _ps1 / _pp1 variant in this build (they need -DFLY_ALL_VARIANTS=ON)");
+}
+
 // The wide-head schedule (compiled head dim 512, two consumer warpgroups splitting D): D 512 and
 // the odd head dims it serves (TMA zero-fills past D), causal and not, Sq != Sk, lengths off the
 // tile, GQA packed and unpacked, both layouts, padded rows, explicit scale, split-key decode.
