@@ -357,29 +357,16 @@ TEST_CASE("attention_fwd: persistent and ping-pong variants over many tiles", "[
     if (name.rfind("attention_fwd_", 0) != 0 || (name.find("_ps1") == std::string::npos && name.find("_pp1") == std::string::npos))
       continue;
     const int hd = std::atoi(name.c_str() + name.find("_hd") + 3);
-    const fly_dtype dt = name.find("_bf16_") != std::string::npos ? FLY_BF16 : FLY_F16;
-    for (bool causal : {false, true}) {
+    auto run = [&](int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk, int64_t D, bool causal) {
       Case c;
-      c.dt = dt;
-      c.B = 2;
-      c.Hq = c.Hkv = 48;  // 2 x 48 heads x 3 m blocks = 288 tiles
-      c.Sq = 260;
-      c.Sk = 150;
-      c.D = hd - 8;
-      c.causal = causal;
+      c.dt = name.find("_bf16_") != std::string::npos ? FLY_BF16 : FLY_F16;
+      c.B = B, c.Hq = Hq, c.Hkv = Hkv, c.Sq = Sq, c.Sk = Sk, c.D = D, c.causal = causal;
       c.force = name.c_str();
       check_case(c);
-    }
-    Case d;  // one query per head against many keys: key splits, each split a tile of the stream
-    d.dt = dt;
-    d.B = 4;
-    d.Hq = 32;
-    d.Hkv = 8;
-    d.Sq = 1;
-    d.Sk = 3000;
-    d.D = hd;
-    d.force = name.c_str();
-    check_case(d);
+    };
+    run(2, 48, 48, 260, 150, hd - 8, false);  // 2 x 48 heads x 3 m blocks = 288 tiles
+    run(2, 48, 48, 260, 150, hd - 8, true);
+    run(4, 32, 8, 1, 3000, hd, false);  // one query per head, many keys: each key split a tile of the stream
     ++n;
   }
   if (n == 0) WARN("no _ps1 / _pp1 variant in this build (they need -DFLY_ALL_VARIANTS=ON)");
