@@ -4,7 +4,7 @@ variant) per shape, beside torch.mm, timed interleaved in one process.
 
   python3 bench/probes/ab_libs.py --a build-old/libflykernels.so --b build/libflykernels.so
                            [--suite suites/gemm_bf16.json] [--layouts nt] [--min-m 1] [--max-m 1e9]
-                           [--rounds 5] [--dtype bf16]
+                           [--rounds 5] [--dtype bf16] [--force VARIANT]
 
 For a kernel change that keeps the variant names (the same database rows, new code): build the
 old tree in one directory and the new in another, then run this. Both libraries live in the
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: fly_abi, timing
 import timing  # noqa: E402
-from fly_abi import gemm_caller, load, poisoned_err  # noqa: E402
+from fly_abi import force_variant, gemm_caller, load, poisoned_err  # noqa: E402
 from gemm_torch import geomean, make_operands  # noqa: E402
 
 
@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--max-m", type=int, default=1 << 30)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--force", default=None, help="force this variant in both builds (shapes it refuses are skipped)")
     a = ap.parse_args()
     if os.path.realpath(a.a) == os.path.realpath(a.b):
         sys.exit("--a and --b are the same file: the loader would return one library twice")
@@ -58,19 +59,29 @@ def main():
             contenders = [("torch.mm", lambda: torch.mm(x, w, out=y))]
             picks = {}
             for tag, lib in libs.items():
+                if a.force:
+                    force_variant(lib, a.force)
                 call = gemm_caller(lib, x, w, y)
-                err = poisoned_err(call, y, ref)
+                try:
+                    err = poisoned_err(call, y, ref)
+                except RuntimeError as e:  # a forced variant that cannot take the shape
+                    if not a.force:
+                        raise
+                    print(f"{layout} {M}x{N}x{K} {tag}: skipped ({e})")
+                    continue
                 picks[tag] = lib.fly_last_variant().decode()
                 if not err < 2e-2:
                     print(f"{layout} {M}x{N}x{K} {tag} ({picks[tag]}): WRONG (max rel err {err:.3g})")
                     failed += 1
                     continue
                 contenders.append((tag, call))
+            if len(contenders) == 1:
+                continue
             med = timing.interleaved_us(contenders, a.rounds, warm_ms=30.0)
             base = med["torch.mm"]
             cells = "  ".join(f"{k} {t:8.1f} ({base / t:.3f}x)" for k, t in med.items())
             sp = med["a"] / med["b"] if "a" in med and "b" in med else float("nan")
-            print(f"{layout} {M:5d}x{N:5d}x{K:5d}  {cells}  b/a {sp:.3f}  [a {picks['a']}, b {picks['b']}]", flush=True)
+            print(f"{layout} {M:5d}x{N:5d}x{K:5d}  {cells}  b/a {sp:.3f}  [a {picks.get('a')}, b {picks.get('b')}]", flush=True)
             for k in ("a", "b"):
                 if k in med:
                     ratios[k].append(base / med[k])

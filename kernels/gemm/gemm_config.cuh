@@ -97,6 +97,11 @@ struct RegisterSplit {
 constexpr RegisterSplit register_split(int bm, int kw) {
   return bm == 64 ? (kw == 2 ? RegisterSplit{72, 208} : RegisterSplit{56, 224}) : RegisterSplit{40, 232};
 }
+// The cp.async kernel (gemm_odd_sm90.cu): its loading warpgroup computes addresses for many
+// copies in flight (ptxas spilled its code at 72-96 registers, not at 104); 192 leave the
+// consumers of 128 x 128 tiles (64 accumulators) room, not those of 128 x 256, hence bn = 128 only
+// (tuning/gemm.json).
+constexpr RegisterSplit kOddRegisterSplit{104, 192};
 
 // Inner-loop (MMA) policies: what one ring stage adds to the accumulators. Dense: wgmma over the
 // stage's k slices straight into one accumulator set. A block-scaled policy (MXFP) needs a second

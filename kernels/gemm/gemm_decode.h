@@ -32,12 +32,16 @@ struct DecodeParams {
 
 constexpr int kDecStages = 8;  // activation ring depth (64-wide k blocks)
 
-// Rows of W per CTA, threads per CTA (nw warps) and shared memory:
-// the activation ring, reused after the main loop for the fp32 partial tile [rows][8 mt + 1].
+// Rows of W per CTA, threads per CTA (nw warps) and shared memory: the activation ring, reused
+// after the main loop for the fp32 partial tile, C's [8 mt][rows] block with rows of C padded by 4
+// floats (gemm_reduce.cuh, as the main kernel's), then the ring's barriers (gemm_ring.cuh).
 inline constexpr int decode_rows(int nw, int rpw) { return nw * rpw; }
 inline constexpr int decode_threads(int nw) { return nw * 32; }
+inline constexpr int decode_region_bytes(int nw, int rpw, int mt) {
+  return std::max(kDecStages * mt * 8 * 128, mt * 8 * (decode_rows(nw, rpw) + 4) * 4);
+}
 inline constexpr int decode_smem_bytes(int nw, int rpw, int mt) {
-  return std::max(kDecStages * mt * 8 * 128, decode_rows(nw, rpw) * (mt * 8 + 1) * 4) + 2 * kDecStages * 8 + 1024;
+  return decode_region_bytes(nw, rpw, mt) + 2 * kDecStages * 8 + 1024;
 }
 
 struct DecodeShape {

@@ -20,6 +20,10 @@
 // tile in its shared memory and CTA r sums rows slice r over the cluster through DSMEM, in rank
 // order (deterministic), adds the bias and writes C.
 //
+// The activation ring and the reduction are the main kernel's (gemm_ring.cuh StageRing / RingPos,
+// gemm_reduce.cuh reduce_partials_t): the partial tile is C's [ACT_ROWS][ROWS] block, rows of C
+// padded by 4 floats, as the main kernel's unswapped partials.
+//
 // Variant constants (tools/flygen): FLY_DTYPE_IS_{BF16,FP16}, FLY_NW (warps), FLY_RPW
 // (W rows per warp: 16 or 32), FLY_MT (activation rows / 8: M <= 8 MT), FLY_DEPTH (k blocks of W
 // in flight per warp beyond the one in use).
@@ -29,6 +33,8 @@
 #include "common/sm90.h"
 #include "common/vec.cuh"
 #include "gemm/gemm_decode.h"
+#include "gemm/gemm_reduce.cuh"
+#include "gemm/gemm_ring.cuh"
 
 #if defined(FLY_DTYPE_IS_BF16)
 using T = __nv_bfloat16;
@@ -54,12 +60,31 @@ constexpr int ROWS = NW * RPW;               // W rows per CTA
 constexpr int ACT_ROWS = 8 * MT;             // activation rows in the ring (TMA zero-fills past M)
 constexpr int STAGE_BYTES = ACT_ROWS * 128;  // one 64-wide k block of them, 128B-swizzled
 constexpr int THREADS = fly::gemm::decode_threads(NW);
-constexpr int PS = ACT_ROWS + 1;             // partial tile row stride (floats), odd: no bank conflicts
-constexpr int REGION = STAGE_BYTES * kDecStages > ROWS * PS * 4 ? STAGE_BYTES * kDecStages : ROWS * PS * 4;
+// The fp32 partial tile reuses the ring after the main loop: C's [ACT_ROWS][ROWS] block
+// (gemm_reduce.cuh layout, unswapped); the ring's barriers follow the larger of the two.
+using PartialLayout = fly::gemm::PartialLayoutT<ACT_ROWS, ROWS>;
+constexpr int PS = ROWS + 4;  // partial row stride (floats): PartialLayout::stride()
+constexpr int REGION = fly::gemm::decode_region_bytes(NW, RPW, MT);
+using ActRing = fly::gemm::StageRing<kDecStages, STAGE_BYTES, REGION>;
+using RingPos = fly::gemm::RingPos<kDecStages>;
+static_assert(REGION >= STAGE_BYTES * kDecStages && REGION >= ACT_ROWS * PS * 4, "the ring and the partial tile");
 static_assert(RPW == 16 || RPW == 32, "W rows per warp: 16 or 32");
 static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8, "activation tile: 8, 16, 32 or 64 rows");
 static_assert(DEPTH >= 1 && DEPTH <= 6, "k blocks in flight");
 static_assert(fly::gemm::decode_smem_bytes(NW, RPW, MT) == REGION + 2 * kDecStages * 8 + 1024, "host sizing");
+
+// C as the shared reduction writes it (gemm_reduce.cuh reduce_partials_t): D = C, row-major.
+struct DecodeOut {
+  using Elem = T;
+  T* c;
+  const T* bias;
+  int64_t ldc;
+  int rows, cols;  // M, N
+  bool swap, vec;
+};
+struct DecodeUnit {
+  int tm, tn;  // the tile: rows 0.. of C (tm = 0), columns tn * ROWS..
+};
 
 // One 64-wide k block of a warp's W rows in registers: [m tile][row g, g + 8][32-wide half].
 struct WBlock {
@@ -78,24 +103,17 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_gemm_decode_sm90(const __grid_constant__ DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + REGION);
-  uint64_t* empty = full + kDecStages;
+  const ActRing ring = ActRing::at_as<ActRing>(smem_raw);
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int rank = p.cl > 1 ? int(fly::sm90::cluster_ctarank()) : 0;
-  const int row0 = int(blockIdx.x) / p.cl * ROWS;
+  const int tile = int(blockIdx.x) / p.cl;
+  const int row0 = tile * ROWS;
   const int kbs = (p.K + 63) / 64;
   const int kb0 = rank * p.kb_per_cta;
   const int nkb = max(0, min(kbs, kb0 + p.kb_per_cta) - kb0);
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kDecStages; ++s) {
-      fly::sm90::mbar_init(&full[s], 1);
-      fly::sm90::mbar_init(&empty[s], NW);
-    }
-    fly::sm90::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) ring.init_barriers(NW);  // empty: one arrival per warp
   __syncthreads();
 
   float acc[MI][MT][4];
@@ -111,10 +129,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_gemm_decode_sm90(co
   // block it - 1 + kDecStages. (No producer warp: one more warp would cut every thread's register
   // budget from 255 to 168, the allocation granularity being 4 warps.)
   const bool issuer = warp == 0 && lane == 0;
+  RingPos fill;  // the issuer's next fill (k block i goes to stage i % kDecStages)
   auto issue = [&](int i) {
-    const int s = i % kDecStages;
-    fly::sm90::mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
-    fly::sm90::tma_load_2d(base + s * STAGE_BYTES, &p.tm_a, &full[s], (kb0 + i) * 64, 0);
+    uint64_t* fb = ring.acquire(fill, STAGE_BYTES);
+    fly::sm90::tma_load_2d(ring.stage_ptr(fill.stage), &p.tm_a, fb, (kb0 + i) * 64, 0);
+    fill.advance();
   };
   if (issuer) {
     fly::sm90::tma_prefetch_desc(&p.tm_a);
@@ -159,6 +178,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_gemm_decode_sm90(co
     // W blocks rotate through DEPTH + 1 register buffers; the loop is unrolled by DEPTH + 1 so
     // every buffer index is a compile-time constant.
     WBlock buf[DEPTH + 1];
+    RingPos pos;  // the stage of block it
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) load_w(buf[j], j);
     for (int it0 = 0; it0 < nkb; it0 += DEPTH + 1) {
@@ -167,60 +187,48 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_gemm_decode_sm90(co
         const int it = it0 + j;
         if (it < nkb) {
           load_w(buf[(j + DEPTH) % (DEPTH + 1)], it + DEPTH);
-          if (issuer && it >= 1 && it - 1 + kDecStages < nkb) {
-            fly::sm90::mbar_wait(&empty[(it - 1) % kDecStages], ((it - 1) / kDecStages) & 1);
-            issue(it - 1 + kDecStages);
-          }
+          // the slot of block it - 1, once every warp has released it (acquire waits), gets
+          // block it - 1 + kDecStages
+          if (issuer && it >= 1 && it - 1 + kDecStages < nkb) issue(it - 1 + kDecStages);
           __syncwarp();  // warp 0 reconverges before its mma.sync
-          const int s = it % kDecStages;
-          fly::sm90::mbar_wait(&full[s], (it / kDecStages) & 1);
+          ring.wait_full(pos);
           __syncwarp();
-          compute(buf[j], base + s * STAGE_BYTES);
+          compute(buf[j], ring.stage_ptr(pos.stage));
           __syncwarp();
-          if (lane == 0) fly::sm90::mbar_arrive(&empty[s]);
+          if (lane == 0) ring.release_local(pos.stage);
+          pos.advance();
         }
       }
     }
   }
 
   // Every warp has finished reading the ring (and waited for every TMA issued into it): the
-  // ring's memory now holds the fp32 partial tile [ROWS][PS] (row = W row, column = A row).
+  // ring's memory now holds the fp32 partial tile, C's [ACT_ROWS][ROWS] block.
   __syncthreads();
-  float* part = reinterpret_cast<float*>(base);
+  float* part = reinterpret_cast<float*>(ring.base);
   {
+    const PartialLayout L{false};
     const int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
-        const int n = warp * RPW + i * 16 + g, m = 8 * t + c;
-        part[n * PS + m] = acc[i][t][0];
-        part[n * PS + m + 4] = acc[i][t][1];
-        part[(n + 8) * PS + m] = acc[i][t][2];
-        part[(n + 8) * PS + m + 4] = acc[i][t][3];
+        const int n = warp * RPW + i * 16 + g, m = 8 * t + c;  // W row (C column), A row (C row)
+        part[L.index(m, n)] = acc[i][t][0];
+        part[L.index(m + 4, n)] = acc[i][t][1];
+        part[L.index(m, n + 8)] = acc[i][t][2];
+        part[L.index(m + 4, n + 8)] = acc[i][t][3];
       }
   }
   if (p.cl > 1) fly::sm90::cluster_sync();
   else __syncthreads();
 
-  // CTA `rank` reduces rows slice `rank` of the tile over the cluster, adds the bias, writes C
-  // (consecutive threads take consecutive W rows: consecutive elements of a C row).
-  const int slice = (ROWS + p.cl - 1) / p.cl;
-  const int mlim = min(p.M, ACT_ROWS);
-  T* cptr = static_cast<T*>(p.c);
-  const T* bias = static_cast<const T*>(p.bias);
-  const uint32_t part_s = fly::sm90::smem_u32(part);
-  for (int e = int(threadIdx.x); e < slice * mlim; e += THREADS) {
-    const int nl = rank * slice + e % slice, m = e / slice;
-    const int n = row0 + nl;
-    if (nl >= ROWS || n >= p.N) continue;
-    float v = 0.f;
-    const uint32_t off = uint32_t(nl * PS + m) * 4u;
-    for (int r = 0; r < p.cl; ++r)
-      v += r == rank ? part[nl * PS + m] : fly::sm90::ld_cluster_f32(fly::sm90::mapa(part_s + off, uint32_t(r)));
-    if (bias) v += fly::to_float(bias[n]);
-    cptr[int64_t(m) * p.ldc + n] = fly::from_float<T>(v);
-  }
+  // CTA `rank` reduces its slice of the tile's rows (rows of C) over the cluster, adds the bias and
+  // writes C: the main kernel's reduction (4 consecutive columns of a C row per item).
+  const DecodeOut out{static_cast<T*>(p.c), static_cast<const T*>(p.bias), p.ldc, p.M, p.N, false,
+                      (reinterpret_cast<uintptr_t>(p.c) & 7) == 0 && p.ldc % 4 == 0};
+  fly::gemm::reduce_partials_t<THREADS>(out, DecodeUnit{0, tile}, part, PartialLayout{false}, rank, p.cl,
+                                        int(threadIdx.x));
   // Nobody leaves while a peer may still read its partial tile.
   if (p.cl > 1) fly::sm90::cluster_sync();
 }

@@ -6,13 +6,15 @@
 //    64 x BN block in shared memory laid out as C's block (BN = 256: in 4 passes of 64 columns),
 //    then writes C in 16-byte row chunks.
 //  * split-K: each CTA of the cluster parks its fp32 partial tile in its own shared memory; after
-//    a cluster barrier CTA r sums rows slice r over all CTAs through DSMEM and writes C.
+//    a cluster barrier CTA r sums rows slice r over all CTAs through DSMEM and writes C
+//    (gemm_reduce.cuh, shared with the decode kernel).
 #pragma once
 
 #include <type_traits>
 
 #include "common/sm90.h"
 #include "gemm/gemm_config.cuh"
+#include "gemm/gemm_reduce.cuh"
 #include "gemm/gemm_scheduler.cuh"
 
 namespace fly::gemm {
@@ -36,6 +38,7 @@ __device__ __forceinline__ uint32_t pack_u32(float a, float b) {
 // Output view: D(i, j) lives at C[i*ldc + j] (no swap) or C[j*ldc + i] (swap).
 struct OutView {
   using Elem2 = typename std::conditional<kBF16, __nv_bfloat162, __half2>::type;
+  using Elem = fly::gemm::Elem;
   Elem* c;
   const Elem* bias;
   int64_t ldc;
@@ -369,16 +372,8 @@ __device__ __forceinline__ void sk_gather(const GemmParams& p, const WorkUnit& u
   }
 }
 
-// ---- split-K through distributed shared memory ------------------------------------------------
-// Partial tile layout (fp32): "outer" rows of "inner" contiguous values, inner = C's contiguous
-// direction (j without swap, i with swap), rows padded by 4 floats against bank conflicts.
-struct PartialLayout {
-  bool swap;
-  __device__ int outer_n() const { return swap ? Config::BN : Config::BM; }
-  __device__ int inner_n() const { return swap ? Config::BM : Config::BN; }
-  __device__ int stride() const { return inner_n() + 4; }
-  __device__ int index(int i, int j) const { return swap ? j * stride() + i : i * stride() + j; }
-};
+// ---- split-K through distributed shared memory (gemm_reduce.cuh) ----------------------------------
+using PartialLayout = PartialLayoutT<Config::BM, Config::BN>;
 
 // Both consumer warpgroups write their halves; the caller syncs the cluster afterwards.
 // NOTE: SWAP is a template parameter so every store is a constant offset from one base address;
@@ -410,37 +405,7 @@ __device__ __forceinline__ void park_partial(float* part, int wg, const float (&
 __device__ __forceinline__ void reduce_partials(const OutView& out, const WorkUnit& u,
                                                 const float* part, const PartialLayout& L,
                                                 int rank, int split, int ct) {
-  const int outer_n = L.outer_n(), inner4 = L.inner_n() / 4;
-  const int o_begin = rank * outer_n / split, o_end = (rank + 1) * outer_n / split;
-  const uint32_t base = sm90::smem_u32(part);
-  // C coordinates of the tile origin: row (m) and column (n) of C.
-  const int crow0 = out.swap ? u.tn * Config::BN : u.tm * Config::BM;
-  const int ccol0 = out.swap ? u.tm * Config::BM : u.tn * Config::BN;
-  const int c_rows = out.swap ? out.cols : out.rows;  // C's M
-  const int c_cols = out.swap ? out.rows : out.cols;  // C's N
-  const int count = (o_end - o_begin) * inner4;
-  for (int e = ct; e < count; e += 256) {
-    const int o = o_begin + e / inner4, in = (e % inner4) * 4;
-    const int crow = crow0 + o, ccol = ccol0 + in;
-    if (crow >= c_rows || ccol >= c_cols) continue;
-    const uint32_t off = static_cast<uint32_t>(o * L.stride() + in) * 4;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int r = 0; r < split; ++r) {
-      const float4 v = sm90::ld_cluster_f4(sm90::mapa(base + off, r));
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
-    float v[4] = {s.x, s.y, s.z, s.w};
-    Elem* dst = out.c + static_cast<int64_t>(crow) * out.ldc + ccol;
-    if (out.vec && ccol + 3 < c_cols) {
-      Elem h[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) h[q] = from_f(v[q] + (out.bias ? to_f(out.bias[ccol + q]) : 0.f));
-      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(h);
-    } else {
-      for (int q = 0; q < 4 && ccol + q < c_cols; ++q)
-        dst[q] = from_f(v[q] + (out.bias ? to_f(out.bias[ccol + q]) : 0.f));
-    }
-  }
+  reduce_partials_t<256>(out, u, part, L, rank, split, ct);
 }
 
 }  // namespace fly::gemm

@@ -6,54 +6,22 @@
 #include "common/sm90.h"
 #include "common/wgmma_ops.h"
 #include "gemm/gemm_config.cuh"
+#include "gemm/gemm_ring.cuh"
 #include "gemm/gemm_scheduler.cuh"
 
 namespace fly::gemm {
 
-// Ring position: stage index and the parity of the mbarrier phase it is in.
-struct PipeState {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ void advance() {
-    if (++stage == Config::STAGES) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-  // Skips n stages (ping-pong: the other consumer warpgroup's tile).
-  __device__ void advance(int n) {
-    stage += n;
-    const int wraps = stage / Config::STAGES;
-    stage -= wraps * Config::STAGES;
-    phase ^= static_cast<uint32_t>(wraps & 1);
-  }
-};
+// The ring (gemm_ring.cuh, shared with the decode kernel): STAGES stages of one P and one Q tile
+// (and the MMA policy's scale tiles), guarded by full/empty mbarriers.
+using PipeState = RingPos<Config::STAGES>;
 
-struct Ring {
-  uint8_t* base;    // 1024-aligned
-  uint64_t* full;   // TMA bytes landed (count 1 + tx)
-  uint64_t* empty;  // the consumer warpgroups of every CTA writing here released it
-                    // (STAGE_READERS * CLUSTER)
-  __device__ uint8_t* p_tile(int s) const { return base + s * Config::STAGE_BYTES; }
+struct Ring : StageRing<Config::STAGES, Config::STAGE_BYTES> {
+  // empty: the consumer warpgroups of every CTA writing here released it (STAGE_READERS * CLUSTER)
+  __device__ uint8_t* p_tile(int s) const { return stage_ptr(s); }
   __device__ uint8_t* q_tile(int s) const { return p_tile(s) + Config::P_BYTES; }
   // The ring in the kernel's dynamic shared memory: stages from the first 1024-byte boundary
   // (128-byte swizzle atoms), then the full and the empty barriers, one each per stage.
-  __device__ __forceinline__ static Ring at(uint8_t* smem_raw) {
-    Ring r;
-    r.base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-    r.full = reinterpret_cast<uint64_t*>(r.base + Config::RING_BYTES);
-    r.empty = r.full + Config::STAGES;
-    return r;
-  }
-  // One thread: every stage's full barrier (one arrival: the producer's expect_tx) and empty
-  // barrier (`readers` arrivals), made visible to the async proxy.
-  __device__ __forceinline__ void init_barriers(uint32_t readers) const {
-    for (int s = 0; s < Config::STAGES; ++s) {
-      sm90::mbar_init(&full[s], 1);
-      sm90::mbar_init(&empty[s], readers);
-    }
-    sm90::fence_barrier_init();
-  }
+  __device__ __forceinline__ static Ring at(uint8_t* smem_raw) { return at_as<Ring>(smem_raw); }
 };
 
 // ---- producer ----------------------------------------------------------------------------------
@@ -154,11 +122,7 @@ __device__ __forceinline__ void producer_loop(const GemmParams& p, const Ring& r
     for (int kb0 = u.kb_begin; kb0 < u.kb_end; ++kb0) {
       int kb = kb0 + off;  // the consumers only count stages, so any order of the k steps will do
       if (kb >= u.kb_end) kb -= u.kb_end;
-      // A fresh barrier counts as having completed the phase before phase 0, so the first pass
-      // over the ring (parity 1) does not block.
-      sm90::mbar_wait(&ring.empty[ps.stage], ps.phase ^ 1);
-      uint64_t* fb = &ring.full[ps.stage];
-      sm90::mbar_arrive_expect_tx(fb, Config::STAGE_TX_BYTES);  // OOB zero-fill bytes count too
+      uint64_t* fb = ring.acquire(ps, Config::STAGE_TX_BYTES);  // the first pass does not block
       load_tile<Config::BM, Config::MP>(ring.p_tile(ps.stage), &p.tm_p, &p.tm_p3, fb, pk, u.tm * Config::BM,
                                         kb * Config::KSTEP, p.k, sched.rank);
       load_tile<Config::BN, Config::MC>(ring.q_tile(ps.stage), &p.tm_q, &p.tm_q3, fb, qk, u.tn * Config::BN,
@@ -236,7 +200,7 @@ __device__ __forceinline__ void release_stage(const Ring& ring, int stage) {
 #pragma unroll
     for (int r = 0; r < Config::CLUSTER; ++r) sm90::mbar_arrive_cluster(&ring.empty[stage], r);
   } else {
-    sm90::mbar_arrive(&ring.empty[stage]);
+    ring.release_local(stage);
   }
 }
 
@@ -293,7 +257,7 @@ __device__ __forceinline__ void consumer_mma(const Ring& ring, PipeState& ps, co
       }
     }
     FLY_TRACE_WAIT_BEGIN
-    sm90::mbar_wait(&ring.full[ps.stage], ps.phase);
+    ring.wait_full(ps);
     FLY_TRACE_WAIT_END
     fence_acc(acc);
     sm90::wgmma_fence();

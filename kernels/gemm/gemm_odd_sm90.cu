@@ -36,10 +36,8 @@ static_assert(Config::BM == 128 && Config::MC == 1 && Config::MP == 1 && Config:
 static_assert(Config::STAGES >= 3, "the hand-over lag needs three stages");
 static_assert(Config::BN % 64 == 0, "MN-major Q tiles come in 64-wide chunks");
 
-// Register split: the loading warpgroup computes addresses for many copies in flight (ptxas
-// spilled its code at 72-96 registers, not at 104); 192 leave the consumers of 128 x 128 tiles
-// (64 accumulators) room, not those of 128 x 256, hence bn = 128 only (tuning/gemm.json).
-constexpr int kOddLoadRegs = 104, kOddMmaRegs = 192;
+// Register split of the cp.async kernel: gemm_config.cuh kOddRegisterSplit.
+constexpr int kOddLoadRegs = kOddRegisterSplit.producer, kOddMmaRegs = kOddRegisterSplit.consumer;
 static_assert(kOddLoadRegs * 128 + kOddMmaRegs * 256 <= 65536, "register file");
 static_assert(Config::ACC + 32 <= kOddMmaRegs, "accumulators fit the consumers' registers");
 

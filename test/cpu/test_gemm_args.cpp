@@ -690,6 +690,20 @@ TEST_CASE("decode variants: NT only, M within the tile, K % 8, cluster split of 
   CHECK(L.params.ldw == 4096);
   CHECK(L.smem == unsigned(decode_smem_bytes(8, 16, 8)));
   CHECK(L.smem <= 227u * 1024u);
+  // Every decode variant of the space: the region before the ring's barriers holds both the
+  // 8-stage activation ring and the partial tile (C's [8 mt][rows] block, rows padded by 4 floats:
+  // the main kernel's unswapped partial layout), and the whole fits a block's shared memory.
+  for (int nw : {4, 8})
+    for (int rpw : {16, 32})
+      for (int mt : {1, 2, 4, 8}) {
+        INFO("nw " << nw << " rpw " << rpw << " mt " << mt);
+        const int region = decode_region_bytes(nw, rpw, mt);
+        CHECK(region >= kDecStages * mt * 8 * 128);
+        CHECK(region >= mt * 8 * (decode_rows(nw, rpw) + 4) * 4);
+        CHECK(region % 8 == 0);  // the barriers follow it
+        CHECK(decode_smem_bytes(nw, rpw, mt) == region + 2 * kDecStages * 8 + 1024);
+        CHECK(decode_smem_bytes(nw, rpw, mt) <= 227 * 1024);
+      }
 
   // A forced cluster that K cannot fill evenly shrinks to the CTAs that get k blocks:
   // 10 blocks over 4 -> 3 per CTA -> 4 CTAs; over 8 -> 2 per CTA -> 5 CTAs.
