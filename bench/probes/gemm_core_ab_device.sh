@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (<= 300 s) proving the GEMM core refactor of issue 24 (docs/gemm.md, "The core's
 # structure"): the old library (this tree with kernels/gemm as of the merge base 3f0a9cc: from git
-# when the checkout has its history, else bench/probes/gemm_core_base_kernels.tar.gz) and the new
+# when the checkout has its history, else .ab/gemm_core_base_kernels.tar.gz, made here by
+# `mkdir -p .ab && git archive 3f0a9cc kernels/gemm | gzip > .ab/gemm_core_base_kernels.tar.gz` and carried) and the new
 # one, both the gemm default build plus six decode variants (the kernel whose code changed), then
 #   1. the gemm GPU tests of the new build ("gemm: every bundled variant is right" forces every
 #      bundled variant, the decode ones with each launch-axis cluster size),
@@ -26,7 +27,7 @@ rm -rf /tmp/gemm_ab_old/kernels/gemm
 if git rev-parse --verify -q 3f0a9cc^{commit} > /dev/null 2>&1; then
   git archive 3f0a9cc kernels/gemm | tar -x -C /tmp/gemm_ab_old; echo "old kernels/gemm: git 3f0a9cc"
 else
-  tar -xzf bench/probes/gemm_core_base_kernels.tar.gz -C /tmp/gemm_ab_old; echo "old kernels/gemm: tarball"
+  tar -xzf .ab/gemm_core_base_kernels.tar.gz -C /tmp/gemm_ab_old; echo "old kernels/gemm: tarball"
 fi
 cp -r .devdeps /tmp/gemm_ab_old/ 2> /dev/null || true
 
