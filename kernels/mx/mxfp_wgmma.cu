@@ -345,8 +345,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
         land_chunk();
         issue_chunk(1);
       }
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
       for (int ks = un.ks0; ks < un.ks1; ++ks) {
-        const int kl = SPLIT ? ks - un.ks0 : ks;  // stage of the unit (the tile's stage unsplit)
+        const int kl = ks - un.ks0;  // stage of the unit
+#else
+      for (int ks = 0; ks < ksteps; ++ks) {  // unsplit: the tile's stages (the shipped code, unchanged)
+        const int kl = ks;
+#endif
         if (prefetch && kl > 0 && kl % kScaleChunk == 0) {
           land_chunk();  // chunk kl / 4, loaded during the previous chunk
           issue_chunk(kl / kScaleChunk + 1);
