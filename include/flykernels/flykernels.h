@@ -293,7 +293,18 @@ FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, const fly_te
  * K must be a multiple of 32 (else FLY_ERROR_INVALID_ARGUMENT). The kernels read rows with
  * 16-byte loads: row strides in bytes and base pointers must be multiples of 16 (FP8: K % 16,
  * FP4: K % 32, which K % 32 == 0 gives), else FLY_ERROR_UNSUPPORTED / FLY_ERROR_MISALIGNED.
- * workspace: unused today (pass NULL, 0). M, N == 0: no-op; K == 0: FLY_ERROR_UNSUPPORTED. */
+ * workspace (optional): the split-K variants (docs/mxfp.md "Split-K") keep FP32 partials there;
+ *    query fly_scaled_gemm_workspace_size and pass a 256-byte aligned device buffer that large
+ *    (no initialization needed: no counters or flags; a call owns it until it completes on the
+ *    stream). NULL/0 or too small: those variants run unsplit. Misaligned: FLY_ERROR_MISALIGNED;
+ *    NULL with a size: FLY_ERROR_INVALID_ARGUMENT.
+ * M, N == 0: no-op; K == 0: FLY_ERROR_UNSUPPORTED. */
+/* bytes = max over the bundled split-K variants of S x M x N x 4 rounded up to 256, where
+ * S = min(split, ceil(K / 128), floor(132 / tiles)) with tiles = ceil(M / 128) x ceil(N / bn),
+ * counted only when S >= 2; 0 when no split variant would split this shape (and in builds without
+ * them). Validates a, b, c as fly_scaled_gemm does (shapes, dtypes); needs no device. */
+FLY_API fly_status fly_scaled_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
+                                                  const fly_tensor* c, size_t* bytes);
 FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_tensor* scale_a, const fly_tensor* b,
                                    const fly_tensor* scale_b, const fly_tensor* bias, const fly_tensor* c,
                                    void* workspace, size_t workspace_bytes, void* stream);

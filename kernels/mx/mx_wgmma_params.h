@@ -65,6 +65,39 @@ struct Params {
   int32_t out_bf16;   // 1: BF16 output, 0: FP16
 };
 
+// Split-K variants (FLY_SPLIT, `_s<split>`): work unit u = tile u / splits, split u % splits,
+// which runs the tile's stages [q * ksteps / splits, (q + 1) * ksteps / splits) (ksteps =
+// ceil(K / 128); an empty range writes zeros) and stores its FP32 partial to ws[q][M][N]; the
+// second kernel of the module (mxfp_splitk_reduce) sums the partials in split order (fixed:
+// deterministic), adds the bias and rounds to c. splits == 1: the unsplit epilogue, ws unused.
+struct SplitParams : Params {
+  float* ws;          // [splits][M][N] FP32 partials (splits > 1)
+  int32_t splits;     // >= 1
+  int32_t pad_;
+};
+struct SplitReduceParams {
+  const float* ws;    // [splits][M][N]
+  const void* bias;   // [N] in c's dtype, or nullptr
+  void* c;            // [M, N], row stride ldc elements
+  int64_t ldc;
+  int32_t M, N, splits, out_bf16;
+};
+constexpr int kReduceThreads = 256;
+// The split count a launch uses (src/ops/mx.cpp, fly_scaled_gemm_workspace_size): the variant's
+// `split`, at most the stage count and at most the split that keeps the units in one wave of
+// `sms` CTAs (tiles * splits <= sms); 1 means the unsplit path.
+FLY_MXW_HD int split_count(int split, int64_t tiles, int64_t ksteps, int64_t sms) {
+  int64_t s = split;
+  if (ksteps < s) s = ksteps;
+  const int64_t wave = tiles > 0 ? sms / tiles : 1;
+  if (wave < s) s = wave;
+  return s < 1 ? 1 : int(s);
+}
+// Workspace bytes of a split launch: the partials, rounded up to 256.
+FLY_MXW_HD int64_t split_ws_bytes(int splits, int64_t M, int64_t N) {
+  return splits > 1 ? (int64_t(splits) * M * N * 4 + 255) / 256 * 256 : 0;
+}
+
 // Tile t of the persistent raster order: column strips strip_m tile rows tall (as the dense
 // GEMM's scheduler walks them, so CTAs running together share A rows and B columns in L2).
 struct Tile {

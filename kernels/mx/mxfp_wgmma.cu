@@ -24,7 +24,8 @@
 // promotion work. Otherwise (or for MXFP8) the stage runs per k32 as above. Decided per stage for
 // the whole CTA (a reduction over the producer warpgroup: named barrier 1).
 // Variant constants (tools/flygen): FLY_BN (32, 64 or 128; 32: twice the CTAs of 64 for the
-// decode shapes, whose B stream is the whole cost), FLY_FOLD (0 or 1).
+// decode shapes, whose B stream is the whole cost), FLY_FOLD (0 or 1), FLY_PIPE (1, 2), FLY_SPLIT
+// (2, 4, 8: split-K, at most that many k ranges per tile, docs/mxfp.md "Split-K").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -61,6 +62,13 @@ constexpr bool PREFETCH = FLY_PIPE >= 2;  // 2: the producer prefetches the scal
 constexpr bool PIPE = false;
 constexpr bool PREFETCH = false;
 #endif
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+constexpr bool SPLIT = true;  // split-K: work units (tile, k range), FP32 partials, mxfp_splitk_reduce
+using KParams = SplitParams;
+#else
+constexpr bool SPLIT = false;
+using KParams = Params;
+#endif
 constexpr int STAGES = stages(BN);
 constexpr int STAGE = stage_bytes(BN, FOLD);
 constexpr int OFF_B = a_bytes();
@@ -94,6 +102,22 @@ __device__ __forceinline__ bool producer_and(bool v) {
   return r != 0;
 #endif
 }
+
+// One work unit: tile t, split q, stages [ks0, ks1) (mx_wgmma_params.h, SplitParams). Unsplit
+// variants: the tile and all its stages (constants, so their code is what it was).
+struct Unit {
+  int t, q, ks0, ks1;
+};
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+__device__ __forceinline__ int splits_of(const KParams& p) { return p.splits; }
+__device__ __forceinline__ Unit unit_of(const KParams& p, int u, int ksteps) {
+  const int sp = p.splits, t = u / sp, q = u - t * sp;
+  return Unit{t, q, int(int64_t(q) * ksteps / sp), int(int64_t(q + 1) * ksteps / sp)};
+}
+#else
+__device__ __forceinline__ int splits_of(const KParams&) { return 1; }
+__device__ __forceinline__ Unit unit_of(const KParams&, int u, int ksteps) { return Unit{u, 0, 0, ksteps}; }
+#endif
 
 __device__ __forceinline__ uint64_t desc_of(const uint8_t* tile) {
   return sm90::make_desc_sw128(sm90::smem_u32(tile), 16, 1024);
@@ -165,9 +189,87 @@ __device__ __forceinline__ void store_tile(const Params& p, int64_t row0, int64_
   }
 }
 
+// Split-K: the unit's FP32 partial (no bias, no rounding) to ws[q][M][N], rows / columns clipped,
+// 8-byte pairs where aligned.
+__device__ __forceinline__ void store_partial(const KParams& p, int q, int64_t row0, int64_t col0, int ct,
+                                              const float (&acc)[ACC]) {
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+  {
+    float* ws = p.ws + int64_t(q) * p.M * p.N;
+    const int64_t r0 = row0 + acc_row(ct, 0);
+#pragma unroll
+    for (int c8 = 0; c8 < BN / 8; ++c8) {
+      const int64_t col = col0 + acc_col(ct, 4 * c8);
+      if (col >= p.N) continue;
+      const bool two = col + 1 < p.N;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = r0 + 8 * h;
+        if (row >= p.M) continue;
+        float* dst = ws + row * p.N + col;
+        if (two && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+          *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * c8 + 2 * h], acc[4 * c8 + 2 * h + 1]);
+        } else {
+          dst[0] = acc[4 * c8 + 2 * h];
+          if (two) dst[1] = acc[4 * c8 + 2 * h + 1];
+        }
+      }
+    }
+  }
+#else
+  (void)p, (void)q, (void)row0, (void)col0, (void)ct, (void)acc;
+#endif
+}
+
+template <class T>
+__device__ __forceinline__ void reduce_pair(const SplitReduceParams& r, int64_t i, int64_t ppr) {
+  const int64_t row = i / ppr, col = 2 * (i - row * ppr);
+  const bool two = col + 1 < r.N;
+  const int64_t plane = int64_t(r.M) * r.N;
+  const float* src = r.ws + row * r.N + col;
+  const bool vec = two && (reinterpret_cast<uintptr_t>(src) & 7) == 0 && (plane & 1) == 0;
+  float v0 = 0.0f, v1 = 0.0f;
+  for (int q = 0; q < r.splits; ++q) {  // split order: the same sums on every run
+    const float* sq = src + q * plane;
+    if (vec) {
+      const float2 x = *reinterpret_cast<const float2*>(sq);
+      v0 += x.x;
+      v1 += x.y;
+    } else {
+      v0 += sq[0];
+      if (two) v1 += sq[1];
+    }
+  }
+  const T* bias = static_cast<const T*>(r.bias);
+  if (bias) {
+    v0 += to_float<T>(bias[col]);
+    if (two) v1 += to_float<T>(bias[col + 1]);
+  }
+  T* dst = static_cast<T*>(r.c) + row * r.ldc + col;
+  if (two && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+    struct alignas(4) Pair { T x, y; };
+    *reinterpret_cast<Pair*>(dst) = Pair{from_float<T>(v0), from_float<T>(v1)};
+  } else {
+    dst[0] = from_float<T>(v0);
+    if (two) dst[1] = from_float<T>(v1);
+  }
+}
+
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __grid_constant__ Params p) {
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+// Split-K reduction: c[m, n] = round(sum over q = 0 .. splits - 1 of ws[q][m][n] (+ bias[n])),
+// one column pair per thread, grid-stride.
+extern "C" __global__ void __launch_bounds__(kReduceThreads) mxfp_splitk_reduce(const __grid_constant__ SplitReduceParams r) {
+  const int64_t ppr = (int64_t(r.N) + 1) / 2, total = int64_t(r.M) * ppr;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    if (r.out_bf16) reduce_pair<__nv_bfloat16>(r, i, ppr);
+    else reduce_pair<__half>(r, i, ppr);
+  }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __grid_constant__ KParams p) {
 #if defined(FLY_MX_HOST_EMU)
   uint8_t* smem_raw = fly_mxw_emu_smem();
 #else
@@ -196,6 +298,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
   const int total = p.tiles_m * p.tiles_n;
   const int kbs = p.K / 32;
   const int ksteps = (p.K + kKStep - 1) / kKStep;
+  const int units = total * splits_of(p);
 
   if (wg == 0) {
     // ---------------- producer warpgroup ----------------
@@ -211,13 +314,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
     const bool prefetch = PREFETCH && ((reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) |
                                         uintptr_t(kbs)) & 3u) == 0;
     uint32_t next[kRowsPerThread][kScaleChunk];
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, t);
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const Unit un = unit_of(p, u, ksteps);
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, un.t);
       const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
       // Scale word of stage ks (its four k32 blocks' bytes, low byte first) for the thread's row i.
       auto load_word = [&](int i, int ks) -> uint32_t {
         const int r = pt + 128 * i;
-        if (r >= kBM + BN || ks >= ksteps) return 0u;
+        if (r >= kBM + BN || ks >= (SPLIT ? un.ks1 : ksteps)) return 0u;
         const bool is_a = r < kBM;
         const int64_t grow = int64_t(is_a ? m0 : n0) + (is_a ? r : r - kBM);
         if (grow >= (is_a ? p.M : p.N)) return 0u;
@@ -227,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
 #pragma unroll
         for (int i = 0; i < kRowsPerThread; ++i)
 #pragma unroll
-          for (int q = 0; q < kScaleChunk; ++q) next[i][q] = load_word(i, c * kScaleChunk + q);
+          for (int q = 0; q < kScaleChunk; ++q) next[i][q] = load_word(i, (SPLIT ? un.ks0 : 0) + c * kScaleChunk + q);
       };
       auto land_chunk = [&]() {
 #pragma unroll
@@ -241,10 +345,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
         land_chunk();
         issue_chunk(1);
       }
-      for (int ks = 0; ks < ksteps; ++ks) {
-        if (prefetch && ks > 0 && ks % kScaleChunk == 0) {
-          land_chunk();  // chunk ks / 4, loaded during the previous chunk
-          issue_chunk(ks / kScaleChunk + 1);
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+      for (int ks = un.ks0; ks < un.ks1; ++ks) {
+        const int kl = ks - un.ks0;  // stage of the unit
+#else
+      for (int ks = 0; ks < ksteps; ++ks) {  // unsplit: the tile's stages (the shipped code, unchanged)
+        const int kl = ks;
+#endif
+        if (prefetch && kl > 0 && kl % kScaleChunk == 0) {
+          land_chunk();  // chunk kl / 4, loaded during the previous chunk
+          issue_chunk(kl / kScaleChunk + 1);
         }
         sm90::mbar_wait(&empty[s], ph ^ 1);
         uint8_t* st = ring + s * STAGE;
@@ -275,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
           uint8_t e[4];
           bool valid[4];
           int emax = 0;
-          const uint32_t word = prefetch ? scale_buf[r * kScaleChunk + ks % kScaleChunk] : 0u;
+          const uint32_t word = prefetch ? scale_buf[r * kScaleChunk + kl % kScaleChunk] : 0u;
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             valid[j] = in && kb0 + j < kbs;
@@ -333,12 +443,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
     const int ra = cw * 64 + acc_row(ct, 0);  // tile row of accumulators 4 c8 + {0, 1}; + 8 for {2, 3}
     int s = 0;
     uint32_t ph = 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, t);
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const Unit un = unit_of(p, u, ksteps);
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, un.t);
       float acc[ACC];
 #pragma unroll
       for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
-      for (int ks = 0; ks < ksteps; ++ks) {
+      for (int ks = un.ks0; ks < un.ks1; ++ks) {
         sm90::mbar_wait(&full[s], ph);
         const uint8_t* st = ring + s * STAGE;
         const float* sa_s = reinterpret_cast<const float*>(st + OFF_SA);
@@ -436,7 +547,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
         }
       }
       const int64_t row0 = int64_t(tl.tm) * kBM + cw * 64, col0 = int64_t(tl.tn) * BN;
-      if (p.out_bf16) store_tile<__nv_bfloat16>(p, row0, col0, ct, acc);
+      if (SPLIT && splits_of(p) > 1) store_partial(p, un.q, row0, col0, ct, acc);
+      else if (p.out_bf16) store_tile<__nv_bfloat16>(p, row0, col0, ct, acc);
       else store_tile<__half>(p, row0, col0, ct, acc);
     }
   }

@@ -1,6 +1,7 @@
 // fly_mx_quantize and fly_scaled_gemm: validation, dispatch and launch of the MX families
 // (mx_quantize, mxfp). Internals in docs/mxfp.md; kernels in kernels/mx/.
 #include <cinttypes>
+#include <algorithm>
 #include <cstdint>
 
 #include "core.hpp"
@@ -35,9 +36,21 @@ int64_t row_stride(const fly_tensor& t) { return t.sizes[0] > 1 ? t.strides[0] :
 // operands (MXFP8: K bytes x rows, box {128, tile rows}, 128B swizzle; MXFP4: K/2 bytes x rows,
 // box {64, tile rows}, no swizzle), persistent grid of min(tiles, SMs) CTAs of 384 threads.
 // The caller validated shapes, strides (multiples of 16 bytes) and alignment (16 bytes).
+// Split-K (variants with a `split` axis, docs/mxfp.md "Split-K"): the split count of a launch is
+// mxw::split_count(split, tiles, ceil(K / 128), min(SMs, kSplitMaxSms)); the query assumes
+// kSplitMaxSms, so a workspace it sized is always large enough.
+constexpr int64_t kSplitMaxSms = 132;
+int split_of_launch(const Variant& v, int64_t M, int64_t N, int64_t K, int64_t sms) {
+  const int split = int(v.get_int("split", 0));
+  if (split < 2) return 1;
+  const int64_t bn = v.get_int("bn", 128), tiles = ((M + mxw::kBM - 1) / mxw::kBM) * ((N + bn - 1) / bn);
+  return mxw::split_count(split, tiles, (K + mxw::kKStep - 1) / mxw::kKStep, sms < kSplitMaxSms ? sms : kSplitMaxSms);
+}
+
 fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor& a, const fly_tensor& sa,
                         const fly_tensor& b, const fly_tensor& sb, const fly_tensor* bias, const fly_tensor& c, bool fp4,
-                        int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, void* stream) {
+                        int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, void* workspace,
+                        size_t workspace_bytes, void* stream) {
   const int bn = int(v.get_int("bn", 128));
   const bool fold = v.get_int("fold", 0) != 0;
   if (bn != 32 && bn != 64 && bn != 128) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
@@ -49,7 +62,12 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   FLY_TRY(driver(&d));
   CUfunction f = nullptr;
   FLY_TRY(get_function(dc, v, "mxfp_wgmma", &f));
-  mxw::Params p{};
+  const int64_t sms = dc.sm_count > 0 ? dc.sm_count : 132;
+  const bool split_variant = v.get_int("split", 0) >= 2;
+  int splits = split_variant ? split_of_launch(v, M, N, K, sms) : 1;
+  // NULL or too small a workspace: the split variant runs unsplit (one launch, no partials)
+  if (splits > 1 && (!workspace || int64_t(workspace_bytes) < mxw::split_ws_bytes(splits, M, N))) splits = 1;
+  mxw::SplitParams p{};
   const int64_t kbytes = fp4 ? K / 2 : K;
   const cuuint32_t box_k = fp4 ? 64 : 128;
   const CUtensorMapSwizzle sw = fp4 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B;
@@ -79,12 +97,35 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   p.strip_m = int32_t(tiles_m < 8 ? tiles_m : 8);
   p.fp4 = fp4;
   p.out_bf16 = c.dtype == FLY_BF16;
-  const int64_t sms = dc.sm_count > 0 ? dc.sm_count : 132;
   LaunchConfig cfg;
-  cfg.grid[0] = unsigned(tiles_m * tiles_n < sms ? tiles_m * tiles_n : sms);
+  const int64_t units = tiles_m * tiles_n * splits;
+  cfg.grid[0] = unsigned(units < sms ? units : sms);
   cfg.block[0] = mxw::kThreads;
   cfg.smem = unsigned(mxw::smem_bytes(bn, fold, v.get_int("pipe", 0) >= 2));
-  return launch1(f, cfg, stream, p);
+  if (!split_variant) return launch1(f, cfg, stream, static_cast<const mxw::Params&>(p));
+  p.ws = splits > 1 ? static_cast<float*>(workspace) : nullptr;
+  p.splits = splits;
+  FLY_TRY(launch1(f, cfg, stream, p));
+  if (splits == 1) return FLY_SUCCESS;
+  // the partials summed in split order, + bias, rounded to c (stream-ordered after the GEMM)
+  CUfunction fr = nullptr;
+  FLY_TRY(get_function(dc, v, "mxfp_splitk_reduce", &fr));
+  mxw::SplitReduceParams r{};
+  r.ws = p.ws;
+  r.bias = p.bias;
+  r.c = p.c;
+  r.ldc = p.ldc;
+  r.M = p.M;
+  r.N = p.N;
+  r.splits = splits;
+  r.out_bf16 = p.out_bf16;
+  const int64_t pairs = M * ((N + 1) / 2), per = mxw::kReduceThreads;
+  int64_t rgrid = (pairs + per - 1) / per;
+  if (rgrid > sms * 8) rgrid = sms * 8;
+  LaunchConfig rc;
+  rc.grid[0] = unsigned(rgrid);
+  rc.block[0] = unsigned(per);
+  return launch1(fr, rc, stream, r);
 }
 
 }  // namespace
@@ -155,6 +196,35 @@ extern "C" FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, c
   return launch1(rk.f, cfg, stream, p);
 }
 
+extern "C" FLY_API fly_status fly_scaled_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
+                                                              const fly_tensor* c, size_t* bytes) {
+  using namespace fly;
+  clear_error();
+  if (!bytes) return fail(FLY_ERROR_INVALID_ARGUMENT, "bytes: NULL");
+  *bytes = 0;
+  FLY_TRY(check_tensor(a, "a", 2));
+  FLY_TRY(check_tensor(b, "b", 2));
+  FLY_TRY(check_tensor(c, "c", 2));
+  if (a->dtype != FLY_F8_E4M3 && a->dtype != FLY_F4_E2M1X2)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: dtype %s, expected e4m3 or e2m1x2", dtype_name(a->dtype));
+  if (b->dtype != a->dtype)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(a->dtype));
+  const bool fp4 = a->dtype == FLY_F4_E2M1X2;
+  if (b->sizes[1] != a->sizes[1])
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: %" PRId64 " columns (K%s) do not match a's %" PRId64, b->sizes[1],
+                fp4 ? "/2, packed" : "", a->sizes[1]);
+  const int64_t M = a->sizes[0], N = b->sizes[0], K = fp4 ? a->sizes[1] * 2 : a->sizes[1];
+  if (c->sizes[0] != M || c->sizes[1] != N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
+                c->sizes[0], c->sizes[1], M, N);
+  if (M == 0 || N == 0 || K == 0 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) return FLY_SUCCESS;
+  int64_t need = 0;  // the largest split launch any bundled split variant makes for this shape
+  for (const Variant* v : variants_of("mxfp"))
+    need = std::max(need, mxw::split_ws_bytes(split_of_launch(*v, M, N, K, kSplitMaxSms), M, N));
+  *bytes = size_t(need);
+  return FLY_SUCCESS;
+}
+
 extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_tensor* scale_a, const fly_tensor* b,
                                                const fly_tensor* scale_b, const fly_tensor* bias, const fly_tensor* c,
                                                void* workspace, size_t workspace_bytes, void* stream) {
@@ -193,6 +263,7 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   if (bias) FLY_TRY(check_vector(bias, "bias", N, c->dtype));
   if (workspace_bytes > 0 && !workspace)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with %zu bytes", workspace_bytes);
+  if (workspace && workspace_bytes > 0) FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
   if (M == 0 || N == 0) return FLY_SUCCESS;
   if (K == 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported by the MX kernels");
@@ -207,7 +278,6 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
     return fail(FLY_ERROR_MISALIGNED, "b: data pointer %p is not 16-byte aligned", b->data);
   if ((M + 63) / 64 > 65535)
     return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the kernel's grid limit", M);
-  (void)workspace;
 
   ScopedContext guard;
   const DeviceCtx* dc = nullptr;
@@ -218,6 +288,7 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   FLY_TRY(check_device_pointer(*scale_b, "scale_b"));
   FLY_TRY(check_device_pointer(*c, "c"));
   if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
+  if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
 
   DispatchRequest req = make_request("mxfp", "scaled_gemm", fp4 ? "mxfp4" : "mxfp8", "nt",
                                      {{"N", N}, {"K", K}, {"M", M}});
@@ -225,7 +296,8 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   const Variant* chosen = nullptr;
   FLY_TRY(choose_variant(*dc, req, &chosen));
   if (chosen->name.rfind("mxfp_wgmma", 0) == 0)
-    return launch_wgmma(*dc, *chosen, *a, *scale_a, *b, *scale_b, bias, *c, fp4, M, N, K, lda, ldb, stream);
+    return launch_wgmma(*dc, *chosen, *a, *scale_a, *b, *scale_b, bias, *c, fp4, M, N, K, lda, ldb, workspace,
+                        workspace_bytes, stream);
   ResolvedKernel rk;
   FLY_TRY(resolve_kernel(*dc, req, "mxfp_gemm", &rk));
   MxGemmParams p{};

@@ -235,3 +235,44 @@ TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake
   }
   if (!seen) WARN("no mxfp_wgmma variant in this build");
 }
+
+// Split-K variants (FLY_ALL_VARIANTS builds): the workspace query's formula, the split launch
+// (GEMM with splits and ws, then mxfp_splitk_reduce) and the NULL / too-small workspace fallback.
+TEST_CASE("scaled_gemm: split-K variants' workspace, launches and fallback", "[fake][mx][splitk]") {
+  const char* name = "mxfp_wgmma_n128_f0_p2_s4";
+  if (!fly::find_variant(name)) { WARN("no split-K variant in this build"); return; }
+  void* s = fake_cuda_stream_create(0);
+  MxOperands o(32, 4096, 4096, false, FLY_BF16);
+  size_t need = 0;
+  REQUIRE(fly_scaled_gemm_workspace_size(&o.a, &o.b, &o.c, &need) == FLY_SUCCESS);
+  CHECK(need >= size_t(4) * 32 * 4096 * 4);  // s4 at BN 128: 32 tiles, S = 4
+  CHECK(fly_scaled_gemm_workspace_size(&o.a, &o.b, &o.c, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  void* ws = fake_cuda_malloc(need);
+  REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+  fake_cuda_clear_records();
+  const fly_status st = fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, &o.bias, &o.c, ws, need, s);
+  INFO(fly_get_last_error() << " " << fake_cuda_last_refusal());
+  CHECK(st == FLY_SUCCESS);
+  REQUIRE(fake_cuda_launch_count() == 2);
+  const fake_cuda_launch* G = fake_cuda_get_launch(0);
+  CHECK(std::string(G->kernel) == "mxfp_wgmma");
+  CHECK(G->grid[0] == 128u);
+  const auto p = mx_params_of<fly::mxw::SplitParams>(G);
+  CHECK(p.splits == 4);
+  CHECK(static_cast<void*>(p.ws) == ws);
+  const fake_cuda_launch* R = fake_cuda_get_launch(1);
+  CHECK(std::string(R->kernel) == "mxfp_splitk_reduce");
+  const auto r = mx_params_of<fly::mxw::SplitReduceParams>(R);
+  CHECK(r.splits == 4);
+  CHECK(r.c == o.cd);
+  CHECK(r.bias == o.biasd);
+  // NULL and too small a workspace: one unsplit launch
+  for (size_t bytes : {size_t(0), need / 2}) {
+    fake_cuda_clear_records();
+    CHECK(fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, nullptr, &o.c, bytes ? ws : nullptr, bytes, s) == FLY_SUCCESS);
+    REQUIRE(fake_cuda_launch_count() == 1);
+    CHECK(mx_params_of<fly::mxw::SplitParams>(mx_last_launch()).splits == 1);
+    CHECK(mx_last_launch()->grid[0] == 32u);
+  }
+  fly_force_variant(nullptr);
+}
