@@ -8,14 +8,15 @@
 #   bash bench/probes/attention_bwd_wide_device.sh [stages]
 # stages: any of test,bench,memcheck,racecheck (default: all). Worst case (every timeout hit)
 # about 300 s: build 100, GPU tests 60, bench 60, memcheck 35, racecheck 30, configure + ptxas
-# ~15. Results under $OUT (at most 8 files: summary.log, gpu_tests.log, memcheck.log, racecheck.log, torch.log, the bench json and
-# png, logs.tar.gz with the configure / build logs).
+# ~15. Results under $OUT (at most 8 files: summary.log, gpu_tests.log, memcheck.log,
+# racecheck.log, torch.log, the bench json and png, logs.tar.gz with the configure / build logs).
 set -uo pipefail
 stages=${1:-test,bench,memcheck,racecheck}
 out=${OUT:-/tmp/attn_bwd_wide_out}; mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 has() { [[ ",$stages," == *",$1,"* ]]; }
 exec > >(tee "$out/summary.log") 2>&1
+trap 'sleep 1' EXIT  # let tee write the last lines before $OUT is collected
 t0=$(date +%s)
 el() { echo "$(( $(date +%s) - t0 )) s"; }
 bd=bww
