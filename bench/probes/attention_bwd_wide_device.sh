@@ -7,7 +7,7 @@
 # compute-sanitizer memcheck and racecheck over the bounded wide cases. Run from the repo root:
 #   bash bench/probes/attention_bwd_wide_device.sh [stages]
 # stages: any of test,bench,memcheck,racecheck (default: all). Worst case (every timeout hit)
-# about 300 s: build 100, GPU tests 60, bench 60, memcheck 35, racecheck 30, configure + ptxas
+# about 300 s: build 100, GPU tests 60, bench 55, memcheck 30, racecheck 40, configure + ptxas
 # ~15. Results under $OUT (at most 8 files: summary.log, gpu_tests.log, memcheck.log,
 # racecheck.log, torch.log, the bench json and png, logs.tar.gz with the configure / build logs).
 set -uo pipefail
@@ -45,18 +45,18 @@ fi
 if has bench; then
   # flybench attention --bwd (its own FP64 spot check of dQ) and SDPA's backends in one run: at
   # D 512 only the memory-efficient backward runs (38 TFLOP/s; target >= 6x).
-  PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-60} python3 bench/attention_torch.py --bwd --flybench $bd/flybench \
+  PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-55} python3 bench/attention_torch.py --bwd --flybench $bd/flybench \
     --suite bench/probes/attention_d512.json --no-decode --reps 10 \
     --png "$out/attention_bwd_d512.png" --json "$out/attention_bwd_d512.json" > "$out/torch.log" 2>&1
   echo "bench rc=$? ($(el))"; cut -c1-170 "$out/torch.log" | tail -22
 fi
 if has memcheck; then
-  timeout ${MEMCHECK_TIMEOUT:-35} compute-sanitizer --tool memcheck --error-exitcode 9 $bd/test/fly_gpu_tests \
+  timeout ${MEMCHECK_TIMEOUT:-30} compute-sanitizer --tool memcheck --error-exitcode 9 $bd/test/fly_gpu_tests \
     "[attention_bwd_wide_small],attention_bwd wide: head dims*" > "$out/memcheck.log" 2>&1
   echo "memcheck rc=$? ($(el))"; grep -E "ERROR SUMMARY|passed|failed|Invalid" "$out/memcheck.log" | head -8
 fi
 if has racecheck; then
-  timeout ${RACECHECK_TIMEOUT:-30} compute-sanitizer --tool racecheck --error-exitcode 9 $bd/test/fly_gpu_tests \
+  timeout ${RACECHECK_TIMEOUT:-40} compute-sanitizer --tool racecheck --error-exitcode 9 $bd/test/fly_gpu_tests \
     "[attention_bwd_wide_small]" > "$out/racecheck.log" 2>&1
   echo "racecheck rc=$? ($(el))"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed|hazard" "$out/racecheck.log" | head -8
 fi
