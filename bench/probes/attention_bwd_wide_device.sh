@@ -46,7 +46,7 @@ if has bench; then
   # flybench attention --bwd (its own FP64 spot check of dQ) and SDPA's backends in one run: at
   # D 512 only the memory-efficient backward runs (38 TFLOP/s; target >= 6x).
   PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-55} python3 bench/attention_torch.py --bwd --flybench $bd/flybench \
-    --suite bench/probes/attention_d512.json --no-decode --reps 10 \
+    --suite bench/probes/attention_d512.json --no-decode --dtype bf16 --reps 10 \
     --png "$out/attention_bwd_d512.png" --json "$out/attention_bwd_d512.json" > "$out/torch.log" 2>&1
   echo "bench rc=$? ($(el))"; cut -c1-170 "$out/torch.log" | tail -22
 fi
