@@ -109,7 +109,8 @@ def main():
         groups = [("bwd D 64/128/256 vs cuDNN (target >= 0.9)", [r["ratio"]["cudnn"] for r in long if r["D"] in (64, 128, 256)]),
                   ("bwd all vs cuDNN", [r["ratio"]["cudnn"] for r in long]),
                   ("bwd D 64/128/256 vs flash (target >= 1.6)", [r["ratio"]["flash"] for r in long if r["D"] in (64, 128, 256)]),
-                  ("bwd all vs efficient", [r["ratio"]["efficient"] for r in long])]
+                  ("bwd all vs efficient", [r["ratio"]["efficient"] for r in long]),
+                  ("bwd D 512 vs efficient (target >= 6)", [r["ratio"]["efficient"] for r in long if r["D"] == 512])]
     else:
         groups = [("D 64/128/256 vs cuDNN (target >= 1.0)", [r["ratio"]["cudnn"] for r in long if r["D"] in (64, 128, 256)]),
               ("all prefill vs cuDNN", [r["ratio"]["cudnn"] for r in long]),

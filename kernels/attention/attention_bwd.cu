@@ -35,13 +35,26 @@ constexpr bool kBF16 = FLY_DTYPE_IS_BF16 != 0;
 constexpr int HD = FLY_HD;
 constexpr int KN = FLY_KN, QM = FLY_QM, MQ = FLY_MQ, NQ = FLY_NQ;
 constexpr int ST = 2;
+#if FLY_HD <= 256
 constexpr int DS = bwd_dsplit(HD);
 constexpr int PW = HD / DS;         // dK/dV columns per warpgroup
 constexpr int KG = KN / 64;         // key groups of the dK/dV kernel
 constexpr int NWG_KV = KG * DS;     // its consumer warpgroups
 constexpr int NWG_Q = MQ / 64;      // consumer warpgroups of the dQ kernel
+#else
+// Wide-head schedule (hd 512; attention_bwd_params.h, docs/attention.md "Backward, D 257..512").
+// dK/dV: a CTA owns KN = 64 keys and one of kSlices column slices (256 columns); its 2 consumer
+// warpgroups each own PW = 128 dK/dV columns and compute the S^T / dP^T partials over their half of
+// D (HalfS), exchanged through shared memory. dQ: 64 query rows, warpgroup w owns dQ columns
+// [256 w, 256 w + 256) and the partial S / dP over the same half of D (HalfQ).
+constexpr int kSlices = kBwdWideSlices;
+constexpr int PW = HD / kSlices / 2;  // dK/dV columns per consumer warpgroup
+constexpr int NWG_KV = 2;
+constexpr int NWG_Q = 2;
+#endif
 using Elem = typename std::conditional<kBF16, __nv_bfloat16, __half>::type;
 constexpr float kLog2e = 1.4426950408889634f;
+#if FLY_HD <= 256
 
 // Fragment shapes reused from the forward: MathS contracts HD against QM columns; MathD is an
 // RS product of PW output columns over QM rows of k; QCfg is the dQ kernel's tile.
@@ -67,6 +80,33 @@ constexpr int kQBars = kQRing + ST * 2 * kQKVBytes;
 constexpr int kQSmem = kQBars + 256 + 1024;
 static_assert(kQSmem == bwd_dq_smem_bytes(HD, MQ, NQ, ST), "host and device smem sizes (dQ)");
 static_assert(kQSmem <= 232448, "dQ shared memory over 227 KiB");
+#else
+using HalfS = AttnConfig<256, 1, QM, 1, kBF16>;  // S^T / dP^T partial: 64 keys x QM queries over 256 of D
+using MathD = AttnConfig<PW, 1, QM, 1, kBF16>;   // dV, dK += (64 x QM) x (QM x PW)
+using HalfQ = AttnConfig<256, 1, NQ, 1, kBF16>;  // dQ: S / dP partial over 256 of D, dQ += (64 x NQ) x (NQ x 256)
+static_assert(HD == kBwdWideHeadDim && KN == 64 && MQ == 64, "wide backward: hd 512, kn 64, mq 64");
+static_assert(QM % 16 == 0 && QM <= 32 && NQ % 16 == 0 && NQ <= 32, "wide backward: qm, nq 16 or 32");
+static_assert(PW == 128 && 2 * PW * kSlices == HD, "two warpgroups of 128 columns per slice");
+
+constexpr int kKBytes = KN * HD * 2;    // resident K (and V)
+constexpr int kQTBytes = QM * HD * 2;   // the Q (and dO) slot
+constexpr int kWQ = 2 * kKBytes;        // Q slot
+constexpr int kWDO = kWQ + kQTBytes;    // dO slot
+constexpr int kWX = kWDO + kQTBytes;    // exchange: [warpgroup][S^T, dP^T][QM / 2 regs][128 threads]
+constexpr int kKvBars = kWX + bwd_wide_xchg_bytes(QM);
+constexpr int kKvSmem = kKvBars + 256 + 1024;
+static_assert(kKvSmem == bwd_dkdv_smem_bytes(HD, KN, QM, ST), "host and device smem sizes (dK/dV)");
+static_assert(kKvSmem <= 232448, "dK/dV shared memory over 227 KiB");
+constexpr int kQBytesQ = MQ * HD * 2;   // resident Q (and dO) of the dQ kernel
+constexpr int kQKVBytes = NQ * HD * 2;  // the K (and V) slot
+constexpr int kQK = 2 * kQBytesQ;
+constexpr int kQV = kQK + kQKVBytes;
+constexpr int kQX = kQV + kQKVBytes;
+constexpr int kQBars = kQX + bwd_wide_xchg_bytes(NQ);
+constexpr int kQSmem = kQBars + 256 + 1024;
+static_assert(kQSmem == bwd_dq_smem_bytes(HD, MQ, NQ, ST), "host and device smem sizes (dQ)");
+static_assert(kQSmem <= 232448, "dQ shared memory over 227 KiB");
+#endif
 
 __device__ __forceinline__ uint8_t* align_smem(uint8_t* raw) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
@@ -99,18 +139,25 @@ __device__ __forceinline__ void store_block(Elem* base, int64_t row_stride, int 
   }
 }
 
+// Query blocks a key block meets: causal skips the blocks whose queries all precede its first key.
+__device__ __forceinline__ void kv_query_range(const AttnBwdParams& p, int n0, int& mb_begin, int& mb_end) {
+  mb_end = (p.Sq + QM - 1) / QM;
+  mb_begin = p.causal ? min(mb_end, n0 / QM) : 0;
+}
+
+__device__ __forceinline__ int dq_key_tiles(const AttnBwdParams& p, int m0) {
+  const int last = min(m0 + MQ, p.Sq) - 1;
+  const int kv_end = p.causal ? min(p.Sk, last + 1) : p.Sk;
+  return (kv_end + NQ - 1) / NQ;
+}
+
+#if FLY_HD <= 256
 // ---- dK / dV ----------------------------------------------------------------------------------
 struct KvRing {
   uint64_t* kv_full;
   uint64_t* full;   // [ST]: Q, dO, LSE2, Delta of a stage
   uint64_t* empty;  // [ST]: every consumer warp arrives once done with the stage
 };
-
-// Query blocks a key block meets: causal skips the blocks whose queries all precede its first key.
-__device__ __forceinline__ void kv_query_range(const AttnBwdParams& p, int n0, int& mb_begin, int& mb_end) {
-  mb_end = (p.Sq + QM - 1) / QM;
-  mb_begin = p.causal ? min(mb_end, n0 / QM) : 0;
-}
 
 __device__ __forceinline__ void dkdv_producer(const AttnBwdParams& p, uint8_t* smem, const KvRing& r, int n0, int kvh,
                                               int b) {
@@ -220,12 +267,6 @@ struct QRing {
   uint64_t* empty;   // [ST]
 };
 
-__device__ __forceinline__ int dq_key_tiles(const AttnBwdParams& p, int m0) {
-  const int last = min(m0 + MQ, p.Sq) - 1;
-  const int kv_end = p.causal ? min(p.Sk, last + 1) : p.Sk;
-  return (kv_end + NQ - 1) / NQ;
-}
-
 __device__ __forceinline__ void dq_producer(const AttnBwdParams& p, uint8_t* smem, const QRing& r, int m0, int h,
                                             int b) {
   const int kvh = h / p.group;
@@ -300,6 +341,239 @@ __device__ __forceinline__ void dq_consumer(const AttnBwdParams& p, uint8_t* sme
   store_block<HD>(gdq, p.dq_s[2], row0, p.Sq, 0, p.D, dq, p.scale);
 }
 
+#else
+// ---- wide-head schedule (hd 512) --------------------------------------------------------------
+// Both consumer warpgroups of a CTA hold the same fragment positions (same 64 rows, same columns):
+// each adds the other's partial of two products, written at [register][thread] (conflict-free).
+// a + b == b + a bit for bit, so both end with identical S / dP values.
+template <int N>
+__device__ __forceinline__ void exchange_pair(float (&a)[N], float (&b)[N], float* xbuf, int w) {
+  const int tid = threadIdx.x % 128;
+  float* mine = xbuf + w * (2 * N * 128);
+  const float* other = xbuf + (1 - w) * (2 * N * 128);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    mine[i * 128 + tid] = a[i];
+    mine[(N + i) * 128 + tid] = b[i];
+  }
+  named_bar_sync(1, 256);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    a[i] += other[i * 128 + tid];
+    b[i] += other[(N + i) * 128 + tid];
+  }
+  named_bar_sync(2, 256);  // both have read: the next tile may overwrite the buffers
+}
+
+// A [rows][HD] tile as load_tile lays it out, the chunk loop kept rolled: the wide producers run
+// under setmaxnreg 24, where the unrolled 8-chunk form spills.
+__device__ __forceinline__ void load_tile_rolled(uint8_t* dst, const CUtensorMap* map, uint64_t* bar, int rows,
+                                                 int row0, int head, int batch) {
+#pragma unroll 1
+  for (int c = 0; c < HD / 64; ++c) tma_load_4d(dst + c * rows * 128, map, bar, c * 64, row0, head, batch);
+}
+
+// dK/dV: K and V resident (kv_full), one Q slot and one dO slot with their own full / empty
+// barriers. The consumers release dO after dV's product and Q after dK's, so the producer loads
+// dO of the next tile first (under dK += dS^T Q), then Q.
+struct KvWideRing {
+  uint64_t* kv_full;
+  uint64_t* q_full;
+  uint64_t* q_empty;  // every consumer warp arrives once its dK product has landed
+  uint64_t* do_full;
+  uint64_t* do_empty;  // ... once its dV product has landed
+};
+
+__device__ __forceinline__ void dkdv_producer_wide(const AttnBwdParams& p, uint8_t* smem, const KvWideRing& r, int n0,
+                                                   int kvh, int b) {
+  sm90::tma_prefetch_desc(&p.tm_q_kv);
+  sm90::tma_prefetch_desc(&p.tm_do_kv);
+  sm90::mbar_arrive_expect_tx(r.kv_full, 2 * kKBytes);
+  load_tile_rolled(smem, &p.tm_k_kv, r.kv_full, KN, n0, kvh, b);
+  load_tile_rolled(smem + kKBytes, &p.tm_v_kv, r.kv_full, KN, n0, kvh, b);
+  int mb_begin, mb_end;
+  kv_query_range(p, n0, mb_begin, mb_end);
+  int it = 0;
+  for (int g = 0; g < p.group; ++g) {
+    const int h = kvh * p.group + g;
+    for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
+      const uint32_t phase = it & 1;
+      sm90::mbar_wait(r.do_empty, phase ^ 1);
+      sm90::mbar_arrive_expect_tx(r.do_full, kQTBytes);
+      load_tile_rolled(smem + kWDO, &p.tm_do_kv, r.do_full, QM, mb * QM, h, b);
+      sm90::mbar_wait(r.q_empty, phase ^ 1);
+      sm90::mbar_arrive_expect_tx(r.q_full, kQTBytes);
+      load_tile_rolled(smem + kWQ, &p.tm_q_kv, r.q_full, QM, mb * QM, h, b);
+    }
+  }
+}
+
+// Consumer warpgroup w (0, 1) of column slice cs: dK/dV columns [256 cs + 128 w, + 128) of the
+// CTA's 64 keys; S^T and dP^T partials over D chunks 4 w .. 4 w + 3, exchanged with the other.
+__device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8_t* smem, const KvWideRing& r, int n0,
+                                                   int cs, int kvh, int b, int w) {
+  const uint32_t base = sm90::smem_u32(smem);
+  const uint32_t sk = base + w * 4 * KN * 128;  // this warpgroup's half of D of K (and V)
+  const uint32_t sv = base + kKBytes + w * 4 * KN * 128;
+  const uint32_t sq = base + kWQ, sdo = base + kWDO;
+  const uint32_t half = w * 4 * QM * 128;              // the same half of the Q / dO slot
+  const uint32_t own = (cs * 4 + w * 2) * QM * 128;    // the 2 chunks of this warpgroup's output columns
+  float* xbuf = reinterpret_cast<float*>(smem + kWX);
+  const int tid = threadIdx.x % 128, lane = tid % 32;
+  int key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) key[i] = n0 + (tid / 32) * 16 + lane / 4 + 8 * i;
+
+  float dk[PW / 2], dv[PW / 2];
+  zero(dk);
+  zero(dv);
+  int mb_begin, mb_end;
+  kv_query_range(p, n0, mb_begin, mb_end);
+  const int per_head = mb_end - mb_begin;
+  const int iters = per_head * p.group;
+  sm90::mbar_wait(r.kv_full, 0);
+  for (int it = 0; it < iters; ++it) {
+    const uint32_t phase = it & 1;
+    const int m0 = (mb_begin + it % per_head) * QM;
+    const int64_t rb = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
+    const float2* lg = reinterpret_cast<const float2*>(p.ws_lse2 + rb) + lane % 4;
+    const float2* dg = reinterpret_cast<const float2*>(p.ws_delta + rb) + lane % 4;
+    float s[QM / 2], dp[QM / 2];
+    sm90::mbar_wait(r.do_full, phase);
+    mma_qk<HalfS>(dp, sv, KN, sdo + half);
+    sm90::mbar_wait(r.q_full, phase);
+    mma_qk<HalfS>(s, sk, KN, sq + half);
+    sm90::wgmma_wait<0>();
+    fence_regs(s);
+    fence_regs(dp);
+    exchange_pair<QM / 2>(s, dp, xbuf, w);
+    float2 l2s[QM / 8], dls[QM / 8];  // read after the exchange: fewer registers live across it
+#pragma unroll
+    for (int j = 0; j < QM / 8; ++j) {
+      l2s[j] = __ldg(lg + 4 * j);
+      dls[j] = __ldg(dg + 4 * j);
+    }
+    const bool mask = p.causal && m0 < n0 + 63;
+#pragma unroll
+    for (int j = 0; j < QM / 8; ++j) {
+      const int c = 8 * j + 2 * (lane % 4);
+      const float2 l2 = l2s[j], dl = dls[j];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lse2 = (e & 1) ? l2.y : l2.x;
+        const float delta = (e & 1) ? dl.y : dl.x;
+        float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2));
+        if (mask && key[e >> 1] > m0 + c + (e & 1)) pr = 0.f;
+        s[4 * j + e] = pr;
+        dp[4 * j + e] = pr * (dp[4 * j + e] - delta);
+      }
+    }
+    uint32_t pf[QM / 16][4], df[QM / 16][4];
+    pack_p<HalfS>(s, pf);
+    pack_p<HalfS>(dp, df);
+    mma_pv<MathD>(dv, pf, sdo + own);
+    mma_pv<MathD>(dk, df, sq + own);
+    sm90::wgmma_wait<1>();  // dV's product has landed: the dO slot is free
+    fence_regs(dv);
+    if (lane == 0) sm90::mbar_arrive(r.do_empty);
+    sm90::wgmma_wait<0>();
+    fence_regs(dk);
+    if (lane == 0) sm90::mbar_arrive(r.q_empty);
+  }
+  const int col0 = cs * (HD / kSlices) + w * PW;
+  Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
+  Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
+  store_block<PW>(gdk, p.dk_s[2], n0, p.Sk, col0, p.D, dk, p.scale);
+  store_block<PW>(gdv, p.dv_s[2], n0, p.Sk, col0, p.D, dv, 1.f);
+}
+
+// dQ: Q and dO resident (q_full), one K slot and one V slot. V is released as soon as the dP
+// partials have landed, K after dQ += dS K; the producer loads V of the next tile first.
+struct QWideRing {
+  uint64_t* q_full;
+  uint64_t* k_full;
+  uint64_t* k_empty;
+  uint64_t* v_full;
+  uint64_t* v_empty;
+};
+
+__device__ __forceinline__ void dq_producer_wide(const AttnBwdParams& p, uint8_t* smem, const QWideRing& r, int m0,
+                                                 int h, int b) {
+  const int kvh = h / p.group;
+  sm90::tma_prefetch_desc(&p.tm_k_dq);
+  sm90::tma_prefetch_desc(&p.tm_v_dq);
+  sm90::mbar_arrive_expect_tx(r.q_full, 2 * kQBytesQ);
+  load_tile_rolled(smem, &p.tm_q_dq, r.q_full, MQ, m0, h, b);
+  load_tile_rolled(smem + kQBytesQ, &p.tm_do_dq, r.q_full, MQ, m0, h, b);
+  const int n_tiles = dq_key_tiles(p, m0);
+  for (int n = 0; n < n_tiles; ++n) {
+    const uint32_t phase = n & 1;
+    sm90::mbar_wait(r.v_empty, phase ^ 1);
+    sm90::mbar_arrive_expect_tx(r.v_full, kQKVBytes);
+    load_tile_rolled(smem + kQV, &p.tm_v_dq, r.v_full, NQ, n * NQ, kvh, b);
+    sm90::mbar_wait(r.k_empty, phase ^ 1);
+    sm90::mbar_arrive_expect_tx(r.k_full, kQKVBytes);
+    load_tile_rolled(smem + kQK, &p.tm_k_dq, r.k_full, NQ, n * NQ, kvh, b);
+  }
+}
+
+// Consumer warpgroup w (0, 1): dQ columns [256 w, 256 w + 256) of the CTA's 64 query rows; S and
+// dP partials over the same half of D, exchanged with the other warpgroup.
+__device__ __forceinline__ void dq_consumer_wide(const AttnBwdParams& p, uint8_t* smem, const QWideRing& r, int m0,
+                                                 int h, int b, int w) {
+  const uint32_t base = sm90::smem_u32(smem);
+  const uint32_t sq = base + w * 4 * MQ * 128;  // this warpgroup's half of D of Q (and dO)
+  const uint32_t sdo = base + kQBytesQ + w * 4 * MQ * 128;
+  const uint32_t sk = base + kQK + w * 4 * NQ * 128;  // ... of the K and V slots
+  const uint32_t sv = base + kQV + w * 4 * NQ * 128;
+  float* xbuf = reinterpret_cast<float*>(smem + kQX);
+  const int tid = threadIdx.x % 128, lane = tid % 32;
+  int pos[2];
+  float lse2[2], delta[2];
+  const int64_t row_base = (int64_t(b) * p.Hq + h) * p.sq_pad;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    pos[i] = m0 + (tid / 32) * 16 + lane / 4 + 8 * i;  // < sq_pad: the workspace is padded
+    lse2[i] = p.ws_lse2[row_base + pos[i]];
+    delta[i] = p.ws_delta[row_base + pos[i]];
+  }
+  float dq[128];
+  zero(dq);
+  const int n_tiles = dq_key_tiles(p, m0);
+  sm90::mbar_wait(r.q_full, 0);
+  for (int n = 0; n < n_tiles; ++n) {
+    const uint32_t phase = n & 1;
+    const int n0 = n * NQ;
+    float s[NQ / 2], dp[NQ / 2];
+    sm90::mbar_wait(r.v_full, phase);
+    mma_qk<HalfQ>(dp, sdo, MQ, sv);
+    sm90::mbar_wait(r.k_full, phase);
+    mma_qk<HalfQ>(s, sq, MQ, sk);
+    sm90::wgmma_wait<0>();
+    fence_regs(s);
+    fence_regs(dp);
+    if (lane == 0) sm90::mbar_arrive(r.v_empty);
+    exchange_pair<NQ / 2>(s, dp, xbuf, w);
+    if (n0 + NQ > p.Sk || (p.causal && n0 + NQ - 1 > m0)) mask_tile<NQ>(s, n0, p.Sk, p.causal, pos);
+#pragma unroll
+    for (int j = 0; j < NQ / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2[e >> 1]));
+        dp[4 * j + e] = pr * (dp[4 * j + e] - delta[e >> 1]);
+      }
+    uint32_t df[NQ / 16][4];
+    pack_p<HalfQ>(dp, df);
+    mma_pv<HalfQ>(dq, df, sk);  // this warpgroup's 256 columns of K as the MN-major B operand
+    sm90::wgmma_wait<0>();
+    fence_regs(dq);
+    if (lane == 0) sm90::mbar_arrive(r.k_empty);
+  }
+  Elem* gdq = static_cast<Elem*>(p.dq) + b * p.dq_s[0] + h * p.dq_s[1];
+  store_block<256>(gdq, p.dq_s[2], m0, p.Sq, w * 256, p.D, dq, p.scale);
+}
+#endif  // FLY_HD <= 256
+
 }  // namespace
 }  // namespace fly::attn
 
@@ -331,6 +605,7 @@ extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_pre(const __grid_
   }
 }
 
+#if FLY_HD <= 256
 // blockIdx.x: key block, y: kv head, z: batch.
 extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
     fly_attn_bwd_dkdv(const __grid_constant__ AttnBwdParams p) {
@@ -386,3 +661,60 @@ extern "C" __global__ void __launch_bounds__(128 * (NWG_Q + 1), 1) fly_attn_bwd_
     dq_consumer(p, smem, r, m0, h, b, wg - 1);
   }
 }
+#else
+// Wide (hd 512). blockIdx.x: key block * kSlices + column slice, y: kv head, z: batch.
+extern "C" __global__ void __launch_bounds__(384, 1) fly_attn_bwd_dkdv(const __grid_constant__ AttnBwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = align_smem(smem_raw);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kKvBars);
+  const KvWideRing r{bars, bars + 1, bars + 2, bars + 3, bars + 4};
+  if (threadIdx.x == 0) {
+    fly::sm90::mbar_init(r.kv_full, 1);
+    fly::sm90::mbar_init(r.q_full, 1);
+    fly::sm90::mbar_init(r.do_full, 1);
+    fly::sm90::mbar_init(r.q_empty, 4 * NWG_KV);
+    fly::sm90::mbar_init(r.do_empty, 4 * NWG_KV);
+    fly::sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  const int n0 = int(blockIdx.x) / kSlices * KN, cs = int(blockIdx.x) % kSlices;
+  const int kvh = int(blockIdx.y), b = int(blockIdx.z);
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    fly::sm90::setmaxnreg_dec<24>();
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) dkdv_producer_wide(p, smem, r, n0, kvh, b);
+  } else {
+    fly::sm90::setmaxnreg_inc<240>();
+    dkdv_consumer_wide(p, smem, r, n0, cs, kvh, b, wg - 1);
+  }
+}
+
+// Wide (hd 512). blockIdx.x: query block (causal: the longest, last blocks first), y: query head,
+// z: batch.
+extern "C" __global__ void __launch_bounds__(384, 1) fly_attn_bwd_dq(const __grid_constant__ AttnBwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = align_smem(smem_raw);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kQBars);
+  const QWideRing r{bars, bars + 1, bars + 2, bars + 3, bars + 4};
+  if (threadIdx.x == 0) {
+    fly::sm90::mbar_init(r.q_full, 1);
+    fly::sm90::mbar_init(r.k_full, 1);
+    fly::sm90::mbar_init(r.v_full, 1);
+    fly::sm90::mbar_init(r.k_empty, 4 * NWG_Q);
+    fly::sm90::mbar_init(r.v_empty, 4 * NWG_Q);
+    fly::sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  int mb = int(blockIdx.x);
+  if (p.causal) mb = int(gridDim.x) - 1 - mb;
+  const int m0 = mb * MQ, h = int(blockIdx.y), b = int(blockIdx.z);
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    fly::sm90::setmaxnreg_dec<24>();
+    if (threadIdx.x < 32 && fly::sm90::elect_one()) dq_producer_wide(p, smem, r, m0, h, b);
+  } else {
+    fly::sm90::setmaxnreg_inc<240>();
+    dq_consumer_wide(p, smem, r, m0, h, b, wg - 1);
+  }
+}
+#endif  // FLY_HD <= 256

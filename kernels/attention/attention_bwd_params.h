@@ -53,12 +53,35 @@ inline int64_t bwd_ws_bytes(int64_t b, int64_t hq, int64_t sq) { return 2 * bwd_
 // each at 192, 128 each at 256 (splits start on a 64-column swizzle chunk).
 constexpr int bwd_dsplit(int hd) { return hd == 192 ? 3 : hd == 256 ? 2 : 1; }
 
-// Dynamic shared memory of the two main kernels (the kernel checks these by static_assert).
+// Wide-head backward (hd 512, attention_bwd.cu under FLY_HD > 256; docs/attention.md "Backward,
+// D 257..512"): dK + dV of 64 keys x 512 columns in fp32 (256 KiB) exceed the register file, so each
+// key block runs as kBwdWideSlices CTAs, each owning 256 of the output columns (2 consumer
+// warpgroups of 128); both warpgroups of a CTA split the S^T / dP^T contraction over D (256 each)
+// and exchange the fp32 partials through shared memory, as the forward's wide schedule does.
+// The dQ kernel keeps 64 query rows and splits dQ's columns over its 2 warpgroups the same way.
+constexpr int kBwdWideHeadDim = 512;
+constexpr int kBwdWideSlices = 2;  // dK/dV CTAs per key block (column slices of 256)
+constexpr bool bwd_is_wide(int hd) { return hd > 256; }
+// The two warpgroups' exchanged partials: [warpgroup][S, dP][64 x cols] fp32.
+constexpr int bwd_wide_xchg_bytes(int cols) { return 2 * 2 * 64 * cols * 4; }
+
+// Dynamic shared memory of the two main kernels (the kernel checks these by static_assert). Wide:
+// K and V resident, one Q slot and one dO slot (qm rows), the exchange; dQ: Q and dO resident,
+// one K slot and one V slot (nq keys), the exchange.
 constexpr int bwd_dkdv_smem_bytes(int hd, int kn, int qm, int st) {
-  return 2 * kn * hd * 2 + st * 2 * qm * hd * 2 + 256 + 1024;
+  return bwd_is_wide(hd) ? 2 * kn * hd * 2 + 2 * qm * hd * 2 + bwd_wide_xchg_bytes(qm) + 256 + 1024
+                         : 2 * kn * hd * 2 + st * 2 * qm * hd * 2 + 256 + 1024;
 }
-constexpr int bwd_dq_smem_bytes(int hd, int mq, int nq, int st) { return 2 * mq * hd * 2 + st * 2 * nq * hd * 2 + 256 + 1024; }
-constexpr int bwd_dkdv_threads(int hd, int kn) { return 128 * (kn / 64 * bwd_dsplit(hd) + 1); }
+constexpr int bwd_dq_smem_bytes(int hd, int mq, int nq, int st) {
+  return bwd_is_wide(hd) ? 2 * mq * hd * 2 + 2 * nq * hd * 2 + bwd_wide_xchg_bytes(nq) + 256 + 1024
+                         : 2 * mq * hd * 2 + st * 2 * nq * hd * 2 + 256 + 1024;
+}
+constexpr int bwd_dkdv_threads(int hd, int kn) { return bwd_is_wide(hd) ? 384 : 128 * (kn / 64 * bwd_dsplit(hd) + 1); }
 constexpr int bwd_dq_threads(int mq) { return 128 * (mq / 64 + 1); }
+constexpr int bwd_dq_threads(int hd, int mq) { return bwd_is_wide(hd) ? 384 : bwd_dq_threads(mq); }
+// CTAs along x of the dK/dV grid: key blocks of kn, times the column slices when wide.
+inline int64_t bwd_dkdv_grid_x(int hd, int64_t sk, int kn) {
+  return (sk + kn - 1) / kn * (bwd_is_wide(hd) ? kBwdWideSlices : 1);
+}
 
 }  // namespace fly::attn

@@ -18,7 +18,18 @@ namespace {
 
 constexpr const char* kFamily = "attention_bwd";
 constexpr size_t kBwdParamsV1Size = offsetof(fly_attention_bwd_params, workspace_bytes) + sizeof(size_t);
-constexpr int kMaxBwdHeadDim = 256;  // compiled head dims of the backward (D = 512 not yet)
+constexpr int kMaxBwdHeadDim = 256;  // compiled head dims of the default build (64 .. 256)
+
+// The wide (hd 512) backward variants are not defaults (tuning/attention_bwd.json: unmeasured):
+// D 257..512 runs only in builds that bundle one (-DFLY_ALL_VARIANTS=ON [-DFLY_VARIANT_MATCH=hd512]).
+// The bundled one of the dtype with the smallest name (the launcher's fallback), or nullptr.
+const Variant* wide_variant(fly_dtype dt) {
+  const Variant* best = nullptr;
+  for (const Variant* v : variants_of(kFamily))
+    if (v->get("dtype") == dtype_name(dt) && v->get_int("hd") == attn::kBwdWideHeadDim && (!best || v->name < best->name))
+      best = v;
+  return best;
+}
 
 struct BwdCall {
   attn::Shape s{};
@@ -131,9 +142,11 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
   if (D == 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "q: head dim D = 0");
   if (D > attn::kMaxHeadDim)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "q: head dim D = %" PRId64 " exceeds the maximum %d", D, attn::kMaxHeadDim);
-  if (D > kMaxBwdHeadDim)
-    return fail(FLY_ERROR_UNSUPPORTED, "q: head dim D = %" PRId64 " is above the backward's largest compiled head dim (%d)",
-                D, kMaxBwdHeadDim);
+  if (D > kMaxBwdHeadDim && !wide_variant(dt))
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "q: head dim D = %" PRId64 " is above the backward's largest compiled head dim (%d); the hd %d backward "
+                "variants are not in this build (-DFLY_ALL_VARIANTS=ON)",
+                D, kMaxBwdHeadDim, attn::kBwdWideHeadDim);
   out->scale = prm->softmax_scale != 0 ? prm->softmax_scale : 1.0 / std::sqrt(double(D));
   out->hd = attn::padded_head_dim(D);
   const int64_t lim = int64_t(1) << 30;
@@ -159,6 +172,10 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
 // Family defaults (tuning/attention_bwd.json "defaults").
 std::string default_variant(const BwdCall& c) {
   const std::string d = dtype_name(c.dt);
+  if (c.hd == attn::kBwdWideHeadDim) {
+    const Variant* w = wide_variant(c.dt);  // validate() refused the call when none is bundled
+    return w ? w->name : "attention_bwd_" + d + "_hd512_kn64_qm32_mq64_nq32";
+  }
   switch (c.hd) {
     case 64: return "attention_bwd_" + d + "_hd64_kn128_qm64_mq128_nq128";
     case 128: return "attention_bwd_" + d + "_hd128_kn128_qm64_mq128_nq128";
@@ -289,7 +306,7 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
                 std::max(smem_kv, smem_q), dc->max_smem_optin);
   if (log_level() >= LogLevel::kDebug)
     log(LogLevel::kDebug, "attention_bwd %s: dkdv grid %" PRId64 "x%" PRId64 "x%" PRId64 ", dq grid %" PRId64, v->name.c_str(),
-        (s.Sk + kn - 1) / kn, s.Hkv, s.B, (s.Sq + mq - 1) / mq);
+        attn::bwd_dkdv_grid_x(hd, s.Sk, kn), s.Hkv, s.B, (s.Sq + mq - 1) / mq);
 
   LaunchConfig pre;
   pre.grid[0] = unsigned((s.B * s.Hq * p.sq_pad + 7) / 8);
@@ -297,7 +314,7 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   FLY_TRY(launch1(f_pre, pre, stream, p));
   if (s.Sk > 0) {
     LaunchConfig kv;
-    kv.grid[0] = unsigned((s.Sk + kn - 1) / kn);
+    kv.grid[0] = unsigned(attn::bwd_dkdv_grid_x(hd, s.Sk, kn));  // wide: x kBwdWideSlices column slices
     kv.grid[1] = unsigned(s.Hkv);
     kv.grid[2] = unsigned(s.B);
     kv.block[0] = unsigned(attn::bwd_dkdv_threads(hd, kn));
@@ -308,7 +325,7 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   q.grid[0] = unsigned((s.Sq + mq - 1) / mq);
   q.grid[1] = unsigned(s.Hq);
   q.grid[2] = unsigned(s.B);
-  q.block[0] = unsigned(attn::bwd_dq_threads(mq));
+  q.block[0] = unsigned(attn::bwd_dq_threads(hd, mq));
   q.smem = smem_q;
   return launch1(f_dq, q, stream, p);
 }

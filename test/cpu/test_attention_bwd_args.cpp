@@ -64,6 +64,17 @@ bool passes_validation(fly_status s) {
   return s == FLY_ERROR_NO_DEVICE || (s == FLY_ERROR_INVALID_ARGUMENT && mentions("is not device memory"));
 }
 
+// Whether this build bundles a wide (hd 512) backward variant of the dtype (not a default: only
+// -DFLY_ALL_VARIANTS=ON builds have one; D 257..512 is refused as unsupported otherwise).
+bool wide_bwd_bundled(const char* dtype) {
+  const std::string want = std::string("attention_bwd_") + dtype + "_hd512_";
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const char* n = fly_variant_name(i);
+    if (n && std::string(n).rfind(want, 0) == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("attention_bwd: the versioned params struct", "[attention_bwd][args]") {
@@ -149,8 +160,13 @@ TEST_CASE("attention_bwd rejects bad descriptors with a status and a message", "
     CHECK(z.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("D = 0"));
     Call w(1, 2, 2, 16, 16, 320);
-    CHECK(w.run() == FLY_ERROR_UNSUPPORTED);
-    CHECK(mentions("head dim D = 320"));
+    if (wide_bwd_bundled("bf16")) {
+      CHECK(passes_validation(w.run()));
+    } else {
+      CHECK(w.run() == FLY_ERROR_UNSUPPORTED);
+      CHECK(mentions("head dim D = 320"));
+      CHECK(mentions("-DFLY_ALL_VARIANTS=ON"));
+    }
     Call r(1024, 1024, 1024, int64_t(1) << 17, 16, 8);  // 2^37 rows (the descriptors pass: 2^40 elements)
     r.dq.data = reinterpret_cast<void*>(uintptr_t(1) << 44);  // outputs far apart: no overlap
     r.dk.data = reinterpret_cast<void*>(uintptr_t(2) << 44);
@@ -273,4 +289,66 @@ TEST_CASE("flykernels.hpp: attention_bwd_workspace_size answers as the C entry; 
     threw = true;
   }
   CHECK(threw);
+}
+
+// The wide (hd 512) plan: shared memory, threads, grids (attention_bwd_params.h; the kernel
+// static_asserts the same sizes), and D 257..512 through validation and the workspace query.
+TEST_CASE("attention_bwd: the wide (hd 512) plan", "[attention_bwd][args][attention_bwd_wide]") {
+  using namespace fly::attn;
+  CHECK(bwd_is_wide(512));
+  CHECK_FALSE(bwd_is_wide(256));
+  // dK/dV: K + V of 64 keys (128 KiB), one Q and one dO slot of 32 rows (64 KiB), the exchange of
+  // two warpgroups' S^T and dP^T partials (32 KiB), barriers and alignment slack.
+  CHECK(bwd_wide_xchg_bytes(32) == 32768);
+  CHECK(bwd_dkdv_smem_bytes(512, 64, 32, 2) == 131072 + 65536 + 32768 + 1280);
+  CHECK(bwd_dq_smem_bytes(512, 64, 32, 2) == 131072 + 65536 + 32768 + 1280);
+  CHECK(bwd_dkdv_smem_bytes(512, 64, 32, 2) <= 232448);  // the H200's opt-in limit
+  CHECK(bwd_dkdv_smem_bytes(512, 64, 64, 2) > 232448);   // why the Q / dO slots hold 32 rows
+  // The narrower head dims keep their formula (st stages of Q and dO).
+  CHECK(bwd_dkdv_smem_bytes(256, 64, 64, 2) == 2 * 64 * 256 * 2 + 2 * 2 * 64 * 256 * 2 + 1280);
+  CHECK(bwd_dq_smem_bytes(128, 128, 128, 2) == 2 * 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 1280);
+  CHECK(bwd_dkdv_threads(512, 64) == 384);
+  CHECK(bwd_dq_threads(512, 64) == 384);
+  CHECK(bwd_dq_threads(128, 128) == 384);
+  CHECK(bwd_dq_threads(256, 64) == 256);
+  CHECK(bwd_dkdv_threads(256, 64) == 384);
+  // Grid x of the dK/dV kernel: key blocks times the 2 column slices when wide.
+  CHECK(bwd_dkdv_grid_x(512, 4096, 64) == 128);
+  CHECK(bwd_dkdv_grid_x(512, 1, 64) == 2);
+  CHECK(bwd_dkdv_grid_x(512, 65, 64) == 4);
+  CHECK(bwd_dkdv_grid_x(256, 65, 64) == 2);
+  CHECK(bwd_dkdv_grid_x(128, 4096, 128) == 32);
+  CHECK(kBwdWideSlices * 2 * 128 == kBwdWideHeadDim);  // 2 slices x 2 warpgroups x 128 columns
+
+  // D 257..512: the workspace is the same shape-only formula; the call passes validation when a
+  // wide variant is bundled, and is refused as unsupported (naming the head dim) otherwise.
+  // (Shapes below 1 MiB per tensor: the fake pointers are 1 MiB apart. Contiguous rows of D
+  // elements: multiples of 8 for the TMA stride rule.)
+  for (int64_t d : {264, 400, 504, 512}) {
+    for (fly_dtype dt : {FLY_BF16, FLY_F16}) {
+      Call c(1, 4, 2, 100, 300, d, dt);
+      const bool bundled = wide_bwd_bundled(dt == FLY_BF16 ? "bf16" : "fp16");
+      size_t bytes = 1;
+      const fly_status ws = fly_attention_bwd_workspace_size(&c.p, &bytes);
+      if (bundled) {
+        CHECK(ws == FLY_SUCCESS);
+        CHECK(bytes == size_t(bwd_ws_bytes(1, 4, 100)));
+        CHECK(passes_validation(c.run()));
+      } else {
+        CHECK(ws == FLY_ERROR_UNSUPPORTED);
+        CHECK(bytes == 0);
+        CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
+        CHECK(mentions(("head dim D = " + std::to_string(d)).c_str()));
+      }
+    }
+  }
+  // The wide path keeps the other rules: D 300 in contiguous rows (a stride of 300 elements is not a
+  // multiple of 8) is refused naming q's stride when bundled, the head dim otherwise.
+  Call m(1, 2, 2, 16, 16, 300);
+  CHECK(m.run() == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions(wide_bwd_bundled("bf16") ? "q:" : "head dim D = 300"));
+  // 513 stays invalid whatever is bundled.
+  Call x(1, 2, 2, 16, 16, 513);
+  CHECK(x.run() == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("exceeds the maximum"));
 }

@@ -267,7 +267,16 @@ Result run_case(const Case& c) {
   return r;
 }
 
-void check_case(const Case& c) {
+// Whether this build bundles a wide (hd 512) backward variant of dt: they are not defaults (unmeasured
+// when written), so only -DFLY_ALL_VARIANTS=ON builds serve D 257..512.
+bool wide_bundled(fly_dtype dt) {
+  const std::string want = std::string("attention_bwd_") + (dt == FLY_BF16 ? "bf16" : "fp16") + "_hd512_";
+  for (int i = 0; i < fly_variant_count(); ++i)
+    if (std::string(fly_variant_name(i)).rfind(want, 0) == 0) return true;
+  return false;
+}
+
+Result check_case(const Case& c) {
   const Result r = run_case(c);
   INFO(describe(c) << " -> " << fly_status_string(r.status) << " " << r.msg << " variant " << r.variant << " rel dq "
                    << r.rel[0] << " dk " << r.rel[1] << " dv " << r.rel[2]);
@@ -279,6 +288,7 @@ void check_case(const Case& c) {
   CHECK(r.rel[0] < tol);
   CHECK(r.rel[1] < tol);
   CHECK(r.rel[2] < tol);
+  return r;
 }
 
 }  // namespace
@@ -343,7 +353,7 @@ TEST_CASE("attention_bwd: Sk = 0 writes dq = 0; unsupported and missing workspac
     CHECK(r.finite);
     CHECK(r.rel[0] == 0.0);  // the reference dq is 0: any nonzero output is an error
   }
-  {
+  if (!wide_bundled(FLY_BF16)) {  // with a wide variant bundled, D 320 runs ([attention_bwd_wide])
     Case c;
     c.D = 320;
     const Result r = run_case(c);
@@ -388,5 +398,113 @@ TEST_CASE("attention_bwd: small shapes for the sanitizers", "[attention_bwd_smal
     c.causal = d == 64 || d == 192;
     c.dt = d <= 128 ? FLY_F16 : FLY_BF16;
     check_case(c);
+  }
+}
+
+// ---- D 257..512: the wide (hd 512) schedule ----------------------------------------------------
+// Without a bundled wide variant (the default build) every case must be refused as unsupported,
+// naming the head dim; with one, the full comparison against the FP64 reference.
+void check_wide(const Case& c) {
+  if (!wide_bundled(c.dt)) {
+    const Result r = run_case(c);
+    INFO(describe(c) << " -> " << fly_status_string(r.status) << " " << r.msg);
+    CHECK(r.status == FLY_ERROR_UNSUPPORTED);
+    CHECK(r.msg.find("head dim") != std::string::npos);
+    return;
+  }
+  const Result r = check_case(c);
+  CHECK(r.variant.find("_hd512_") != std::string::npos);  // served by the wide schedule
+}
+
+TEST_CASE("attention_bwd wide: head dims 257..512, causal and not", "[attention_bwd_wide][gpu]") {
+  int i = 0;
+  for (int64_t d : {512, 300, 400, 257, 504, 320})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.D = d;
+      c.Sq = 200;
+      c.Sk = 200;
+      c.causal = causal;
+      c.dt = (i++ % 2) ? FLY_F16 : FLY_BF16;
+      check_wide(c);
+    }
+}
+
+TEST_CASE("attention_bwd wide: sequence lengths off the tile, Sq != Sk", "[attention_bwd_wide][gpu]") {
+  const int64_t lens[][2] = {{1, 1}, {17, 17}, {1, 300}, {300, 17}, {100, 300}, {300, 100}, {129, 1}, {64, 64}, {33, 65}};
+  for (auto& l : lens)
+    for (bool causal : {false, true})
+      for (fly_dtype dt : {FLY_BF16, FLY_F16}) {
+        Case c;
+        c.Sq = l[0];
+        c.Sk = l[1];
+        c.D = 512;
+        c.causal = causal;
+        c.dt = dt;
+        check_wide(c);
+      }
+}
+
+TEST_CASE("attention_bwd wide: grouped-query, both layouts, padded rows, explicit scale, repeat runs bit-identical",
+          "[attention_bwd_wide][gpu]") {
+  for (int64_t d : {512, 400})
+    for (bool bshd : {false, true})
+      for (bool causal : {false, true}) {
+        Case c;
+        c.B = 2;
+        c.Hq = 8;
+        c.Hkv = 2;
+        c.Sq = 300;
+        c.Sk = 257;
+        c.D = d;
+        c.bshd = bshd;
+        c.ld = d == 400 ? 424 : d + 8;
+        c.causal = causal;
+        c.scale = 0.05;
+        c.dt = bshd ? FLY_F16 : FLY_BF16;
+        c.repeats = 3;
+        check_wide(c);
+      }
+}
+
+TEST_CASE("attention_bwd wide: Sk = 0 writes dq = 0; D = 520 is refused", "[attention_bwd_wide][gpu]") {
+  if (wide_bundled(FLY_BF16)) {
+    Case c;
+    c.D = 512;
+    c.Sk = 0;
+    const Result r = run_case(c);
+    INFO(r.msg);
+    REQUIRE(r.status == FLY_SUCCESS);
+    CHECK(r.finite);
+    CHECK(r.rel[0] == 0.0);
+  }
+  Case c;
+  c.D = 520;
+  const Result r = run_case(c);
+  CHECK(r.status == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(r.msg.find("exceeds the maximum") != std::string::npos);
+}
+
+// Bounded shapes for compute-sanitizer (memcheck, racecheck) over the wide kernels: both dtypes,
+// causal with Sq > Sk and Sq < Sk, GQA, partial tiles, a head dim with whole zero-filled chunks.
+TEST_CASE("attention_bwd wide: small shapes for the sanitizers", "[attention_bwd_wide_small]") {
+  const struct {
+    fly_dtype dt;
+    int64_t hq, hkv, sq, sk, d;
+    bool causal;
+  } cases[] = {{FLY_BF16, 2, 1, 65, 80, 512, true},
+               {FLY_F16, 1, 1, 33, 70, 300, false},
+               {FLY_F16, 2, 1, 100, 40, 512, true},
+               {FLY_BF16, 1, 1, 17, 17, 400, false}};
+  for (const auto& k : cases) {
+    Case c;
+    c.dt = k.dt;
+    c.Hq = k.hq;
+    c.Hkv = k.hkv;
+    c.Sq = k.sq;
+    c.Sk = k.sk;
+    c.D = k.d;
+    c.causal = k.causal;
+    check_wide(c);
   }
 }
