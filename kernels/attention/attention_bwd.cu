@@ -151,6 +151,29 @@ __device__ __forceinline__ int dq_key_tiles(const AttnBwdParams& p, int m0) {
   return (kv_end + NQ - 1) / NQ;
 }
 
+// P^T and dS^T of a transposed tile in place: s (S^T) becomes P^T = exp2(S^T scale_log2 - LSE2[col]),
+// 0 where causal hides query m0 + col from the thread's keys; dp (dP^T) becomes P^T (dP^T - Delta[col]).
+// l2s / dls: the thread's column pairs' LSE2 and Delta; kmax: the tile's last key (causal check).
+__device__ __forceinline__ void p_ds_transposed(const AttnBwdParams& p, float (&s)[QM / 2], float (&dp)[QM / 2],
+                                                const float2 (&l2s)[QM / 8], const float2 (&dls)[QM / 8],
+                                                const int (&key)[2], int m0, int kmax, int lane) {
+  const bool mask = p.causal && m0 < kmax;
+#pragma unroll
+  for (int j = 0; j < QM / 8; ++j) {
+    const int c = 8 * j + 2 * (lane % 4);
+    const float2 l2 = l2s[j], dl = dls[j];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float lse2 = (e & 1) ? l2.y : l2.x;
+      const float delta = (e & 1) ? dl.y : dl.x;
+      float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2));
+      if (mask && key[e >> 1] > m0 + c + (e & 1)) pr = 0.f;
+      s[4 * j + e] = pr;
+      dp[4 * j + e] = pr * (dp[4 * j + e] - delta);
+    }
+  }
+}
+
 #if FLY_HD <= 256
 // ---- dK / dV ----------------------------------------------------------------------------------
 struct KvRing {
@@ -228,21 +251,7 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     fence_regs(s);
     fence_regs(dp);
     // P^T: column c of the tile is query m0 + c.
-    const bool mask = p.causal && m0 < key0 + 63;
-#pragma unroll
-    for (int j = 0; j < QM / 8; ++j) {
-      const int c = 8 * j + 2 * (lane % 4);
-      const float2 l2 = l2s[j], dl = dls[j];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float lse2 = (e & 1) ? l2.y : l2.x;
-        const float delta = (e & 1) ? dl.y : dl.x;
-        float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2));
-        if (mask && key[e >> 1] > m0 + c + (e & 1)) pr = 0.f;
-        s[4 * j + e] = pr;
-        dp[4 * j + e] = pr * (dp[4 * j + e] - delta);
-      }
-    }
+    p_ds_transposed(p, s, dp, l2s, dls, key, m0, key0 + 63, lane);
     uint32_t pf[QM / 16][4], df[QM / 16][4];
     pack_p<MathS>(s, pf);
     pack_p<MathS>(dp, df);
@@ -453,21 +462,7 @@ __device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8
       l2s[j] = __ldg(lg + 4 * j);
       dls[j] = __ldg(dg + 4 * j);
     }
-    const bool mask = p.causal && m0 < n0 + 63;
-#pragma unroll
-    for (int j = 0; j < QM / 8; ++j) {
-      const int c = 8 * j + 2 * (lane % 4);
-      const float2 l2 = l2s[j], dl = dls[j];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float lse2 = (e & 1) ? l2.y : l2.x;
-        const float delta = (e & 1) ? dl.y : dl.x;
-        float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2));
-        if (mask && key[e >> 1] > m0 + c + (e & 1)) pr = 0.f;
-        s[4 * j + e] = pr;
-        dp[4 * j + e] = pr * (dp[4 * j + e] - delta);
-      }
-    }
+    p_ds_transposed(p, s, dp, l2s, dls, key, m0, n0 + 63, lane);
     uint32_t pf[QM / 16][4], df[QM / 16][4];
     pack_p<HalfS>(s, pf);
     pack_p<HalfS>(dp, df);
