@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# What is merged but has not run on the GPU as a whole (the second 2026-12-02 session's device
-# time ran out), as device calls for the next session. Each stage fits one call (<= 600 s); run
-# them in order on a warm machine, carrying .devdeps and .whl (expecttest, see docs/pytorch.md).
-#   bash bench/probes/pending_device.sh tests    # default build (now with the MX wgmma and the ragged-K
-#                                                # grouped variants), ctest, python package + every python GPU test
-#                                                # (the extern-kernel names for cached graphs: run pytest twice)
+# What is merged but has not run on the GPU. Each line is one device call (carry .devdeps; .whl
+# for the python tests; .ab for the GEMM A/B), in the order to run them next session:
+#   1. bash bench/probes/attention_bwd_wide_device.sh     # D 257..512 backward (issue 28): tests, bench, sanitizers
+#   2. bash bench/probes/attention_pingpong_device.sh     # forward ping-pong / persistent variants (issue 23)
+#   3. bash bench/probes/mx_splitk_device.sh              # MX split-K variants (issue 26; tools still pass no workspace)
+#   4. bash bench/probes/gemm_core_ab_device.sh           # decode kernel on the shared ring / reduction (issue 24)
+#   5. bash bench/probes/pending_device.sh bench          # TopK long rows after the DB change (issue 25)
+#   6. python3 bench/grouped_gemm_torch.py --triton ...   # Inductor's Triton grouped GEMM beside ours (issue 27)
+# The stages below (tests / sanitize / bench) ran on 2026-12-02 (third session) except `bench`'s
+# TopK half; `tests` again after any merge that touches the default build.
+#   bash bench/probes/pending_device.sh tests    # default build, ctest, python package + every python GPU test
+#                                                # (pytest twice: the second pass with Inductor's caches warm)
 #   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family
 #   bash bench/probes/pending_device.sh bench    # TopK long rows after the DB change, compiled GEMM from suite shape 5
-# Then `bash kernels/mx/dev/device_wgmma.sh all` (the pipelined MX variants `_p1`/`_p2` and `_n32_f0`
-# beside the default dispatch, and the quantizer's `_hw1`) and, if they win, `... device_wgmma.sh tune`
-# (flytune mxfp over that build, the re-dumped db/sm_90a.sql back under $OUT).
 # Logs under $OUT (at most 8 files come back: the stages tar their logs).
 set -uo pipefail
 stage=${1:-tests}
