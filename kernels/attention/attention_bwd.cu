@@ -382,6 +382,15 @@ __device__ __forceinline__ void load_tile_rolled(uint8_t* dst, const CUtensorMap
   for (int c = 0; c < HD / 64; ++c) tma_load_4d(dst + c * rows * 128, map, bar, c * 64, row0, head, batch);
 }
 
+// One single-slot refill of the wide producers: wait until the consumers released the slot (its
+// empty barrier's phase `phase`), then load the tile onto its full barrier.
+__device__ __forceinline__ void refill_slot(uint64_t* empty, uint64_t* full, uint32_t phase, uint32_t bytes, uint8_t* dst,
+                                            const CUtensorMap* map, int rows, int row0, int head, int batch) {
+  sm90::mbar_wait(empty, phase ^ 1);
+  sm90::mbar_arrive_expect_tx(full, bytes);
+  load_tile_rolled(dst, map, full, rows, row0, head, batch);
+}
+
 // dK/dV: K and V resident (kv_full), one Q slot and one dO slot with their own full / empty
 // barriers. The consumers release dO after dV's product and Q after dK's, so the producer loads
 // dO of the next tile first (under dK += dS^T Q), then Q.
@@ -407,12 +416,8 @@ __device__ __forceinline__ void dkdv_producer_wide(const AttnBwdParams& p, uint8
     const int h = kvh * p.group + g;
     for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
       const uint32_t phase = it & 1;
-      sm90::mbar_wait(r.do_empty, phase ^ 1);
-      sm90::mbar_arrive_expect_tx(r.do_full, kQTBytes);
-      load_tile_rolled(smem + kWDO, &p.tm_do_kv, r.do_full, QM, mb * QM, h, b);
-      sm90::mbar_wait(r.q_empty, phase ^ 1);
-      sm90::mbar_arrive_expect_tx(r.q_full, kQTBytes);
-      load_tile_rolled(smem + kWQ, &p.tm_q_kv, r.q_full, QM, mb * QM, h, b);
+      refill_slot(r.do_empty, r.do_full, phase, kQTBytes, smem + kWDO, &p.tm_do_kv, QM, mb * QM, h, b);
+      refill_slot(r.q_empty, r.q_full, phase, kQTBytes, smem + kWQ, &p.tm_q_kv, QM, mb * QM, h, b);
     }
   }
 }
@@ -503,12 +508,8 @@ __device__ __forceinline__ void dq_producer_wide(const AttnBwdParams& p, uint8_t
   const int n_tiles = dq_key_tiles(p, m0);
   for (int n = 0; n < n_tiles; ++n) {
     const uint32_t phase = n & 1;
-    sm90::mbar_wait(r.v_empty, phase ^ 1);
-    sm90::mbar_arrive_expect_tx(r.v_full, kQKVBytes);
-    load_tile_rolled(smem + kQV, &p.tm_v_dq, r.v_full, NQ, n * NQ, kvh, b);
-    sm90::mbar_wait(r.k_empty, phase ^ 1);
-    sm90::mbar_arrive_expect_tx(r.k_full, kQKVBytes);
-    load_tile_rolled(smem + kQK, &p.tm_k_dq, r.k_full, NQ, n * NQ, kvh, b);
+    refill_slot(r.v_empty, r.v_full, phase, kQKVBytes, smem + kQV, &p.tm_v_dq, NQ, n * NQ, kvh, b);
+    refill_slot(r.k_empty, r.k_full, phase, kQKVBytes, smem + kQK, &p.tm_k_dq, NQ, n * NQ, kvh, b);
   }
 }
 
