@@ -18,6 +18,7 @@
 #include "flykernels/flykernels.h"
 #include "gemm/gemm_mx.h"
 #include "test_tensors.hpp"
+#include "variant_test_util.hpp"
 
 namespace {
 
@@ -260,17 +261,11 @@ TEST_CASE("mx_quantize: every bundled variant is bit for bit the reference", "[g
   struct Unforce {
     ~Unforce() { fly_force_variant(nullptr); }
   } unforce;
-  int forced = 0;
-  for (int i = 0; i < fly_variant_count(); ++i) {
-    const char* name = fly_variant_name(i);
-    const char *family = nullptr, *params = nullptr;
-    REQUIRE(fly_variant_info(name, &family, &params) == FLY_SUCCESS);
-    if (std::string(family) != "mx_quantize") continue;
+  const int forced = fly_test::for_each_variant("mx_quantize", [](const char* name, const char*) {
     INFO("forced variant " << name);
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
     quantize_suite();
-    ++forced;
-  }
+  });
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
   CHECK(forced >= 1);
 }
@@ -305,12 +300,7 @@ TEST_CASE("scaled_gemm: every bundled mxfp variant is right", "[gpu][mx][gemm]")
   struct Unforce {
     ~Unforce() { fly_force_variant(nullptr); }
   } unforce;
-  int forced = 0;
-  for (int i = 0; i < fly_variant_count(); ++i) {
-    const char* name = fly_variant_name(i);
-    const char *family = nullptr, *params = nullptr;
-    REQUIRE(fly_variant_info(name, &family, &params) == FLY_SUCCESS);
-    if (std::string(family) != "mxfp") continue;
+  const int forced = fly_test::for_each_variant("mxfp", [](const char* name, const char*) {
     const bool wgmma = std::string(name).rfind("mxfp_wgmma", 0) == 0;
     INFO("forced variant " << name);
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
@@ -318,8 +308,7 @@ TEST_CASE("scaled_gemm: every bundled mxfp variant is right", "[gpu][mx][gemm]")
     gemm_suite(wgmma ? -10 : -12, true);
     WARN("variant " << name << ": worst |err| / sum|products| = " << g_worst_rel_sabs << " (2^"
                     << (g_worst_rel_sabs > 0 ? std::log2(g_worst_rel_sabs) : -999.0) << ")");
-    ++forced;
-  }
+  });
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
   CHECK(forced >= 1);
 }

@@ -15,6 +15,7 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "test_tensors.hpp"
+#include "variant_test_util.hpp"
 
 namespace {
 
@@ -171,13 +172,7 @@ TEST_CASE("deterministic topk repeats exactly and takes the lowest index among t
 }
 
 TEST_CASE("every bundled topk variant is correct on shapes it supports", "[topk][gpu]") {
-  int tested = 0;
-  for (int vi = 0; vi < fly_variant_count(); ++vi) {
-    const char* name = fly_variant_name(vi);
-    const char* family = nullptr;
-    const char* params = nullptr;
-    REQUIRE(fly_variant_info(name, &family, &params) == FLY_SUCCESS);
-    if (std::string(family) != "topk") continue;
+  const int tested = fly_test::for_each_variant("topk", [](const char* name, const char* params) {
     const std::string path = param(params, "path");
     std::vector<Shape> shapes;
     if (path == "small") {
@@ -195,8 +190,7 @@ TEST_CASE("every bundled topk variant is correct on shapes it supports", "[topk]
     for (const Shape& s : shapes) check_shape(s, name, 0, 0, 0);
     // Strided / misaligned rows through every path as well.
     check_shape(shapes[0], name, 3, 1, 2, {kUniform});
-    ++tested;
-  }
+  });
   CHECK(tested > 0);
 }
 
