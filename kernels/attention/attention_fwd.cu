@@ -223,14 +223,14 @@ struct PingPong {
   int cw;
   __device__ __forceinline__ void start(int iters) const {
     if constexpr (FLY_PP != 0)
-      if (cw == 1 && iters > 0) asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBar), "r"(256) : "memory");
+      if (cw == 1 && iters > 0) named_bar_arrive(kTurnBar, 256);
   }
   __device__ __forceinline__ void begin() const {
     if constexpr (FLY_PP != 0) named_bar_sync(kTurnBar + cw, 256);
   }
   __device__ __forceinline__ void end(bool last) const {
     if constexpr (FLY_PP != 0)
-      if (!(last && cw == 1)) asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBar + (cw ^ 1)), "r"(256) : "memory");
+      if (!(last && cw == 1)) named_bar_arrive(kTurnBar + (cw ^ 1), 256);
   }
 };
 
