@@ -144,9 +144,7 @@ int tune_mxfp(const Args& args) {
       r.k0 = N;
       r.k1 = K;
       r.k2 = M;
-      r.variant = timed[0].second;
-      r.time_us = timed[0].first;
-      if (timed.size() > 1) { r.runner_up = timed[1].second; r.runner_up_us = timed[1].first; }
+      set_winners(r, timed);
       rows.push_back(r);
     }
   }

@@ -77,9 +77,7 @@ int tune_rmsnorm(const Args& args) {
     r.layout = "row";
     r.k0 = c.N;
     r.k1 = c.M;
-    r.variant = timed[0].second;
-    r.time_us = timed[0].first;
-    if (timed.size() > 1) { r.runner_up = timed[1].second; r.runner_up_us = timed[1].first; }
+    set_winners(r, timed);
     rows.push_back(r);
   }
   bar.done();

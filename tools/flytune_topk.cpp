@@ -119,12 +119,7 @@ int tune_topk(const Args& args) {
       r.k0 = c.C;
       r.k1 = c.k;
       r.k2 = c.R;
-      r.variant = timed[0].second;
-      r.time_us = timed[0].first;
-      if (timed.size() > 1) {
-        r.runner_up = timed[1].second;
-        r.runner_up_us = timed[1].first;
-      }
+      set_winners(r, timed);
       rows.push_back(r);
     }
   }

@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dump_key.hpp"
@@ -144,6 +145,15 @@ struct TuneRow {
   std::string runner_up;
   double runner_up_us = 0;
 };
+// The winner and runner-up of a row from its (time, variant) list sorted fastest first (non-empty).
+inline void set_winners(TuneRow& r, const std::vector<std::pair<double, std::string>>& timed) {
+  r.variant = timed[0].second;
+  r.time_us = timed[0].first;
+  if (timed.size() > 1) {
+    r.runner_up = timed[1].second;
+    r.runner_up_us = timed[1].first;
+  }
+}
 // Every key of a db/<arch>.sql dump ("arch|op|dtype|layout|k0|k1|k2|k3", dump_key.hpp); empty when
 // the file cannot be read.
 std::set<std::string> dump_keys(const std::string& dump_path);
