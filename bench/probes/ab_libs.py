@@ -33,7 +33,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="libflykernels.so of build A (the reference)")
     ap.add_argument("--b", required=True, help="libflykernels.so of build B (the candidate)")
-    ap.add_argument("--suite", default=os.path.join(here, "..", "suites", "gemm_bf16.json"))
+    ap.add_argument("--suite", default=os.path.join(here, "..", "..", "suites", "gemm_bf16.json"))
     ap.add_argument("--layouts", default="nt")
     ap.add_argument("--min-m", type=int, default=1)
     ap.add_argument("--max-m", type=int, default=1 << 30)
