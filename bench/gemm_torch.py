@@ -27,7 +27,7 @@ import tempfile
 
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved_us  # noqa: E402
+from timing import compile_per_shape, interleaved_us  # noqa: E402
 from fly_abi import gemm_caller, load, poisoned_err  # noqa: E402
 
 # Warm-up of about this many ms of back-to-back calls before timing, on both sides (flybench gemm
@@ -103,17 +103,7 @@ def main():
         fly = {(r["layout"], r["M"], r["N"], r["K"]): r for r in json.load(open(path))}
 
     if not args.no_triton:
-        import torch._inductor.config as icfg
-        icfg.max_autotune_gemm_backends = "TRITON"
-        import torch._dynamo.config as dcfg
-        # One compile per suite shape (dynamic=False): more shapes than dynamo's default limit of 8
-        # recompiles, past which it silently runs torch.mm eagerly (cuBLAS) under the Triton label.
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(dcfg, name):
-                setattr(dcfg, name, 1024)
-        if hasattr(dcfg, "accumulated_recompile_limit"):
-            dcfg.accumulated_recompile_limit = max(dcfg.accumulated_recompile_limit, 4096)
-        triton_mm = torch.compile(torch.mm, mode="max-autotune-no-cudagraphs", dynamic=False)
+        triton_mm = compile_per_shape(torch.mm, backends="TRITON")
 
     lib = load(args.lib or os.path.join(os.path.dirname(os.path.abspath(args.flybench)), "libflykernels.so"))
     rows, timed = [], {}

@@ -13,6 +13,23 @@ _buf = None
 SPIN_CYCLES = 200_000  # torch.cuda._sleep: ~100 us at the H200's clocks; touches no memory
 
 
+def compile_per_shape(fn, backends=None):
+    """torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False) for a benchmark that
+    compiles once per suite shape: past dynamo's default limit of 8 recompiles it would silently
+    run fn eagerly under the compiled label, so the limits are raised. backends: Inductor's
+    max_autotune_gemm_backends for these compiles (e.g. "TRITON"), or None to keep its default."""
+    import torch._dynamo.config as dcfg
+    if backends is not None:
+        import torch._inductor.config as icfg
+        icfg.max_autotune_gemm_backends = backends
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dcfg, name):
+            setattr(dcfg, name, 1024)
+    if hasattr(dcfg, "accumulated_recompile_limit"):
+        dcfg.accumulated_recompile_limit = max(dcfg.accumulated_recompile_limit, 4096)
+    return torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+
+
 def flush_method():
     return "write" if os.environ.get("FLYBENCH_FLUSH") == "write" else "read"
 
