@@ -8,6 +8,9 @@ median).
 
 --bwd: the backward instead (`flybench attention --bwd`; SDPA's backward timed as
 torch.autograd.grad of one forward's output, retain_graph), TFLOP/s at 2.5x the forward FLOPs.
+--fwdbwd: forward + backward together, what a training step pays: ours is the sum of flybench's
+forward and backward times per case (two runs, --no-decode), SDPA's one forward followed by its
+autograd.grad, timed as one call; TFLOP/s at 3.5x the forward FLOPs.
 
 Prints per case TFLOP/s (4 B Hq Sq Sk D, halved when causal) of ours and each backend that runs
 it, the ratios, and geometric means per target group (D 64/128/256 vs cuDNN, vs flash, D 32 vs
@@ -26,16 +29,21 @@ BACKENDS = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_AT
             ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
 
 
-def sdpa_us(c, backend, reps, bwd=False):
+def sdpa_us(c, backend, reps, bwd=False, fwdbwd=False):
     dt = torch.bfloat16 if c["dtype"] == "bf16" else torch.float16
     B, Hq, Hkv, Sq, Sk, D = (c[k] for k in ("B", "Hq", "Hkv", "Sq", "Sk", "D"))
-    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dt, requires_grad=bwd)
-    k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt, requires_grad=bwd)
-    v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt, requires_grad=bwd)
+    grad = bwd or fwdbwd
+    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dt, requires_grad=grad)
+    k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt, requires_grad=grad)
+    v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt, requires_grad=grad)
     gqa = Hq != Hkv
     try:
         with sdpa_kernel([backend]):
-            if bwd:
+            if fwdbwd:
+                dout = torch.randn_like(q)
+                fn = lambda: torch.autograd.grad(
+                    F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa), (q, k, v), dout)
+            elif bwd:
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], enable_gqa=gqa)
                 dout = torch.randn_like(out)
                 fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -62,24 +70,42 @@ def main():
     ap.add_argument("--png", default="bench/attention.png")
     ap.add_argument("--json", default="bench/attention_latest.json")
     ap.add_argument("--bwd", action="store_true", help="the backward (default chart/json names get a _bwd suffix)")
+    ap.add_argument("--fwdbwd", action="store_true", help="forward + backward together (see the docstring)")
     ap.add_argument("--no-decode", action="store_true", help="only the suite's cases (flybench --no-decode)")
     a = ap.parse_args()
-    if a.bwd:
-        a.png = a.png.replace(".png", "_bwd.png") if a.png == "bench/attention.png" else a.png
-        a.json = a.json.replace("_latest", "_bwd_latest") if a.json == "bench/attention_latest.json" else a.json
+    if a.fwdbwd:
+        a.bwd, a.no_decode = False, True
+    tag = "_bwd" if a.bwd else "_fwdbwd" if a.fwdbwd else ""
+    if tag:
+        a.png = a.png.replace(".png", tag + ".png") if a.png == "bench/attention.png" else a.png
+        a.json = a.json.replace("_latest", tag + "_latest") if a.json == "bench/attention_latest.json" else a.json
 
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        tmp = f.name
-    cmd = [a.flybench, "attention", "--suite", a.suite, "--json", tmp, "--reps", str(a.reps)]
-    if a.dtype:
-        cmd += ["--dtype", a.dtype]
-    if a.bwd:
-        cmd += ["--bwd"]
-    if a.no_decode:
-        cmd += ["--no-decode"]
-    subprocess.run(cmd, check=False)
-    ours = json.load(open(tmp))
-    os.unlink(tmp)
+    def flybench(extra):
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            tmp = f.name
+        cmd = [a.flybench, "attention", "--suite", a.suite, "--json", tmp, "--reps", str(a.reps)] + extra
+        if a.dtype:
+            cmd += ["--dtype", a.dtype]
+        if a.no_decode:
+            cmd += ["--no-decode"]
+        subprocess.run(cmd, check=False)
+        res = json.load(open(tmp))
+        os.unlink(tmp)
+        return res
+
+    ours = flybench(["--bwd"] if a.bwd else [])
+    if a.fwdbwd:  # ours = forward + backward per case, the cases both runs have
+        key = lambda c: tuple(c[k] for k in ("dtype", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal"))
+        bwd = {key(c): c for c in flybench(["--bwd"])["cases"]}
+        both = []
+        for c in ours["cases"]:
+            b = bwd.get(key(c))
+            if b:
+                fwd_flops = c["tflops"] * c["us"]  # TFLOP/s x us of the forward alone
+                c = dict(c, us=c["us"] + b["us"], fwd_us=c["us"], bwd_us=b["us"], variant_bwd=b["variant"])
+                c["tflops"] = 3.5 * fwd_flops / c["us"]
+                both.append(c)
+        ours["cases"] = both
 
     rows = []
     hdr = f"{'case':<52} {'ours':>7} {'cudnn':>7} {'flash':>7} {'effic':>7}  {'x cudnn':>7} {'x flash':>7} {'x effic':>7}"
@@ -87,7 +113,7 @@ def main():
     for c in ours["cases"]:
         r = dict(c)
         for name, be in BACKENDS:
-            r[name + "_us"] = sdpa_us(c, be, a.reps, a.bwd)
+            r[name + "_us"] = sdpa_us(c, be, a.reps, a.bwd, a.fwdbwd)
         tf = {n: (c["tflops"] * c["us"] / r[n + "_us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
         ratio = {n: (r[n + "_us"] / c["us"] if r[n + "_us"] else None) for n, _ in BACKENDS}
         r["ratio"] = ratio
@@ -105,7 +131,11 @@ def main():
                   f"  {fr(ratio['cudnn'])} {fr(ratio['flash'])} {fr(ratio['efficient'])}")
 
     long = [r for r in rows if r["Sq"] > 16]
-    if a.bwd:
+    if a.fwdbwd:
+        groups = [("fwd+bwd D 64/128/256 vs cuDNN", [r["ratio"]["cudnn"] for r in long if r["D"] in (64, 128, 256)]),
+                  ("fwd+bwd D 64/128/256 vs flash", [r["ratio"]["flash"] for r in long if r["D"] in (64, 128, 256)]),
+                  ("fwd+bwd all vs efficient", [r["ratio"]["efficient"] for r in long])]
+    elif a.bwd:
         groups = [("bwd D 64/128/256 vs cuDNN (target >= 0.9)", [r["ratio"]["cudnn"] for r in long if r["D"] in (64, 128, 256)]),
                   ("bwd all vs cuDNN", [r["ratio"]["cudnn"] for r in long]),
                   ("bwd D 64/128/256 vs flash (target >= 1.6)", [r["ratio"]["flash"] for r in long if r["D"] in (64, 128, 256)]),

@@ -27,8 +27,8 @@ int main(int argc, char** argv) try {
        "db dump suite quick times variants"},
       {"gemm", tune_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts",
        "db dump suite quick times dtype layouts variants min-m max-m max-minutes missing rounds warm-ms"},
-      {"attention", tune_attention, "attention forward: suite shapes and decode cases, 2 dtypes",
-       "db dump suite quick times dtype"},
+      {"attention", tune_attention, "attention forward: suite shapes and decode cases, 2 dtypes (--bwd: the backward)",
+       "db dump suite quick times dtype bwd"},
       {"grouped_gemm", tune_grouped_gemm, "grouped GEMM: suite shapes, B K- or N-contiguous",
        "db dump suite quick times dtype layouts"},
       {"mxfp", tune_mxfp, "MX block-scaled GEMM (MXFP8, MXFP4): suite shapes, every bundled variant",
@@ -53,6 +53,7 @@ int main(int argc, char** argv) try {
                 "times, interleaved, and ranks them by the median (1: one pass); --warm-ms X\n"
                 "(gemm, default 30) runs about X ms of back-to-back calls before each timing.\n"
                 "--times FILE appends every variant's time per key (tab-separated, fastest first).\n"
+                "attention --bwd tunes the backward (attention_bwd rows) on the suite's cases.\n"
                 "families:\n");
     for (auto& e : entries) std::fprintf(out, "  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");
     std::fprintf(out, "%s\n", data_dir_line().c_str());
