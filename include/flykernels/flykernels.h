@@ -184,8 +184,9 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
  *    16-byte aligned bases and strides multiples of 8 elements (else FLY_ERROR_UNSUPPORTED).
  *    Grouped-query (Hq a multiple of Hkv): dk, dv of a kv head are the sums over its query heads.
  *    dq, dk, dv must not overlap themselves, each other or any input (no in-place).
- *    1 <= D <= 256 in this version (compiled head dims as the forward's; others served by the
- *    next one up); D > 256 returns FLY_ERROR_UNSUPPORTED.
+ *    1 <= D <= 512: compiled head dims 64, 128, 192, 256 and 512 (the wide-head schedule), others
+ *    served by the next one up; D 257..512 returns FLY_ERROR_UNSUPPORTED in a build that does not
+ *    bundle the hd 512 backward variants (the default build does).
  * lse: FP32 [B, Hq, Sq], any strides (what fly_attention_fwd wrote). softmax_scale and causal:
  *    as the forward's (0 means 1/sqrt(D); causal top-left).
  * nondeterministic: 0 (the default): the same bits on every run. 1 allows faster non-deterministic
