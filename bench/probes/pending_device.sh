@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
 # What is merged but has not run on the GPU. Each line is one device call (carry .devdeps; .whl
 # for the python tests; .ab for the GEMM A/B), in the order to run them next session:
-#   1. bash bench/probes/attention_bwd_wide_device.sh     # D 257..512 backward (issue 28): tests, bench, sanitizers
-#   2. bash bench/probes/attention_pingpong_device.sh     # forward ping-pong / persistent variants (issue 23)
-#   3. bash bench/probes/mx_splitk_device.sh              # MX split-K variants (issue 26; tools still pass no workspace)
-#   4. bash bench/probes/gemm_core_ab_device.sh           # decode kernel on the shared ring / reduction (issue 24)
-#   5. bash bench/probes/pending_device.sh bench          # TopK long rows after the DB change (issue 25)
-#   6. python3 bench/grouped_gemm_torch.py --triton ...   # Inductor's Triton grouped GEMM beside ours (issue 27)
-# The stages below (tests / sanitize / bench) ran on 2026-12-02 (third session) except `bench`'s
-# TopK half; `tests` again after any merge that touches the default build.
+#   1. bash bench/probes/mx_splitk_device.sh              # MX split-K variants with a workspace (issue 26)
+#   2. python3 bench/attention_torch.py --fwdbwd --flybench build/flybench --dtype bf16   # fwd + bwd (issue 28)
+# Ran on 2026-12-02 (fourth session): gemm_core_ab_device.sh, attention_bwd_wide_device.sh,
+# attention_pingpong_device.sh, topk_grouped_device.sh, defaults_bwdtune_device.sh (bench/RESULTS.md).
+# The stages below: `tests` again after any merge that touches the default build.
 #   bash bench/probes/pending_device.sh tests    # default build, ctest, python package + every python GPU test
 #                                                # (pytest twice: the second pass with Inductor's caches warm)
 #   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family
