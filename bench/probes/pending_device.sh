@@ -3,7 +3,7 @@
 # for the python tests; .ab for the GEMM A/B), in the order to run them next session:
 #   1. bash bench/probes/attention_bwd_wide_device.sh     # D 257..512 backward (issue 28): tests, bench, sanitizers
 #   2. bash bench/probes/attention_pingpong_device.sh     # forward ping-pong / persistent variants (issue 23)
-#   3. bash bench/probes/mx_splitk_device.sh              # MX split-K variants (issue 26; tools still pass no workspace)
+#   3. bash bench/probes/mx_splitk_device.sh              # MX split-K variants (issue 26): split path in tests, sanitizers, bench
 #   4. bash bench/probes/gemm_core_ab_device.sh           # decode kernel on the shared ring / reduction (issue 24)
 #   5. bash bench/probes/pending_device.sh bench          # TopK long rows after the DB change (issue 25)
 #   6. python3 bench/grouped_gemm_torch.py --triton ...   # Inductor's Triton grouped GEMM beside ours (issue 27)
