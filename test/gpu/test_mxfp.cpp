@@ -211,16 +211,18 @@ void gemm_case(const GemmCase& g, int sabs_log2 = -12, Ws wsm = Ws::kQueried) {
   size_t need = 0;
   REQUIRE(fly_scaled_gemm_workspace_size(&a, &b, &c, &need) == FLY_SUCCESS);
   CHECK(need % 256 == 0);
-  const size_t ws_bytes = wsm == Ws::kQueried ? need : wsm == Ws::kHalf ? need / 2 : 0;
+  const int splits = g_forced ? expected_splits(g_forced, M, N, K) : 1;
+  const size_t mine = size_t(splits) * size_t(M * N) * 4;  // this variant's S x M x N FP32 partials
+  if (splits > 1) {
+    CHECK(need >= mine);  // the query covers the forced variant's split launch
+    if (wsm == Ws::kQueried) ++g_split_cases;
+  }
+  // kHalf: half of what this variant's launch needs (the query's size may cover a larger split
+  // of another bundled variant), so it must run unsplit
+  const size_t ws_bytes = wsm == Ws::kQueried ? need : wsm == Ws::kHalf ? (splits > 1 ? mine / 2 : need / 2) : 0;
   DevBuf dws(ws_bytes);
   CUDA_OK(cudaMemset(dws.p, 0xFF, ws_bytes ? ws_bytes : 1));  // NaN partials until written
   void* const ws = ws_bytes ? dws.p : nullptr;
-  const int splits = g_forced ? expected_splits(g_forced, M, N, K) : 1;
-  if (splits > 1) {
-    // the query covers this variant's split launch (S x M x N FP32 partials)
-    CHECK(need >= size_t(splits) * size_t(M * N) * 4);
-    if (wsm == Ws::kQueried) ++g_split_cases;
-  }
   REQUIRE(fly_scaled_gemm(&a, &tsa, &b, &tsb, g.bias ? &bias : nullptr, &c, ws, ws_bytes, nullptr) == FLY_SUCCESS);
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint8_t> hc(size_t(M * N) * 2);
