@@ -7,6 +7,9 @@
 // on the same operands ("vs_default": max |forced - default| / max |default|).
 // --quant-variant NAME forces that mx_quantize variant for the quantizer's timing (e.g.
 // mx_quantize_t256_hw1), whose output is compared byte for byte with the default quantizer's.
+// The GEMM gets the workspace fly_scaled_gemm_workspace_size asks for (allocated once per case,
+// outside the timing), so split-K variants are timed on their split path; column "splits": the
+// split count the timed variant's launch used (1: unsplit).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -24,8 +27,8 @@ int bench_mxfp(const Args& args) {
   const std::string qforce = args.get("quant-variant", "");
   std::printf("flybench mxfp on %s: copy bandwidth %.2f TB/s, L2 flush: %s\n", gpu_name().c_str(), copy_bw / 1e12,
               l2_flush_method());
-  std::printf("%-5s %6s %6s %6s %10s %9s %8s %10s %8s  %s\n", "fmt", "M", "N", "K", "gemm_us", "TFLOP/s", "TB/s",
-              "quant_us", "%copy", "variant");
+  std::printf("%-5s %6s %6s %6s %10s %9s %8s %10s %8s %6s  %s\n", "fmt", "M", "N", "K", "gemm_us", "TFLOP/s", "TB/s",
+              "quant_us", "%copy", "splits", "variant");
   nlohmann::json out = nlohmann::json::array();
   for (auto& c : suite["cases"]) {
     const int64_t M = c["M"], N = c["N"], K = c["K"];
@@ -43,6 +46,9 @@ int bench_mxfp(const Args& args) {
       fly_tensor tqa = tensor2d(qa.ptr, et, M, cols, cols), tqb = tensor2d(qb.ptr, et, N, cols, cols);
       fly_tensor tsa = tensor2d(sa.ptr, FLY_E8M0, M, K / 32, K / 32), tsb = tensor2d(sb.ptr, FLY_E8M0, N, K / 32, K / 32);
       fly_tensor tc = tensor2d(cbuf.ptr, FLY_BF16, M, N, N);
+      size_t ws_bytes = 0;
+      TOOL_FLY(fly_scaled_gemm_workspace_size(&tqa, &tqb, &tc, &ws_bytes));
+      DeviceBuffer ws(ws_bytes);
       TOOL_FLY(fly_mx_quantize(&ta, fmt, &tqa, &tsa, s));
       // the quantizer on the weight operand (the larger one): bytes read + written vs a copy
       if (!qforce.empty()) {  // the forced quantizer must give the default's bytes
@@ -61,11 +67,11 @@ int bench_mxfp(const Args& args) {
       const double qbytes = double(N * K) * 2 + double(N * cols) + double(N * K / 32);
       double vs_default = -1;
       if (!force.empty()) {
-        TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, nullptr, 0, s));
+        TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, ws.ptr, ws_bytes, s));
         TOOL_CUDA(cudaStreamSynchronize(s));
         const std::vector<double> ref = to_host_double(cbuf.ptr, size_t(M * N), FLY_BF16);
         TOOL_FLY(fly_force_variant(force.c_str()));
-        TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, nullptr, 0, s));
+        TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, ws.ptr, ws_bytes, s));
         TOOL_CUDA(cudaStreamSynchronize(s));
         const std::vector<double> got = to_host_double(cbuf.ptr, size_t(M * N), FLY_BF16);
         double dmax = 0, rmax = 0;
@@ -77,19 +83,20 @@ int bench_mxfp(const Args& args) {
         vs_default = rmax > 0 ? dmax / rmax : dmax;
       }
       const double us = time_median_us(
-          [&] { TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, nullptr, 0, s)); }, s, 3, 15, flush, 20);
+          [&] { TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, ws.ptr, ws_bytes, s)); }, s, 3, 15, flush, 20);
       const std::string variant = fly_last_variant();
+      const int splits = mx_launch_splits(variant, M, N, K, ws_bytes);
       if (!force.empty()) TOOL_FLY(fly_force_variant(nullptr));
       const double tflops = 2.0 * M * N * K / (us * 1e-6) / 1e12;
       const double gbytes = double((M + N) * cols) + double((M + N) * K / 32) + double(M * N) * 2;
-      std::printf("%-5s %6lld %6lld %6lld %10.2f %9.1f %8.3f %10.2f %7.1f%%  %s", fp4 ? "mxfp4" : "mxfp8",
+      std::printf("%-5s %6lld %6lld %6lld %10.2f %9.1f %8.3f %10.2f %7.1f%% %6d  %s", fp4 ? "mxfp4" : "mxfp8",
                   (long long)M, (long long)N, (long long)K, us, tflops, gbytes / (us * 1e-6) / 1e12, qus,
-                  100 * qbytes / (qus * 1e-6) / copy_bw, variant.c_str());
+                  100 * qbytes / (qus * 1e-6) / copy_bw, splits, variant.c_str());
       if (vs_default >= 0) std::printf("  vs_default %.2e", vs_default);
       std::printf("\n");
       out.push_back({{"format", fp4 ? "mxfp4" : "mxfp8"}, {"M", M}, {"N", N}, {"K", K}, {"us", us}, {"tflops", tflops},
                      {"quant_us", qus}, {"quant_copy_fraction", qbytes / (qus * 1e-6) / copy_bw}, {"variant", variant},
-                     {"vs_default", vs_default}});
+                     {"splits", splits}, {"workspace_bytes", ws_bytes}, {"vs_default", vs_default}});
     }
   }
   if (args.has("json")) {

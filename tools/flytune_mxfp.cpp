@@ -2,7 +2,9 @@
 // operands with fly_mx_quantize, runs every bundled mxfp variant forced, spot-checks each against
 // the FP64 GEMM of the exactly dequantized operands, times it (median, L2 flushed) and writes the
 // fastest per dispatch key to the tuning database. Key (src/ops/mx.cpp): op scaled_gemm, dtype
-// "mxfp8" | "mxfp4", layout "nt", k0 = N, k1 = K, k2 = M.
+// "mxfp8" | "mxfp4", layout "nt", k0 = N, k1 = K, k2 = M. Every variant gets the workspace
+// fly_scaled_gemm_workspace_size asks for (allocated once per problem), so split-K variants are
+// checked and timed on their split path (FLYKERNELS_LOG=info prints each launch's split count).
 //   flytune mxfp [--suite FILE] [--formats mxfp8,mxfp4] [--variants REGEX] [--quick] [--db F] [--dump F] [--times F]
 #include <algorithm>
 #include <cmath>
@@ -18,7 +20,8 @@ namespace {
 struct MxProblem {
   int64_t M, N, K, cols;
   bool fp4;
-  DeviceBuffer qa, qb, sa, sb, c;
+  DeviceBuffer qa, qb, sa, sb, c, ws;
+  size_t ws_bytes = 0;
   fly_tensor tqa{}, tqb{}, tsa{}, tsb{}, tc{};
   std::vector<uint8_t> hqa, hqb, hsa, hsb;  // host copies for the reference
 
@@ -49,8 +52,10 @@ struct MxProblem {
     hqb = fetch(qb, size_t(N * cols));
     hsa = fetch(sa, size_t(M * K / 32));
     hsb = fetch(sb, size_t(N * K / 32));
+    TOOL_FLY(fly_scaled_gemm_workspace_size(&tqa, &tqb, &tc, &ws_bytes));
+    ws = DeviceBuffer(ws_bytes);
   }
-  void run(cudaStream_t s) { TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, nullptr, 0, s)); }
+  void run(cudaStream_t s) { TOOL_FLY(fly_scaled_gemm(&tqa, &tsa, &tqb, &tsb, nullptr, &tc, ws.ptr, ws_bytes, s)); }
   double value(const std::vector<uint8_t>& q, const std::vector<uint8_t>& sc, int64_t row, int64_t k) const {
     const uint8_t b = q[size_t(row * cols + (fp4 ? k / 2 : k))];
     const double v = fp4 ? mx::decode_e2m1x2(b, int(k % 2)) : mx::decode_e4m3(b);

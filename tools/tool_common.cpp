@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "../kernels/mx/mx_wgmma_params.h"  // mxw::split_count, split_ws_bytes (the launcher's split rule)
+
 namespace fly::tools {
 
 Args parse_args(int argc, char** argv) {
@@ -577,6 +579,17 @@ int64_t variant_param(const std::string& name, const std::string& key) {
     }
   }
   return -1;
+}
+
+int mx_launch_splits(const std::string& variant, int64_t M, int64_t N, int64_t K, size_t ws_bytes) {
+  const int64_t split = variant_param(variant, "split"), bn = variant_param(variant, "bn");
+  if (split < 2 || bn <= 0) return 1;
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    sms = 132;
+  const int64_t tiles = ((M + mxw::kBM - 1) / mxw::kBM) * ((N + bn - 1) / bn);
+  const int S = mxw::split_count(int(split), tiles, (K + mxw::kKStep - 1) / mxw::kKStep, std::min(sms, 132));
+  return S > 1 && int64_t(ws_bytes) >= mxw::split_ws_bytes(S, M, N) ? S : 1;
 }
 
 }  // namespace fly::tools

@@ -179,5 +179,9 @@ void append_times(const Args& args, const std::string& key,
 std::vector<std::string> bundled_variants(const std::string& family);
 // Integer parameter of a bundled variant ("tpr" -> 256); -1 when absent.
 int64_t variant_param(const std::string& name, const std::string& key);
+// The split count fly_scaled_gemm uses for a bundled mxfp variant on M x N x K with a workspace of
+// ws_bytes (docs/mxfp.md "Split-K": mxw::split_count over the current device's SMs, 1 when the
+// variant has no split axis or the workspace is too small).
+int mx_launch_splits(const std::string& variant, int64_t M, int64_t N, int64_t K, size_t ws_bytes);
 
 }  // namespace fly::tools

@@ -140,9 +140,17 @@ inline void mx_quantize(const fly_tensor& x, int format, const fly_tensor& q, co
                         void* stream = nullptr) {
   check(fly_mx_quantize(&x, format, &q, &scales, stream));
 }
+// Bytes of the optional split-K workspace of fly_scaled_gemm (0: pass none).
+inline size_t scaled_gemm_workspace_size(const fly_tensor& a, const fly_tensor& b, const fly_tensor& c) {
+  size_t bytes = 0;
+  check(fly_scaled_gemm_workspace_size(&a, &b, &c, &bytes));
+  return bytes;
+}
+// The workspace comes after the stream (so calls written before it existed keep their meaning).
 inline void scaled_gemm(const fly_tensor& a, const fly_tensor& scale_a, const fly_tensor& b, const fly_tensor& scale_b,
-                        const fly_tensor& c, const fly_tensor* bias = nullptr, void* stream = nullptr) {
-  check(fly_scaled_gemm(&a, &scale_a, &b, &scale_b, bias, &c, nullptr, 0, stream));
+                        const fly_tensor& c, const fly_tensor* bias = nullptr, void* stream = nullptr,
+                        void* workspace = nullptr, size_t workspace_bytes = 0) {
+  check(fly_scaled_gemm(&a, &scale_a, &b, &scale_b, bias, &c, workspace, workspace_bytes, stream));
 }
 
 namespace detail {

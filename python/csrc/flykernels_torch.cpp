@@ -862,8 +862,21 @@ bool scaled_mm_run(OpId id, const at::Tensor& a, const at::Tensor& b, const at::
   fly_tensor bd = desc_2d(bt, N, bt.size(1), N > 1 ? bt.stride(0) : bt.size(1));
   fly_tensor sad = desc_2d(sa, M, kb, kb), sbd = desc_2d(sb, N, kb, kb), cd = desc_2d(c, M, N, N), biasd{};
   if (bias) biasd = desc_1d(*bias, N);
-  const fly_status st = fly_scaled_gemm(&ad, &sad, &bd, &sbd, bias ? &biasd : nullptr, &cd, nullptr, 0,
-                                        current_stream(a.device()));
+  // The split-K variants' FP32 partials (docs/mxfp.md "Split-K"; 0 bytes unless one is bundled and
+  // would split this shape): a call-scoped buffer from the caching allocator, back to it
+  // (stream-ordered) when this returns, as the attention workspace above. Unlike the dense GEMM's
+  // stream-K workspace (_ops/gemm.py: a persistent zero-filled per-stream tensor from Python, which
+  // CUDA-graph trees reject because it outlives the run), it needs no initialization and keeps no
+  // state between calls, so the same code serves eager calls and Inductor's / CUDA-graph captured
+  // ones (an allocation made during capture comes from the graph's pool and is freed inside it).
+  // Should a captured run ever need otherwise, NULL is the fallback the C API defines: the split
+  // variants then run unsplit (correct, only slower).
+  size_t ws_bytes = 0;
+  c10::DataPtr ws;
+  if (fly_scaled_gemm_workspace_size(&ad, &bd, &cd, &ws_bytes) != FLY_SUCCESS) ws_bytes = 0;  // the GEMM says why
+  if (ws_bytes > 0) ws = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(ws_bytes);
+  const fly_status st = fly_scaled_gemm(&ad, &sad, &bd, &sbd, bias ? &biasd : nullptr, &cd, ws_bytes ? ws.get() : nullptr,
+                                        ws_bytes, current_stream(a.device()));
   if (st == FLY_SUCCESS) {
     note_ours(id);
     *out = std::move(c);

@@ -697,6 +697,35 @@ def test_scaled_mm_swizzled_scales_and_v1_give_the_same(fly, fmt):
         assert fly.dispatch_counts()["scaled_mm_v1"][0] == 1
 
 
+def test_scaled_mm_captured_in_a_cuda_graph(fly):
+    """The extension's per-call workspace (split-K variants' partials, when bundled; csrc
+    scaled_mm_run) is taken from the caching allocator during capture and freed inside it: the
+    captured call replays to the eager result, bit for bit (the reduction's order is fixed)."""
+    from torch.nn.functional import ScalingType, SwizzleType
+    fly.enable(["scaled_mm"])
+    qa, sa, qw, sw = mx_case(32, 1024, 2048, "e4m3")
+
+    def f():
+        return F.scaled_mm(qa, qw.t(), sa, ScalingType.BlockWise1x32, sw, ScalingType.BlockWise1x32,
+                           swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE,
+                           output_dtype=torch.bfloat16)
+
+    eager = f()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        f()  # warm-up off the default stream, as torch.cuda.graph expects
+    torch.cuda.current_stream().wait_stream(side)
+    fly.reset_counts()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = f()
+    assert fly.dispatch_counts()["scaled_mm"][0] == 1, fly.dispatch_counts()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
 def test_scaled_mm_under_torch_compile(fly):
     from torch.nn.functional import ScalingType, SwizzleType
     fly.enable(["scaled_mm"])

@@ -66,7 +66,14 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   const bool split_variant = v.get_int("split", 0) >= 2;
   int splits = split_variant ? split_of_launch(v, M, N, K, sms) : 1;
   // NULL or too small a workspace: the split variant runs unsplit (one launch, no partials)
-  if (splits > 1 && (!workspace || int64_t(workspace_bytes) < mxw::split_ws_bytes(splits, M, N))) splits = 1;
+  if (splits > 1 && (!workspace || int64_t(workspace_bytes) < mxw::split_ws_bytes(splits, M, N))) {
+    log(LogLevel::kInfo, "scaled_gemm %s: splits 1 (%d splits need %lld workspace bytes, got %zu)", v.name.c_str(),
+        splits, (long long)mxw::split_ws_bytes(splits, M, N), workspace ? workspace_bytes : size_t(0));
+    splits = 1;
+  } else if (split_variant) {
+    log(LogLevel::kInfo, "scaled_gemm %s: splits %d (M %lld N %lld K %lld)", v.name.c_str(), splits, (long long)M,
+        (long long)N, (long long)K);
+  }
   mxw::SplitParams p{};
   const int64_t kbytes = fp4 ? K / 2 : K;
   const cuuint32_t box_k = fp4 ? 64 : 128;
@@ -217,6 +224,10 @@ extern "C" FLY_API fly_status fly_scaled_gemm_workspace_size(const fly_tensor* a
   if (c->sizes[0] != M || c->sizes[1] != N)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "c: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
                 c->sizes[0], c->sizes[1], M, N);
+  if (c->dtype != FLY_F16 && c->dtype != FLY_BF16)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: dtype %s, expected fp16 or bf16", dtype_name(c->dtype));
+  if (K % 32 != 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: K = %" PRId64 " is not a multiple of 32 (the MX block)", K);
   if (M == 0 || N == 0 || K == 0 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) return FLY_SUCCESS;
   int64_t need = 0;  // the largest split launch any bundled split variant makes for this shape
   for (const Variant* v : variants_of("mxfp"))

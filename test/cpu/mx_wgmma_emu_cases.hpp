@@ -21,7 +21,14 @@ namespace mxw_emu {
 
 namespace mx = fly::mx;
 
-void run(const fly::mxw::Params& p, unsigned grid) {
+// The kernel's parameter block: split-K variants (FLY_SPLIT) take SplitParams (ws, splits).
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+using EmuParams = fly::mxw::SplitParams;
+#else
+using EmuParams = fly::mxw::Params;
+#endif
+
+void run(const EmuParams& p, unsigned grid) {
 #if defined(FLY_PIPE)
   const size_t bytes = size_t(fly::mxw::smem_bytes(FLY_BN, FLY_FOLD != 0, FLY_PIPE >= 2));
 #else
@@ -53,6 +60,21 @@ void run(const fly::mxw::Params& p, unsigned grid) {
   }
 }
 
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+// mxfp_splitk_reduce on `grid` blocks of kReduceThreads (no shared memory or barriers: the
+// threads run one after the other).
+void run_reduce(const fly::mxw::SplitReduceParams& r, unsigned grid) {
+  emu::block_dim = {unsigned(fly::mxw::kReduceThreads), 1, 1};
+  emu::grid_dim = {grid, 1, 1};
+  for (unsigned bx = 0; bx < grid; ++bx)
+    for (unsigned t = 0; t < unsigned(fly::mxw::kReduceThreads); ++t) {
+      emu::thread_idx = {t, 0, 0};
+      emu::block_idx = {bx, 0, 0};
+      mxfp_splitk_reduce(r);
+    }
+}
+#endif
+
 CUtensorMap map_of(const uint8_t* base, int64_t cols_bytes, int64_t rows, int64_t ld, bool fp4, int box_rows) {
   emu::MapInfo mi{base, uint64_t(cols_bytes), uint64_t(rows), uint64_t(ld), fp4 ? 64u : 128u, uint32_t(box_rows),
                   fp4 ? 0 : 1};
@@ -70,8 +92,14 @@ float out_to_float(const std::vector<uint16_t>& c, size_t i, bool bf16) {
 }
 
 // Returns the number of stages the producers folded (fold variants, MXFP4).
+// splits (split-K variants only, FLY_SPLIT): 0 = the launcher's unsplit call of a split variant
+// (ws NULL, splits 1); S >= 1 = S units per tile (S > ceil(K / 128) included: some k ranges are
+// empty), the FP32 partials to a NaN-poisoned workspace with a guard after it, then
+// mxfp_splitk_reduce on `reduce_grid` blocks. Checked: the GEMM leaves c untouched when S > 1,
+// every partial equals the FP64 sum over its split's stages [q ks / S, (q + 1) ks / S) (an empty
+// range: exactly 0), nothing past S x M x N is written, and c after the reduction.
 int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bias, int a_lo, int a_hi, int b_lo,
-              int b_hi, unsigned grid_cap, bool nan_scale = false) {
+              int b_hi, unsigned grid_cap, bool nan_scale = false, int splits = 0, unsigned reduce_grid = 2) {
   const int64_t kbs = K / 32, cols = fp4 ? K / 2 : K;
   std::mt19937 rng(uint32_t(M * 3 + N * 5 + K + fp4 + 7 * FLY_BN));
   std::uniform_int_distribution<int> ub(0, 255), ua(a_lo, a_hi), ubs(b_lo, b_hi);
@@ -104,7 +132,7 @@ int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bi
     else { __half h = __float2half_rn(v); std::memcpy(&bias[size_t(n)], &h, 2); }
     if (with_bias) fb[size_t(n)] = v;
   }
-  fly::mxw::Params p{};
+  EmuParams p{};
   p.tm_a = map_of(pa.data(), cols, M, cols, fp4, fly::mxw::kBM);
   p.tm_b = map_of(pb.data(), cols, N, cols, fp4, FLY_BN);
   p.sa = sa.data();
@@ -121,15 +149,81 @@ int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bi
   p.fp4 = fp4;
   p.out_bf16 = bf16;
   const unsigned tiles = unsigned(p.tiles_m * p.tiles_n);
+  const int64_t ksteps = (K + fly::mxw::kKStep - 1) / fly::mxw::kKStep;
+  const int64_t S = splits > 1 ? splits : 1;
+  const int64_t plane = M * N, guard = plane + 67;  // a plane of guard: a shifted store lands in it
+  const uint32_t kPoison = 0x7FBADBADu;  // a NaN no kernel produces
+  std::vector<float> ws(size_t(S * plane + guard), emu::u2f(kPoison));
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+  p.ws = splits >= 1 ? ws.data() : nullptr;
+  p.splits = splits >= 1 ? splits : 1;
+#else
+  REQUIRE(splits == 0);
+#endif
+  const unsigned units = unsigned(tiles * S);
   emu::hung = false;
   emu::smem_oob = false;
   emu::over_arrivals = 0;
   emu::folded_stages = 0;
-  run(p, tiles < grid_cap ? tiles : grid_cap);
+  run(p, units < grid_cap ? units : grid_cap);
   CHECK_FALSE(emu::hung);
   CHECK_FALSE(emu::smem_oob);
   CHECK(emu::over_arrivals == 0);
   auto dec = [&](uint8_t x) { return fp4 ? double(mx::decode_e2m1(x)) : double(mx::decode_e4m3(x)); };
+  auto is_poison = [&](float f) { uint32_t u; std::memcpy(&u, &f, 4); return u == kPoison; };
+  if (S > 1) {
+    // The GEMM's share: partials only (c untouched), each the sum over its split's stages.
+    size_t c_written = 0, part_bad = 0, unwritten = 0, empty_planes = 0;
+    for (const uint16_t v : c) c_written += v != 0xFFFF;
+    CHECK(c_written == 0);
+    for (int64_t q = 0; q < S; ++q) {
+      const int64_t ks0 = q * ksteps / S, ks1 = (q + 1) * ksteps / S;  // docs/mxfp.md "Split-K"
+      empty_planes += ks0 == ks1;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          const float got = ws[size_t(q * plane + m * N + n)];
+          if (is_poison(got)) { ++unwritten; continue; }
+          if (m == nan_row || n == nan_col) continue;
+          double ref = 0, sabs = 0;
+          for (int64_t k = ks0 * fly::mxw::kKStep; k < K && k < ks1 * fly::mxw::kKStep; ++k) {
+            const double v = dec(ca[size_t(m * K + k)]) * std::ldexp(1.0, sa[size_t(m * kbs + k / 32)] - 127) *
+                             dec(cb[size_t(n * K + k)]) * std::ldexp(1.0, sb[size_t(n * kbs + k / 32)] - 127);
+            ref += v;
+            sabs += std::fabs(v);
+          }
+          const bool ok = ks0 == ks1 ? (got == 0.0f && !std::signbit(got))
+                                     : std::fabs(double(got) - ref) <= std::ldexp(sabs, -18) + std::ldexp(1.0, -120);
+          if (!ok) {
+            if (part_bad < 3) UNSCOPED_INFO("split " << q << " m " << m << " n " << n << " partial " << got << " ref " << ref);
+            ++part_bad;
+          }
+        }
+    }
+    size_t guard_hit = 0;
+    for (int64_t i = S * plane; i < S * plane + guard; ++i) guard_hit += !is_poison(ws[size_t(i)]);
+    INFO("BN " << FLY_BN << " M " << M << " N " << N << " K " << K << " fp4 " << fp4 << " splits " << S
+               << " of " << ksteps << " stages: " << empty_planes << " empty");
+    CHECK(unwritten == 0);
+    CHECK(part_bad == 0);
+    CHECK(guard_hit == 0);
+    CHECK(empty_planes == size_t(S > ksteps ? S - ksteps : 0));
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+    fly::mxw::SplitReduceParams r{};
+    r.ws = ws.data();
+    r.bias = p.bias;
+    r.c = p.c;
+    r.ldc = p.ldc;
+    r.M = p.M;
+    r.N = p.N;
+    r.splits = int32_t(S);
+    r.out_bf16 = p.out_bf16;
+    run_reduce(r, reduce_grid);
+#endif
+  } else {
+    size_t ws_written = 0;  // unsplit: the workspace is not touched
+    for (const float f : ws) ws_written += !is_poison(f);
+    CHECK(ws_written == 0);
+  }
   size_t bad = 0, overflowed = 0;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -168,6 +262,38 @@ int gemm_case(int64_t M, int64_t N, int64_t K, bool fp4, bool bf16, bool with_bi
 }  // namespace mxw_emu
 }  // namespace
 
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+// Split-K (docs/mxfp.md "Split-K"): the split count is a launch parameter (the variants' `_s<S>`
+// only caps it on the host, mxw::split_count), so one unit runs S = 1 (unsplit epilogue), 2, 3, 4
+// and 8 through the same kernel source. Cases: M / N tails (N odd: the partials' and the
+// reduction's scalar paths; N even: their pairs), K tails (a partial last stage), K a multiple
+// of 128 (the producer's prefetch from the unit's first stage: a chunk boundary inside a unit),
+// S > ceil(K / 128) (empty k ranges: zero partials), more units than CTAs (a CTA's units of one
+// tile and of different tiles share the ring), bias or none, FP16 and BF16, a NaN block scale.
+TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) MXW_PIPE_TAG ", split-K) and mxfp_splitk_reduce, run on the host, equal the FP64 reference", "[mx][emu][mxw][splitk]") {
+#if defined(MXW_SPLIT_SHORT)  // a second tile width: the first and third cases only (CI time)
+  for (bool fp4 : {false, true}) {
+    mxw_emu::gemm_case(37, FLY_BN + 9, 1664, fp4, true, true, -12, 12, -20, 4, 3, false, 4, 3);
+    mxw_emu::gemm_case(5, 71, 384, fp4, false, false, -9, -3, -9, -3, 1, false, 4);
+  }
+#else
+  for (bool fp4 : {false, true}) {
+    // 13 stages in 4 units of 3, 3, 3, 4 stages (the last crosses a prefetch chunk), 3 CTAs
+    mxw_emu::gemm_case(37, 100, 1664, fp4, true, true, -12, 12, -20, 4, 3, false, 4, 3);
+    // 2 x 3 tiles x 2 splits on 5 CTAs, K tail (2.25 stages: 1 + 2 per split), N odd, FP16
+    mxw_emu::gemm_case(130, 2 * FLY_BN + 3, 288, fp4, false, true, -12, -4, -9, -3, 5, false, 2, 1);
+    // S = 4 > 3 stages: split 0 empty; M = 5, N odd, no bias, one CTA running every unit
+    mxw_emu::gemm_case(5, 71, 384, fp4, true, false, -9, -3, -9, -3, 1, false, 4);
+  }
+  // S = 8 over 3 stages (five empty), M = 1; S = 3 (uneven ranges 1, 1, 2 of 4 stages), NaN scales
+  mxw_emu::gemm_case(1, FLY_BN + 2, 352, false, false, true, -8, -2, -8, -2, 132, false, 8);
+  mxw_emu::gemm_case(37, 100, 512, true, true, true, -3, -1, -3, -1, 132, true, 3);
+  // S = 1 (the unsplit epilogue of a split kernel) and the launcher's NULL-workspace call
+  mxw_emu::gemm_case(37, 100, 96, false, true, true, -20, 10, -6, 2, 132, false, 1);
+  mxw_emu::gemm_case(130, FLY_BN + 9, 288, true, false, true, -9, -5, -4, 0, 2, false, 0);
+#endif
+}
+#else
 TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ", fold " MXW_STR(FLY_FOLD) MXW_PIPE_TAG ") kernel source, run on the host, equals the FP64 reference", "[mx][emu][mxw]") {
   for (bool fp4 : {false, true}) {
     mxw_emu::gemm_case(37, 100, 96, fp4, true, true, -20, 10, -6, 2, 132);     // N, K tails (K < one stage)
@@ -196,3 +322,4 @@ TEST_CASE("mxfp_wgmma (BN " MXW_STR(FLY_BN) ", fold " MXW_STR(FLY_FOLD) MXW_PIPE
     CHECK(fn == (FLY_FOLD && fp4 ? tn * 3 - tn - 1 : 0));
   }
 }
+#endif

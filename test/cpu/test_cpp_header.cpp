@@ -116,6 +116,21 @@ TEST_CASE("flykernels.hpp: workspace queries answer as the C entries", "[cpp]") 
     CHECK(e.status() == FLY_ERROR_INVALID_ARGUMENT);
   }
 
+  // Scaled GEMM: MXFP8 32 x 4096 x 4096, BF16 out (0 bytes unless split-K variants are bundled).
+  fly_tensor qa = flykernels::tensor(fake_device_ptr(), FLY_F8_E4M3, {32, 4096});
+  fly_tensor qb = flykernels::tensor(fake_device_ptr(), FLY_F8_E4M3, {4096, 4096});
+  fly_tensor qc = flykernels::tensor(fake_device_ptr(), FLY_BF16, {32, 4096});
+  size_t s_bytes = 12345;
+  REQUIRE(fly_scaled_gemm_workspace_size(&qa, &qb, &qc, &s_bytes) == FLY_SUCCESS);
+  CHECK(flykernels::scaled_gemm_workspace_size(qa, qb, qc) == s_bytes);
+  CHECK(s_bytes % 256 == 0);
+  try {
+    flykernels::scaled_gemm_workspace_size(qa, qb, c_wrong);  // c is not 32 x 4096
+    FAIL("scaled_gemm_workspace_size accepted a mismatched c");
+  } catch (const flykernels::Error& e) {
+    CHECK(e.status() == FLY_ERROR_INVALID_ARGUMENT);
+  }
+
   // TopK: fp32 [64, 50000], k = 100, both modes.
   fly_tensor x = flykernels::tensor(fake_device_ptr(), FLY_F32, {64, 50000});
   for (int det = 0; det <= 1; ++det) {

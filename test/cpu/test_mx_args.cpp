@@ -2,10 +2,12 @@
 // (gemm/gemm_mx.h) bit for bit, the MX dtypes are accepted by descriptor validation, and
 // fly_mx_quantize / fly_scaled_gemm reject bad input with a status and a message naming the
 // argument before any device query (valid input reaches the device step: NO_DEVICE in CI).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "catch_compat.hpp"
@@ -206,6 +208,117 @@ TEST_CASE("scaled_gemm rejects bad arguments before any device query", "[mx][arg
   fly_tensor a0 = mat(kA, FLY_F8_E4M3, 0, K, K), sa0 = mat(kSA, FLY_E8M0, 0, K / 32, K / 32),
              c0 = mat(kC, FLY_BF16, 0, N, N);
   CHECK(fly_scaled_gemm(&a0, &sa0, &b8, &sb, nullptr, &c0, nullptr, 0, nullptr) == FLY_SUCCESS);
+}
+
+// The header's formula, from the bundled variants' names (mxfp_wgmma_n<bn>_..._s<split>):
+// max over them of S x M x N x 4 rounded up to 256, S = min(split, ceil(K / 128), 132 / tiles)
+// when S >= 2; 0 in builds without split variants (the default build).
+static size_t expected_ws(int64_t M, int64_t N, int64_t K) {
+  size_t need = 0;
+  for (int i = 0; i < fly_variant_count(); ++i) {
+    const std::string name = fly_variant_name(i);
+    if (name.rfind("mxfp_wgmma_n", 0) != 0) continue;
+    const size_t us = name.find("_s", 12);
+    if (us == std::string::npos) continue;
+    const int64_t bn = std::stoll(name.substr(12)), split = std::stoll(name.substr(us + 2));
+    const int64_t tiles = ((M + 127) / 128) * ((N + bn - 1) / bn);
+    const int64_t S = std::min({split, (K + 127) / 128, 132 / tiles});
+    if (S >= 2) need = std::max(need, size_t((S * M * N * 4 + 255) / 256 * 256));
+  }
+  return need;
+}
+
+TEST_CASE("scaled_gemm_workspace_size: the header's formula, bad arguments rejected, no device needed", "[mx][args][splitk]") {
+  const int64_t M = 32, N = 4096, K = 4096;
+  fly_tensor a8 = mat(kA, FLY_F8_E4M3, M, K, K), b8 = mat(kB, FLY_F8_E4M3, N, K, K);
+  fly_tensor a4 = mat(kA, FLY_F4_E2M1X2, M, K / 2, K / 2), b4 = mat(kB, FLY_F4_E2M1X2, N, K / 2, K / 2);
+  fly_tensor c = mat(kC, FLY_BF16, M, N, N), c16 = mat(kC, FLY_F16, M, N, N);
+  size_t bytes = 1;
+  // valid: answered without a device (CI has none), the same for both formats and outputs
+  REQUIRE(fly_scaled_gemm_workspace_size(&a8, &b8, &c, &bytes) == FLY_SUCCESS);
+  CHECK(bytes == expected_ws(M, N, K));
+  CHECK(bytes % 256 == 0);
+  size_t b4bytes = 1;
+  REQUIRE(fly_scaled_gemm_workspace_size(&a4, &b4, &c16, &b4bytes) == FLY_SUCCESS);
+  CHECK(b4bytes == bytes);
+  struct Shape { int64_t M, N, K; };
+  for (Shape sh : {Shape{1, 100, 96}, Shape{200, 300, 640}, Shape{4096, 4096, 4096}, Shape{7, 130, 8192},
+                   Shape{1, 1, 32}}) {
+    fly_tensor a = mat(kA, FLY_F8_E4M3, sh.M, sh.K, sh.K), b = mat(kB, FLY_F8_E4M3, sh.N, sh.K, sh.K);
+    fly_tensor cc = mat(kC, FLY_F16, sh.M, sh.N, sh.N);
+    bytes = 1;
+    INFO("M " << sh.M << " N " << sh.N << " K " << sh.K);
+    REQUIRE(fly_scaled_gemm_workspace_size(&a, &b, &cc, &bytes) == FLY_SUCCESS);
+    CHECK(bytes == expected_ws(sh.M, sh.N, sh.K));
+  }
+  // one stage (K <= 128) or one wave of tiles already: nothing to split
+  {
+    fly_tensor a = mat(kA, FLY_F8_E4M3, 64, 128, 128), b = mat(kB, FLY_F8_E4M3, 4096, 128, 128);
+    fly_tensor cc = mat(kC, FLY_BF16, 64, 4096, 4096);
+    bytes = 1;
+    CHECK(fly_scaled_gemm_workspace_size(&a, &b, &cc, &bytes) == FLY_SUCCESS);
+    CHECK(bytes == 0);
+  }
+  // empty output: 0 bytes
+  fly_tensor a0 = mat(kA, FLY_F8_E4M3, 0, K, K), c0 = mat(kC, FLY_BF16, 0, N, N);
+  bytes = 1;
+  CHECK(fly_scaled_gemm_workspace_size(&a0, &b8, &c0, &bytes) == FLY_SUCCESS);
+  CHECK(bytes == 0);
+  // bad arguments: a status naming the argument, and bytes = 0
+  auto rejects = [&](const fly_tensor* a, const fly_tensor* b, const fly_tensor* cc, const char* what) {
+    bytes = 77;
+    const fly_status st = fly_scaled_gemm_workspace_size(a, b, cc, &bytes);
+    INFO(what << ": " << fly_get_last_error());
+    CHECK(st == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(mentions(what));
+    CHECK(bytes == 0);
+  };
+  CHECK(fly_scaled_gemm_workspace_size(&a8, &b8, &c, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("bytes: NULL"));
+  rejects(nullptr, &b8, &c, "a: descriptor is NULL");
+  rejects(&a8, nullptr, &c, "b: descriptor is NULL");
+  rejects(&a8, &b8, nullptr, "c: descriptor is NULL");
+  fly_tensor abf = mat(kA, FLY_BF16, M, K, K);
+  rejects(&abf, &b8, &c, "a: dtype bf16");
+  rejects(&a8, &b4, &c, "b: dtype e2m1x2 does not match a");
+  fly_tensor bk = mat(kB, FLY_F8_E4M3, N, K - 32, K - 32);
+  rejects(&a8, &bk, &c, "b: 4064 columns");
+  fly_tensor cw = mat(kC, FLY_BF16, M, N + 1, N + 1);
+  rejects(&a8, &b8, &cw, "c: shape");
+  fly_tensor c32 = mat(kC, FLY_F32, M, N, N);
+  rejects(&a8, &b8, &c32, "c: dtype fp32");
+  fly_tensor a48 = mat(kA, FLY_F8_E4M3, M, 48, 48), b48 = mat(kB, FLY_F8_E4M3, N, 48, 48);
+  rejects(&a48, &b48, &c, "multiple of 32");
+  fly_tensor a3 = a8;
+  a3.rank = 3;
+  rejects(&a3, &b8, &c, "a: expected rank 2");
+  fly_tensor aneg = mat(kA, FLY_F8_E4M3, -1, K, K);
+  rejects(&aneg, &b8, &c, "a: size[0] = -1 is negative");
+  fly_tensor bnull = mat(nullptr, FLY_F8_E4M3, N, K, K);
+  rejects(&a8, &bnull, &c, "b: data pointer is NULL");
+}
+
+TEST_CASE("scaled_gemm rejects a misaligned or oversized workspace before any device query", "[mx][args][splitk]") {
+  const int64_t M = 8, N = 64, K = 128;
+  fly_tensor a8 = mat(kA, FLY_F8_E4M3, M, K, K), b8 = mat(kB, FLY_F8_E4M3, N, K, K);
+  fly_tensor sa = mat(kSA, FLY_E8M0, M, K / 32, K / 32), sb = mat(kSB, FLY_E8M0, N, K / 32, K / 32);
+  fly_tensor c = mat(kC, FLY_BF16, M, N, N);
+  void* const ws = reinterpret_cast<void*>(0x700000);
+  // aligned with a size: validated, then the device step (NO_DEVICE here)
+  CHECK(passed_validation(fly_scaled_gemm(&a8, &sa, &b8, &sb, nullptr, &c, ws, 4096, nullptr)));
+  // a non-NULL pointer with 0 bytes is "no workspace": the same as NULL
+  CHECK(passed_validation(fly_scaled_gemm(&a8, &sa, &b8, &sb, nullptr, &c, reinterpret_cast<char*>(ws) + 8, 0, nullptr)));
+  for (int off : {4, 16, 128}) {
+    INFO("offset " << off);
+    CHECK(fly_scaled_gemm(&a8, &sa, &b8, &sb, nullptr, &c, reinterpret_cast<char*>(ws) + off, 4096, nullptr) ==
+          FLY_ERROR_MISALIGNED);
+    CHECK(mentions("workspace"));
+    CHECK(mentions("256-byte aligned"));
+  }
+  CHECK(fly_scaled_gemm(&a8, &sa, &b8, &sb, nullptr, &c, ws, size_t(1) << 50, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("workspace_bytes"));
+  CHECK(fly_scaled_gemm(&a8, &sa, &b8, &sb, nullptr, &c, nullptr, 256, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("workspace: NULL"));
 }
 
 TEST_CASE("MX dtypes are valid descriptor dtypes of one byte", "[mx][dtype]") {

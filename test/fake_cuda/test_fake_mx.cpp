@@ -1,7 +1,9 @@
 // The MX entries behind the device check, on the stand-in driver: dispatch to the bundled
 // variants, launch geometry and the parameters the kernels receive (no kernel runs).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "catch_compat.hpp"
@@ -275,4 +277,103 @@ TEST_CASE("scaled_gemm: split-K variants' workspace, launches and fallback", "[f
     CHECK(mx_last_launch()->grid[0] == 32u);
   }
   fly_force_variant(nullptr);
+}
+
+// The workspace's checks (any variant: they come before dispatch) and the split count per shape:
+// capped by the stage count, 1 for one stage, the reduction's grid and output dtype; an unsplit
+// variant ignores a workspace.
+TEST_CASE("scaled_gemm: workspace outside device memory rejected; split count per shape", "[fake][mx][splitk]") {
+  void* s = fake_cuda_stream_create(0);
+  MxOperands o(32, 4096, 4096, false, FLY_F16);
+  void* dev = fake_cuda_malloc(1 << 20);
+  // host memory, 256-byte aligned: not device memory
+  std::unique_ptr<void, void (*)(void*)> host(std::aligned_alloc(256, 1 << 16), std::free);
+  CHECK(fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, nullptr, &o.c, host.get(), 1 << 16, s) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(fly_get_last_error()).find("workspace: ") != std::string::npos);
+  CHECK(std::string(fly_get_last_error()).find("not device memory") != std::string::npos);
+  // inside an allocation but running past its end
+  CHECK(fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, nullptr, &o.c, static_cast<char*>(dev) + 256, 1 << 20, s) ==
+        FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(fly_get_last_error()).find("workspace: ") != std::string::npos);
+  CHECK(std::string(fly_get_last_error()).find("allocation ends") != std::string::npos);
+  // misaligned inside an allocation
+  CHECK(fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, nullptr, &o.c, static_cast<char*>(dev) + 64, 4096, s) ==
+        FLY_ERROR_MISALIGNED);
+  CHECK(std::string(fly_get_last_error()).find("256-byte aligned") != std::string::npos);
+  fake_cuda_clear_records();
+  CHECK(fake_cuda_launch_count() == 0);  // none of them launched
+
+  // an unsplit BN 64 wgmma variant (the default build has some) takes the Params block and one
+  // launch, whatever the workspace
+  const char* plain_name = nullptr;
+  for (const char* n : {"mxfp_wgmma_n64_f0_p2", "mxfp_wgmma_n64_f0", "mxfp_wgmma_n64_f1"})
+    if (!plain_name && fly::find_variant(n)) plain_name = n;
+  if (plain_name) {
+    MxOperands q(32, 1024, 4096, false, FLY_BF16);
+    void* ws = fake_cuda_malloc(1 << 22);
+    REQUIRE(fly_force_variant(plain_name) == FLY_SUCCESS);
+    fake_cuda_clear_records();
+    CHECK(fly_scaled_gemm(&q.a, &q.sa, &q.b, &q.sb, nullptr, &q.c, ws, 1 << 22, s) == FLY_SUCCESS);
+    fly_force_variant(nullptr);
+    CHECK(fake_cuda_launch_count() == 1);
+    CHECK(mx_last_launch()->grid[0] == 16u);
+    CHECK(mx_last_launch()->param_bytes == sizeof(fly::mxw::Params));
+  } else {
+    WARN("no unsplit BN 64 mxfp_wgmma variant in this build");
+  }
+
+  const char* split_name = "mxfp_wgmma_n64_f0_p2_s4";
+  if (!fly::find_variant(split_name)) {
+    WARN("no " << split_name << " in this build");
+    return;
+  }
+  struct Shape { int64_t M, N, K; int splits; };
+  // BN 64: M 32, N 1024: 16 tiles, S = 4; K = 256: 2 stages, S = 2; K = 128: one stage, S = 1;
+  // N 4096: 64 tiles, 132 / 64 = 2; N 8448: 132 tiles, S = 1; M 130, N 300, K 288: 2 x 5 tiles, 3 stages, S = 3
+  for (Shape sh : {Shape{32, 1024, 4096, 4}, Shape{32, 1024, 256, 2}, Shape{32, 1024, 128, 1}, Shape{32, 4096, 4096, 2},
+                   Shape{32, 8448, 1024, 1}, Shape{130, 300, 288, 3}})
+    for (fly_dtype out : {FLY_F16, FLY_BF16}) {
+      MxOperands q(sh.M, sh.N, sh.K, false, out);
+      size_t need = 0;
+      REQUIRE(fly_scaled_gemm_workspace_size(&q.a, &q.b, &q.c, &need) == FLY_SUCCESS);
+      const size_t mine = sh.splits > 1 ? size_t((int64_t(sh.splits) * sh.M * sh.N * 4 + 255) / 256 * 256) : 0;
+      CHECK(need >= mine);  // the largest over the bundled split variants
+      // a workspace larger than needed, inside a larger allocation
+      void* ws = fake_cuda_malloc(need + 4096);
+      REQUIRE(fly_force_variant(split_name) == FLY_SUCCESS);
+      fake_cuda_clear_records();
+      const fly_status st = fly_scaled_gemm(&q.a, &q.sa, &q.b, &q.sb, &q.bias, &q.c, need ? ws : nullptr,
+                                            need ? need + 4096 : 0, s);
+      fly_force_variant(nullptr);
+      INFO("M " << sh.M << " N " << sh.N << " K " << sh.K << " " << fly_get_last_error() << " " << fake_cuda_last_refusal());
+      REQUIRE(st == FLY_SUCCESS);
+      const int64_t tiles = ((sh.M + 127) / 128) * ((sh.N + 63) / 64);
+      const fake_cuda_launch* G = fake_cuda_get_launch(0);
+      const auto p = mx_params_of<fly::mxw::SplitParams>(G);
+      CHECK(p.splits == sh.splits);
+      CHECK(G->grid[0] == unsigned(std::min<int64_t>(tiles * sh.splits, 132)));
+      CHECK(p.out_bf16 == (out == FLY_BF16 ? 1 : 0));
+      if (sh.splits == 1) {
+        CHECK(fake_cuda_launch_count() == 1);
+        CHECK(p.ws == nullptr);
+        CHECK(p.bias == q.biasd);  // the unsplit epilogue adds it
+        continue;
+      }
+      REQUIRE(fake_cuda_launch_count() == 2);
+      CHECK(static_cast<void*>(p.ws) == ws);
+      const fake_cuda_launch* R = fake_cuda_get_launch(1);
+      CHECK(std::string(R->kernel) == "mxfp_splitk_reduce");
+      CHECK(R->block[0] == unsigned(fly::mxw::kReduceThreads));
+      CHECK(R->grid[0] == unsigned(std::min<int64_t>((sh.M * ((sh.N + 1) / 2) + 255) / 256, 132 * 8)));
+      CHECK(R->stream == G->stream);  // stream-ordered after the GEMM
+      const auto r = mx_params_of<fly::mxw::SplitReduceParams>(R);
+      CHECK(r.ws == p.ws);
+      CHECK(r.splits == sh.splits);
+      CHECK(r.M == sh.M);
+      CHECK(r.N == sh.N);
+      CHECK(r.ldc == sh.N);
+      CHECK(r.c == q.cd);
+      CHECK(r.bias == q.biasd);
+      CHECK(r.out_bf16 == (out == FLY_BF16 ? 1 : 0));
+    }
 }

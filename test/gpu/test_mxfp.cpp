@@ -3,11 +3,14 @@
 // and scale rules, aligned and unaligned buffers; fly_scaled_gemm against an FP64 GEMM of the
 // exactly dequantized operands (random codes, scales over a wide exponent range incl. 0x00 and
 // 0xFE, M = 1, N and K not multiples of the tile, bias, both formats and output dtypes, output
-// poisoned with NaN beforehand).
+// poisoned with NaN beforehand). Every bundled mxfp variant forced, with the queried workspace (the
+// split-K variants run split: partials, then mxfp_splitk_reduce; run twice, bit-identical), and
+// the split variants with none / too small a one (their unsplit fallback).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -122,12 +125,32 @@ struct GemmCase {
   bool nan_scale = false;  // row 2 of A and column 5 of B get one 0xFF (NaN) block scale: NaN out there
 };
 
+// How a case passes the workspace: none (NULL, 0), the size fly_scaled_gemm_workspace_size
+// returns (a buffer poisoned with NaN: a partial the kernel failed to write shows up in c), or
+// half of it (the split variants' too-small fallback: unsplit).
+enum class Ws { kNone, kQueried, kHalf };
+
+// The split count the header documents for variant `name` (mxfp_wgmma_n<bn>_..._s<split>) on this
+// shape: min(split, ceil(K / 128), min(SMs, 132) / tiles), 1 when not a split variant.
+int expected_splits(const std::string& name, int64_t M, int64_t N, int64_t K) {
+  const size_t us = name.find("_s", 12);
+  if (name.rfind("mxfp_wgmma_n", 0) != 0 || us == std::string::npos) return 1;
+  const int64_t bn = std::stoll(name.substr(12)), split = std::stoll(name.substr(us + 2));
+  int sms = 132;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int64_t tiles = ((M + 127) / 128) * ((N + bn - 1) / bn);
+  const int64_t S = std::min({split, (K + 127) / 128, std::min<int64_t>(sms, 132) / tiles});
+  return S < 2 ? 1 : int(S);
+}
+const char* g_forced = nullptr;  // the forced variant's name (the every-variant case), else nullptr
+int g_split_cases = 0;           // cases of the forced variant that ran with splits >= 2
+
 // sabs_log2: the tolerance's term in the sum of |products| (2^-12: FP32 accumulation of exact
 // k32 partials). The wgmma variants sum each k32 block on the FP8 tensor core, which keeps about
 // 14 bits of the aligned products (docs/mxfp.md), so they are checked at 2^-10; the worst
 // |err| / sum|products| measured is reported either way.
 double g_worst_rel_sabs = 0;
-void gemm_case(const GemmCase& g, int sabs_log2 = -12) {
+void gemm_case(const GemmCase& g, int sabs_log2 = -12, Ws wsm = Ws::kQueried) {
   const int64_t M = g.M, N = g.N, K = g.K, kbs = K / 32;
   std::mt19937 rng(uint32_t(M * 131 + N * 7 + K + g.fp4 * 5 + g.out));
   std::uniform_int_distribution<int> ub(0, 255);
@@ -185,10 +208,35 @@ void gemm_case(const GemmCase& g, int sabs_log2 = -12) {
   fly_tensor a = mat(da.p, et, M, acols, acols), b = mat(db.p, et, N, acols, acols);
   fly_tensor tsa = mat(dsa.p, FLY_E8M0, M, kbs, kbs), tsb = mat(dsb.p, FLY_E8M0, N, kbs, kbs);
   fly_tensor c = mat(dc.p, g.out, M, N, N), bias = vec(dbias.p, g.out, N);
-  REQUIRE(fly_scaled_gemm(&a, &tsa, &b, &tsb, g.bias ? &bias : nullptr, &c, nullptr, 0, nullptr) == FLY_SUCCESS);
+  size_t need = 0;
+  REQUIRE(fly_scaled_gemm_workspace_size(&a, &b, &c, &need) == FLY_SUCCESS);
+  CHECK(need % 256 == 0);
+  const int splits = g_forced ? expected_splits(g_forced, M, N, K) : 1;
+  const size_t mine = size_t(splits) * size_t(M * N) * 4;  // this variant's S x M x N FP32 partials
+  if (splits > 1) {
+    CHECK(need >= mine);  // the query covers the forced variant's split launch
+    if (wsm == Ws::kQueried) ++g_split_cases;
+  }
+  // kHalf: half of what this variant's launch needs (the query's size may cover a larger split
+  // of another bundled variant), so it must run unsplit
+  const size_t ws_bytes = wsm == Ws::kQueried ? need : wsm == Ws::kHalf ? (splits > 1 ? mine / 2 : need / 2) : 0;
+  DevBuf dws(ws_bytes);
+  CUDA_OK(cudaMemset(dws.p, 0xFF, ws_bytes ? ws_bytes : 1));  // NaN partials until written
+  void* const ws = ws_bytes ? dws.p : nullptr;
+  REQUIRE(fly_scaled_gemm(&a, &tsa, &b, &tsb, g.bias ? &bias : nullptr, &c, ws, ws_bytes, nullptr) == FLY_SUCCESS);
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint8_t> hc(size_t(M * N) * 2);
   CUDA_OK(cudaMemcpy(hc.data(), dc.p, hc.size(), cudaMemcpyDeviceToHost));
+  if (ws) {
+    // again into a re-poisoned c with the workspace as the first call left it: the partials are
+    // summed in a fixed order, so the result is bit for bit the same
+    CUDA_OK(cudaMemset(dc.p, 0xFF, size_t(M * N) * 2));
+    REQUIRE(fly_scaled_gemm(&a, &tsa, &b, &tsb, g.bias ? &bias : nullptr, &c, ws, ws_bytes, nullptr) == FLY_SUCCESS);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint8_t> hc2(hc.size());
+    CUDA_OK(cudaMemcpy(hc2.data(), dc.p, hc2.size(), cudaMemcpyDeviceToHost));
+    CHECK(std::memcmp(hc.data(), hc2.data(), hc.size()) == 0);
+  }
 
   // FP64 reference of the exactly dequantized operands
   std::vector<double> da_(size_t(M * K)), db_(size_t(N * K));
@@ -236,6 +284,7 @@ void gemm_case(const GemmCase& g, int sabs_log2 = -12) {
       if (tol > 0 && err / tol > worst) worst = err / tol;
     }
   INFO("M " << M << " N " << N << " K " << K << " fp4 " << g.fp4 << " out " << g.out << " bias " << g.bias
+            << " workspace " << ws_bytes << " of " << need << " bytes, splits " << (wsm == Ws::kQueried ? splits : 1)
             << " worst err/tol " << worst << " nonfinite " << nonfinite);
   CHECK(checked == size_t(M * N));
   CHECK(bad == 0);
@@ -270,28 +319,29 @@ TEST_CASE("mx_quantize: every bundled variant is bit for bit the reference", "[g
   CHECK(forced >= 1);
 }
 
-static void gemm_suite(int sabs_log2, bool many_tiles) {
+static void gemm_suite(int sabs_log2, bool many_tiles, Ws wsm = Ws::kQueried) {
   for (bool fp4 : {false, true}) {
     // FP16 out: moderate scales; BF16 out: scales over most of E8M0's range
-    gemm_case({1, 192, 512, fp4, FLY_F16, true, -12, -4, -12, -4, 2}, sabs_log2);
-    gemm_case({1, 192, 512, fp4, FLY_BF16, false, -90, 70, -15, 15, 5}, sabs_log2);
-    gemm_case({37, 100, 96, fp4, FLY_BF16, true, -90, 70, -15, 15, 5}, sabs_log2);
-    gemm_case({37, 100, 96, fp4, FLY_F16, false, -12, -4, -12, -4, 2}, sabs_log2);
-    gemm_case({130, 257, 1056, fp4, FLY_BF16, true, -60, 60, -10, 10, 4}, sabs_log2);
-    gemm_case({64, 64, 32, fp4, FLY_F16, true, -9, -3, -9, -3, 1}, sabs_log2);
-    gemm_case({200, 320, 4096, fp4, FLY_BF16, false, -20, 20, -20, 20, 6}, sabs_log2);
+    gemm_case({1, 192, 512, fp4, FLY_F16, true, -12, -4, -12, -4, 2}, sabs_log2, wsm);
+    gemm_case({1, 192, 512, fp4, FLY_BF16, false, -90, 70, -15, 15, 5}, sabs_log2, wsm);
+    gemm_case({37, 100, 96, fp4, FLY_BF16, true, -90, 70, -15, 15, 5}, sabs_log2, wsm);
+    gemm_case({37, 100, 96, fp4, FLY_F16, false, -12, -4, -12, -4, 2}, sabs_log2, wsm);
+    gemm_case({130, 257, 1056, fp4, FLY_BF16, true, -60, 60, -10, 10, 4}, sabs_log2, wsm);
+    gemm_case({64, 64, 32, fp4, FLY_F16, true, -9, -3, -9, -3, 1}, sabs_log2, wsm);
+    gemm_case({200, 320, 4096, fp4, FLY_BF16, false, -20, 20, -20, 20, 6}, sabs_log2, wsm);
     // the extreme scales: row 0 at 2^127, row 1 at 2^-127, columns small enough that the
     // block products sa * sb stay inside FP32
-    gemm_case({3, 96, 160, fp4, FLY_BF16, true, -127, 127, -127, -31, 0}, sabs_log2);
+    gemm_case({3, 96, 160, fp4, FLY_BF16, true, -127, 127, -127, -31, 0}, sabs_log2, wsm);
     // NaN (0xFF) block scales: the rows / columns they touch are NaN, the rest exact
-    gemm_case({37, 100, 288, fp4, FLY_BF16, true, -3, 3, -3, 3, 1, true}, sabs_log2);
+    gemm_case({37, 100, 288, fp4, FLY_BF16, true, -3, 3, -3, 3, 1, true}, sabs_log2, wsm);
     // more tiles than SMs (the persistent loop and the ring lapping across tiles), M and N tails
-    if (many_tiles) gemm_case({520, 4200, 288, fp4, FLY_F16, true, -10, -2, -10, -2, 3}, sabs_log2);
+    if (many_tiles) gemm_case({520, 4200, 288, fp4, FLY_F16, true, -10, -2, -10, -2, 3}, sabs_log2, wsm);
   }
 }
 
 TEST_CASE("scaled_gemm equals the FP64 GEMM of the dequantized operands", "[gpu][mx][gemm]") {
-  gemm_suite(-12, false);
+  gemm_suite(-12, false, Ws::kQueried);
+  gemm_suite(-12, false, Ws::kNone);
 }
 
 // Every bundled variant of the mxfp family forced (the wgmma variants are not in the defaults or
@@ -302,13 +352,27 @@ TEST_CASE("scaled_gemm: every bundled mxfp variant is right", "[gpu][mx][gemm]")
   } unforce;
   const int forced = fly_test::for_each_variant("mxfp", [](const char* name, const char*) {
     const bool wgmma = std::string(name).rfind("mxfp_wgmma", 0) == 0;
+    const bool split = expected_splits(name, 1, 192, 512) > 1;  // a split-K variant
     INFO("forced variant " << name);
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
     g_worst_rel_sabs = 0;
-    gemm_suite(wgmma ? -10 : -12, true);
+    g_forced = name;
+    g_split_cases = 0;
+    gemm_suite(wgmma ? -10 : -12, true, Ws::kQueried);
+    if (split) {
+      CHECK(g_split_cases >= 10);  // the suite's cases with K > 128 and few tiles ran split
+      // the fallback: unsplit with no workspace or half the queried one (two cases each)
+      for (Ws w : {Ws::kNone, Ws::kHalf}) {
+        gemm_case({130, 257, 1056, false, FLY_BF16, true, -60, 60, -10, 10, 4}, -10, w);
+        gemm_case({37, 100, 288, true, FLY_F16, true, -3, 3, -3, 3, 1, true}, -10, w);
+      }
+    }
+    g_forced = nullptr;
     WARN("variant " << name << ": worst |err| / sum|products| = " << g_worst_rel_sabs << " (2^"
-                    << (g_worst_rel_sabs > 0 ? std::log2(g_worst_rel_sabs) : -999.0) << ")");
+                    << (g_worst_rel_sabs > 0 ? std::log2(g_worst_rel_sabs) : -999.0) << ")"
+                    << (split ? ", split-K cases " + std::to_string(g_split_cases) : std::string()));
   });
+  g_forced = nullptr;
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
   CHECK(forced >= 1);
 }

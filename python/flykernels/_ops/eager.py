@@ -42,7 +42,9 @@ class ScaledMmOverride(EagerOverride):
     """F.scaled_mm with MX block scales (BlockWise1x32, E8M0) and _scaled_mm with E8M0 scales,
     through fly_scaled_gemm; their Meta kernels too, so torch.compile traces NO_SWIZZLE scales.
     FakeTensor caches shape results across modes: the cache is cleared at each switch, so a
-    trace after it sees the Meta kernel now current."""
+    trace after it sees the Meta kernel now current. The split-K variants' workspace is queried
+    and allocated per call in the extension (csrc: scaled_mm_run, the caching allocator,
+    call-scoped), eager and under CUDA graphs alike: no persistent tensor, unlike _ops/gemm.py's."""
 
     def _clear_fake_cache(self):
         from torch._subclasses.fake_tensor import FakeTensorMode
