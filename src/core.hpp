@@ -189,6 +189,11 @@ struct DispatchRequest {
   // Everything `supports` depends on beyond `key` (alignment, workspace size, flags), so that
   // the per-shape cache never hands a decision to a call it does not fit. May be empty.
   std::string cache_tag;
+  // May be empty. A row whose winner can run the call but fails `prefer` (e.g. a split-K winner
+  // called without its workspace: it would run unsplit, slower than the row's runner-up) takes
+  // the row's runner-up when that one is bundled and passes both; else the winner still. A forced
+  // variant ignores it. Part of the cache key's inputs like `supports` (cache_tag).
+  std::function<bool(const Variant&)> prefer;
 };
 fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const Variant** out);
 

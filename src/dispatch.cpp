@@ -224,12 +224,20 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
   auto consider = [&](const TuningRow* r, const char* rule) {
     if (chosen || !r) return;
     const Variant* v = find_variant(r->variant);
-    if (ok(v)) {
-      chosen = v;
-      how = rule;
-    } else {
-      log(LogLevel::kDebug, "dispatch %s: skipping %s row %s (%s)", key_text(req).c_str(), rule,
-          r->variant.c_str(), v ? "cannot run this shape" : "not bundled");
+    if (!ok(v)) {
+      log(LogLevel::kDebug, "dispatch %s: skipping %s row %s (%s)", key_text(req).c_str(), rule, r->variant.c_str(),
+          v ? "cannot run this shape" : "not bundled");
+      return;
+    }
+    chosen = v;
+    how = rule;
+    if (req.prefer && !req.prefer(*v) && !r->runner_up.empty()) {
+      const Variant* u = find_variant(r->runner_up);
+      if (ok(u) && req.prefer(*u)) {
+        chosen = u;
+        how = std::string(rule) + ":runner-up";
+        why = "the row's winner " + r->variant + " is not preferred for this call";
+      }
     }
   };
   if (s.overlay) consider(s.overlay->exact(dc.arch, req.key), "overlay:exact");
@@ -247,7 +255,9 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
     for (auto& n : near) {
       consider(n.row, n.rule);
       if (chosen) {
+        const std::string runner_up_why = why;
         why = nearest_text(req, *n.row, n.dist);
+        if (!runner_up_why.empty()) why += "; " + runner_up_why;
         break;
       }
     }

@@ -142,10 +142,18 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
   if (version != "1" && version != "2")
     return fail(FLY_ERROR_DATABASE, "tuning database %s: schema version '%s', this library reads 1 and 2",
                 what.c_str(), printable(version.c_str(), 32).c_str());
+  // The runner-up column (db/schema.sql) when the table has it, else "" for every row.
   const char* q = version == "1"
                       ? "SELECT arch, op, dtype, layout, k0, k1, k2, 0, variant, coalesce(time_us, 0) FROM tuning"
-                      : "SELECT arch, op, dtype, layout, k0, k1, k2, k3, variant, coalesce(time_us, 0) FROM tuning";
-  if (sqlite3_prepare_v2(db, q, -1, &st, nullptr) != SQLITE_OK) {
+                      : "SELECT arch, op, dtype, layout, k0, k1, k2, k3, variant, coalesce(time_us, 0), "
+                        "coalesce(runner_up, '') FROM tuning";
+  st = nullptr;
+  if (version != "1" && sqlite3_prepare_v2(db, q, -1, &st, nullptr) != SQLITE_OK) {
+    sqlite3_finalize(st);  // no runner_up column: the same query without it
+    st = nullptr;
+    q = "SELECT arch, op, dtype, layout, k0, k1, k2, k3, variant, coalesce(time_us, 0) FROM tuning";
+  }
+  if (!st && sqlite3_prepare_v2(db, q, -1, &st, nullptr) != SQLITE_OK) {
     std::string m = sqlite3_errmsg(db);
     sqlite3_finalize(st);
     return fail(FLY_ERROR_DATABASE, "tuning database %s: bad tuning table (%s)", what.c_str(), m.c_str());
@@ -164,6 +172,7 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
     for (int i = 0; i < kKeyDims; ++i) r.k[i] = sqlite3_column_int64(st, 4 + i);
     r.variant = text(8);
     r.time_us = sqlite3_column_double(st, 9);
+    if (sqlite3_column_count(st) > 10) r.runner_up = text(10);
     rows_.push_back(std::move(r));
     if (rows_.size() > kMaxRows) break;
   }

@@ -16,6 +16,7 @@ struct TuningRow {
   int64_t k[kKeyDims] = {0, 0, 0, 0};
   std::string variant;
   double time_us = 0;
+  std::string runner_up;  // the second best of the tuning run ("" when none or not recorded)
 };
 
 class TuningDb {

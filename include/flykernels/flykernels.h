@@ -90,7 +90,9 @@ FLY_API fly_status fly_variant_info(const char* name, const char** family, const
  * forced variant that cannot run the given shape makes the op return FLY_ERROR_UNSUPPORTED. */
 FLY_API fly_status fly_force_variant(const char* name);
 /* The variant chosen by this thread's last successful dispatch, and where the decision came
- * from ("forced", "overlay:exact", "db:exact", "db:nearest", "default"). */
+ * from ("forced", "overlay:exact", "db:exact", "db:nearest", "default"; ":runner-up" appended
+ * when the row's second best ran because its winner did not suit the call, e.g. a split-K winner
+ * without its workspace). */
 FLY_API const char* fly_last_variant(void);
 FLY_API const char* fly_last_decision(void);
 /* Architecture string of the current device ("sm_90a"), or an error. */

@@ -304,6 +304,17 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   DispatchRequest req = make_request("mxfp", "scaled_gemm", fp4 ? "mxfp4" : "mxfp8", "nt",
                                      {{"N", N}, {"K", K}, {"M", M}});
   req.fallback = [] { return std::string("mxfp_gemm_m64_n64"); };
+  // A split-K winner needs the workspace its split launch writes: without it (NULL or too small)
+  // the row's runner-up runs instead (an unsplit variant timed beside it), not the split variant
+  // unsplit, which is slower at the decode shapes it wins. A forced split variant still runs
+  // unsplit then (launch_wgmma).
+  const int64_t sms = dc->sm_count > 0 ? dc->sm_count : 132;
+  const int64_t ws_bytes = workspace ? int64_t(workspace_bytes) : 0;
+  req.prefer = [M, N, K, sms, ws_bytes](const Variant& v) {
+    const int splits = split_of_launch(v, M, N, K, sms);
+    return splits == 1 || ws_bytes >= mxw::split_ws_bytes(splits, M, N);
+  };
+  req.cache_tag = "sms=" + std::to_string(sms) + " ws=" + std::to_string(ws_bytes);
   const Variant* chosen = nullptr;
   FLY_TRY(choose_variant(*dc, req, &chosen));
   if (chosen->name.rfind("mxfp_wgmma", 0) == 0)

@@ -148,6 +148,27 @@ TEST_CASE("a schema version 1 database (no k3) still loads, as k3 = 0", "[db]") 
   CHECK(db.exact("sm_90a", key(4096, 64)) != nullptr);
 }
 
+TEST_CASE("the runner-up is read where the table has it; a table without the column still loads", "[db]") {
+  TempDb with("INSERT INTO tuning VALUES ('sm_90a','rmsnorm_fwd','bf16','row',4096,64,0,0,'best',1.0,'second',1.5,"
+              "'g','d');");
+  fly::TuningDb a;
+  REQUIRE(a.load_file(with.path) == FLY_SUCCESS);
+  REQUIRE(a.rows().size() == 1);
+  CHECK(a.rows()[0].variant == "best");
+  CHECK(a.rows()[0].runner_up == "second");
+  TempDb without("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+                 "INSERT INTO meta VALUES ('schema_version', '2');"
+                 "CREATE TABLE tuning (arch TEXT, op TEXT, dtype TEXT, layout TEXT, k0 INTEGER, k1 INTEGER, k2 INTEGER,"
+                 " k3 INTEGER, variant TEXT, time_us REAL);"
+                 "INSERT INTO tuning VALUES ('sm_90a','rmsnorm_fwd','bf16','row',4096,64,0,0,'only',1.0);",
+                 false);
+  fly::TuningDb b;
+  REQUIRE(b.load_file(without.path) == FLY_SUCCESS);
+  REQUIRE(b.rows().size() == 1);
+  CHECK(b.rows()[0].variant == "only");
+  CHECK(b.rows()[0].runner_up.empty());
+}
+
 TEST_CASE("broken databases are reported, not used", "[db]") {
   fly::TuningDb db;
   SECTION("missing file") {
@@ -190,7 +211,8 @@ TEST_CASE("every variant named in the shipped dumps is bundled (for the families
   fly::TuningDb db;
   REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
   const std::pair<const char*, const char*> op_family[] = {{"rmsnorm_fwd", "rmsnorm"}, {"topk", "topk"}, {"gemm", "gemm"},
-                                                           {"attention_fwd", "attention"}, {"grouped_gemm", "grouped_gemm"},
+                                                           {"attention_fwd", "attention"}, {"attention_bwd", "attention_bwd"},
+                                                           {"grouped_gemm", "grouped_gemm"},
                                                            {"scaled_gemm", "mxfp"}};
   for (auto& r : db.rows()) {
     const char* family = nullptr;
@@ -262,6 +284,55 @@ TEST_CASE("dispatch: forced, overlay exact, nearest, default", "[dispatch]") {
     CHECK(std::string(fly_last_decision()) != "overlay:exact");
   }
   fly_force_variant(nullptr);
+  fly_set_tuning_db(nullptr);
+}
+
+TEST_CASE("dispatch: a winner that fails `prefer` yields to its row's runner-up, a forced one does not", "[dispatch]") {
+  std::string a, b;
+  fly::DeviceCtx dc;
+  if (!dispatch_setup(&a, &b, &dc)) return;
+  fly::DispatchRequest req;
+  req.family = "rmsnorm";
+  req.key = key(3000, 777);
+  req.fallback = [&] { return b; };
+  const fly::Variant* v = nullptr;
+  const std::string with_runner_up = "INSERT INTO tuning VALUES ('sm_90a','rmsnorm_fwd','bf16','row',3000,777,0,0,'" + a +
+                                     "',1.0,'" + b + "',2.0,'test','2026-01-01');";
+  TempDb t(with_runner_up + row("rmsnorm_fwd", "bf16", 6000, 777, 0, a));
+  REQUIRE(fly_set_tuning_db(t.path.c_str()) == FLY_SUCCESS);
+  SECTION("preferred: the winner") {
+    req.prefer = [](const fly::Variant&) { return true; };
+    req.cache_tag = "prefer all";
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+    CHECK(std::string(fly_last_decision()) == "overlay:exact");
+  }
+  SECTION("not preferred: the runner-up, exact and nearest") {
+    req.prefer = [&](const fly::Variant& x) { return x.name != a; };
+    req.cache_tag = "prefer not a";
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == b);
+    CHECK(std::string(fly_last_decision()) == "overlay:exact:runner-up");
+    req.key = key(3100, 777);  // nearest row: the same one
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == b);
+    CHECK(std::string(fly_last_decision()) == "overlay:nearest:runner-up");
+    req.key = key(6000, 777);  // a row without a runner-up: its winner still (it can run the call)
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+    CHECK(std::string(fly_last_decision()) == "overlay:exact");
+  }
+  SECTION("a forced variant ignores prefer") {
+    req.prefer = [](const fly::Variant&) { return false; };
+    req.cache_tag = "prefer none";
+    REQUIRE(fly_force_variant(a.c_str()) == FLY_SUCCESS);
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+    CHECK(std::string(fly_last_decision()) == "forced");
+    fly_force_variant(nullptr);
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);  // neither preferred: the winner
+    CHECK(v->name == a);
+  }
   fly_set_tuning_db(nullptr);
 }
 

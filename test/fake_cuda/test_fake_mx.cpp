@@ -279,6 +279,48 @@ TEST_CASE("scaled_gemm: split-K variants' workspace, launches and fallback", "[f
   fly_force_variant(nullptr);
 }
 
+// The shipped dispatch at a decode key whose DB row names a split-K winner (db/sm_90a.sql: mxfp8
+// N = K = 4096, M = 32 -> mxfp_wgmma_n128_f0_p2_s4, runner-up mxfp_wgmma_n32_f0): with the queried
+// workspace the split launch and its reduction; with none or too little, the row's runner-up
+// (unsplit, one launch), not the split variant run unsplit.
+TEST_CASE("scaled_gemm: a split-K row without its workspace runs the row's runner-up", "[fake][mx][splitk]") {
+  const char* split = "mxfp_wgmma_n128_f0_p2_s4";
+  const char* unsplit = "mxfp_wgmma_n32_f0";
+  if (!fly::find_variant(split) || !fly::find_variant(unsplit)) {
+    WARN("the decode rows' variants are not both bundled in this build");
+    return;
+  }
+  void* s = fake_cuda_stream_create(0);
+  for (bool fp4 : {false, true}) {
+    MxOperands o(32, 4096, 4096, fp4, FLY_BF16);
+    size_t need = 0;
+    REQUIRE(fly_scaled_gemm_workspace_size(&o.a, &o.b, &o.c, &need) == FLY_SUCCESS);
+    REQUIRE(need >= size_t(4) * 32 * 4096 * 4);
+    void* ws = fake_cuda_malloc(need);
+    fake_cuda_clear_records();
+    REQUIRE(fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, nullptr, &o.c, ws, need, s) == FLY_SUCCESS);
+    CHECK(std::string(fly_last_variant()) == split);
+    CHECK(std::string(fly_last_decision()) == "db:exact");
+    REQUIRE(fake_cuda_launch_count() == 2);
+    CHECK(mx_params_of<fly::mxw::SplitParams>(fake_cuda_get_launch(0)).splits == 4);
+    CHECK(std::string(fake_cuda_get_launch(1)->kernel) == "mxfp_splitk_reduce");
+    for (size_t bytes : {size_t(0), need / 2}) {
+      INFO("fp4 " << fp4 << ", workspace bytes " << bytes);
+      fake_cuda_clear_records();
+      REQUIRE(fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, nullptr, &o.c, bytes ? ws : nullptr, bytes, s) == FLY_SUCCESS);
+      CHECK(std::string(fly_last_variant()) == unsplit);
+      CHECK(std::string(fly_last_decision()) == "db:exact:runner-up");
+      CHECK(fake_cuda_launch_count() == 1);
+      CHECK(std::string(mx_last_launch()->kernel) == "mxfp_wgmma");
+    }
+    // the decision cache keeps the two calls apart: with the workspace again, the split winner
+    fake_cuda_clear_records();
+    REQUIRE(fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, nullptr, &o.c, ws, need, s) == FLY_SUCCESS);
+    CHECK(std::string(fly_last_variant()) == split);
+    CHECK(fake_cuda_launch_count() == 2);
+  }
+}
+
 // The workspace's checks (any variant: they come before dispatch) and the split count per shape:
 // capped by the stage count, 1 for one stage, the reduction's grid and output dtype; an unsplit
 // variant ignores a workspace.
