@@ -47,6 +47,15 @@ int split_of_launch(const Variant& v, int64_t M, int64_t N, int64_t K, int64_t s
   return mxw::split_count(split, tiles, (K + mxw::kKStep - 1) / mxw::kKStep, sms < kSplitMaxSms ? sms : kSplitMaxSms);
 }
 
+// The largest split launch any bundled split variant makes for this shape on `sms` SMs (0 without
+// split variants): the workspace query's answer, and what makes every split winner preferred.
+int64_t split_ws_need(int64_t M, int64_t N, int64_t K, int64_t sms) {
+  int64_t need = 0;
+  for (const Variant* v : variants_of("mxfp"))
+    need = std::max(need, mxw::split_ws_bytes(split_of_launch(*v, M, N, K, sms), M, N));
+  return need;
+}
+
 fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor& a, const fly_tensor& sa,
                         const fly_tensor& b, const fly_tensor& sb, const fly_tensor* bias, const fly_tensor& c, bool fp4,
                         int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, void* workspace,
@@ -229,10 +238,7 @@ extern "C" FLY_API fly_status fly_scaled_gemm_workspace_size(const fly_tensor* a
   if (K % 32 != 0)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "a: K = %" PRId64 " is not a multiple of 32 (the MX block)", K);
   if (M == 0 || N == 0 || K == 0 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) return FLY_SUCCESS;
-  int64_t need = 0;  // the largest split launch any bundled split variant makes for this shape
-  for (const Variant* v : variants_of("mxfp"))
-    need = std::max(need, mxw::split_ws_bytes(split_of_launch(*v, M, N, K, kSplitMaxSms), M, N));
-  *bytes = size_t(need);
+  *bytes = size_t(split_ws_need(M, N, K, kSplitMaxSms));
   return FLY_SUCCESS;
 }
 
@@ -314,7 +320,9 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
     const int splits = split_of_launch(v, M, N, K, sms);
     return splits == 1 || ws_bytes >= mxw::split_ws_bytes(splits, M, N);
   };
-  req.cache_tag = "sms=" + std::to_string(sms) + " ws=" + std::to_string(ws_bytes);
+  // cache tag: one decision for every workspace large enough for all split variants, else per size
+  const bool ws_enough = ws_bytes >= split_ws_need(M, N, K, sms);
+  req.cache_tag = "sms=" + std::to_string(sms) + (ws_enough ? " ws=enough" : " ws=" + std::to_string(ws_bytes));
   const Variant* chosen = nullptr;
   FLY_TRY(choose_variant(*dc, req, &chosen));
   if (chosen->name.rfind("mxfp_wgmma", 0) == 0)
