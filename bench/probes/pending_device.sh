@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # What is merged but has not run on the GPU. Each line is one device call (carry .devdeps; .whl
 # for the python tests; .ab for the GEMM A/B), in the order to run them next session:
-#   1. bash bench/probes/mx_splitk_device.sh              # MX split-K variants with a workspace (issue 26)
-#   2. python3 bench/attention_torch.py --fwdbwd --flybench build/flybench --dtype bf16   # fwd + bwd (issue 28)
+#   1. python3 bench/attention_torch.py --fwdbwd --flybench build/flybench --dtype bf16   # fwd + bwd (issue 28)
+#   2. bench/probes/attention_device.sh test,torch        # the suite with the FP16 forward rows (issue 23)
+#   3. python3 bench/mxfp_torch.py --flybench build/flybench --reps 10   # the MX suite with the split-K rows (issue 26)
 # Ran on 2026-12-02 (fourth session): gemm_core_ab_device.sh, attention_bwd_wide_device.sh,
-# attention_pingpong_device.sh, topk_grouped_device.sh, defaults_bwdtune_device.sh (bench/RESULTS.md).
+# attention_pingpong_device.sh, topk_grouped_device.sh, defaults_bwdtune_device.sh with
+# mx_splitk_device.sh (bench/RESULTS.md).
 # The stages below: `tests` again after any merge that touches the default build.
 #   bash bench/probes/pending_device.sh tests    # default build, ctest, python package + every python GPU test
 #                                                # (pytest twice: the second pass with Inductor's caches warm)
