@@ -17,7 +17,7 @@
 #include <sstream>
 #include <thread>
 
-#include "../kernels/mx/mx_wgmma_params.h"  // mxw::split_count, split_ws_bytes (the launcher's split rule)
+#include "../kernels/mx/mx_wgmma_params.h"  // mxw::launch_splits, split_ws_bytes (the launcher's split rule)
 
 namespace fly::tools {
 
@@ -587,8 +587,7 @@ int mx_launch_splits(const std::string& variant, int64_t M, int64_t N, int64_t K
   int dev = 0, sms = 132;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     sms = 132;
-  const int64_t tiles = ((M + mxw::kBM - 1) / mxw::kBM) * ((N + bn - 1) / bn);
-  const int S = mxw::split_count(int(split), tiles, (K + mxw::kKStep - 1) / mxw::kKStep, std::min(sms, 132));
+  const int S = mxw::launch_splits(int(split), int(bn), M, N, K, std::min(sms, 132));
   return S > 1 && int64_t(ws_bytes) >= mxw::split_ws_bytes(S, M, N) ? S : 1;
 }
 

@@ -93,6 +93,13 @@ FLY_MXW_HD int split_count(int split, int64_t tiles, int64_t ksteps, int64_t sms
   if (wave < s) s = wave;
   return s < 1 ? 1 : int(s);
 }
+// The split count of a launch of variant (split, bn) on M x N x K over `sms` SMs: split_count over
+// its tiles and stages (1 for a variant without a split axis, split < 2).
+FLY_MXW_HD int launch_splits(int split, int bn, int64_t M, int64_t N, int64_t K, int64_t sms) {
+  if (split < 2) return 1;
+  const int64_t tiles = ((M + kBM - 1) / kBM) * ((N + bn - 1) / bn);
+  return split_count(split, tiles, (K + kKStep - 1) / kKStep, sms);
+}
 // Workspace bytes of a split launch: the partials, rounded up to 256.
 FLY_MXW_HD int64_t split_ws_bytes(int splits, int64_t M, int64_t N) {
   return splits > 1 ? (int64_t(splits) * M * N * 4 + 255) / 256 * 256 : 0;

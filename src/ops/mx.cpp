@@ -41,18 +41,25 @@ int64_t row_stride(const fly_tensor& t) { return t.sizes[0] > 1 ? t.strides[0] :
 // kSplitMaxSms, so a workspace it sized is always large enough.
 constexpr int64_t kSplitMaxSms = 132;
 int split_of_launch(const Variant& v, int64_t M, int64_t N, int64_t K, int64_t sms) {
-  const int split = int(v.get_int("split", 0));
-  if (split < 2) return 1;
-  const int64_t bn = v.get_int("bn", 128), tiles = ((M + mxw::kBM - 1) / mxw::kBM) * ((N + bn - 1) / bn);
-  return mxw::split_count(split, tiles, (K + mxw::kKStep - 1) / mxw::kKStep, sms < kSplitMaxSms ? sms : kSplitMaxSms);
+  return mxw::launch_splits(int(v.get_int("split", 0)), int(v.get_int("bn", 128)), M, N, K,
+                            sms < kSplitMaxSms ? sms : kSplitMaxSms);
 }
 
 // The largest split launch any bundled split variant makes for this shape on `sms` SMs (0 without
 // split variants): the workspace query's answer, and what makes every split winner preferred.
+// Per call (fly_scaled_gemm's cache tag): the bundled split variants' (split, bn), read from the
+// registry once (it is fixed at build time).
 int64_t split_ws_need(int64_t M, int64_t N, int64_t K, int64_t sms) {
+  static const std::vector<std::pair<int, int>> split_bn = [] {
+    std::vector<std::pair<int, int>> r;
+    for (const Variant* v : variants_of("mxfp"))
+      if (v->get_int("split", 0) >= 2) r.emplace_back(int(v->get_int("split", 0)), int(v->get_int("bn", 128)));
+    return r;
+  }();
   int64_t need = 0;
-  for (const Variant* v : variants_of("mxfp"))
-    need = std::max(need, mxw::split_ws_bytes(split_of_launch(*v, M, N, K, sms), M, N));
+  for (const auto& [split, bn] : split_bn)
+    need = std::max(need, mxw::split_ws_bytes(mxw::launch_splits(split, bn, M, N, K, std::min<int64_t>(sms, kSplitMaxSms)),
+                                              M, N));
   return need;
 }
 
