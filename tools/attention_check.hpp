@@ -46,6 +46,14 @@ inline std::vector<AttnCase> attention_cases(const nlohmann::json& cases, const 
   return out;
 }
 
+// The dtypes a run covers: --dtype, else the suite's "dtype" list.
+inline std::vector<std::string> attention_dtypes(const Args& args, const nlohmann::json& suite) {
+  std::vector<std::string> dtypes;
+  if (args.has("dtype")) dtypes.push_back(args.get("dtype"));
+  else for (auto& d : suite["dtype"]) dtypes.push_back(d);
+  return dtypes;
+}
+
 struct AttnProblem {
   AttnCase c;
   DeviceBuffer q, k, v, o, lse, ws;

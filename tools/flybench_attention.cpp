@@ -11,9 +11,7 @@ namespace fly::tools {
 // 2.5x the forward's FLOPs (the suite's convention), a dQ spot check per case.
 int bench_attention_bwd(const Args& args) {
   nlohmann::json suite = load_suite(args.get("suite", "suites/attention.json"));
-  std::vector<std::string> dtypes;
-  if (args.has("dtype")) dtypes.push_back(args.get("dtype"));
-  else for (auto& d : suite["dtype"]) dtypes.push_back(d);
+  const std::vector<std::string> dtypes = attention_dtypes(args, suite);
   std::vector<AttnCase> cases = attention_cases(suite["cases"], dtypes);
   const std::string force = args.get("variant", "");
   cudaStream_t s = 0;
@@ -56,9 +54,7 @@ int bench_attention_bwd(const Args& args) {
 int bench_attention(const Args& args) {
   if (args.has("bwd")) return bench_attention_bwd(args);
   nlohmann::json suite = load_suite(args.get("suite", "suites/attention.json"));
-  std::vector<std::string> dtypes;
-  if (args.has("dtype")) dtypes.push_back(args.get("dtype"));
-  else for (auto& d : suite["dtype"]) dtypes.push_back(d);
+  const std::vector<std::string> dtypes = attention_dtypes(args, suite);
   std::vector<AttnCase> cases = attention_cases(suite["cases"], dtypes);
   if (!args.has("no-decode")) {
     std::ifstream sf(data_file("tuning/attention.json"));

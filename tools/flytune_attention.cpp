@@ -79,9 +79,7 @@ int tune(const Args& args, const std::vector<AttnCase>& cases, const char* famil
 
 int tune_attention(const Args& args) {
   nlohmann::json suite = load_suite(args.get("suite", "suites/attention.json"));
-  std::vector<std::string> dtypes;
-  if (args.has("dtype")) dtypes.push_back(args.get("dtype"));
-  else for (auto& d : suite["dtype"]) dtypes.push_back(d);
+  const std::vector<std::string> dtypes = attention_dtypes(args, suite);
   std::vector<AttnCase> cases = attention_cases(suite["cases"], dtypes);
   if (args.has("bwd")) return tune<AttnBwdProblem>(args, cases, "attention_bwd", "attention_bwd");
   nlohmann::json space = nlohmann::json::parse(std::ifstream(data_file("tuning/attention.json")));
