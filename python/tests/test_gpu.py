@@ -360,6 +360,12 @@ def attn_ref(q, k, v, causal, scale=None):
     return torch.softmax(s, -1) @ vd
 
 
+def attn_ref_grads(q, k, v, dout, causal):
+    """dq, dk, dv of attn_ref in float64 (autograd through the upcast math)."""
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(attn_ref(qd, kd, vd, causal), (qd, kd, vd), dout.double())
+
+
 def qkv(B, Hq, Hkv, Sq, Sk, D, dtype=torch.bfloat16, bshd=False, grad=False):
     def t(H, S):
         x = torch.randn(B, S, H, D, device=DEV, dtype=dtype).transpose(1, 2) if bshd else \
@@ -506,9 +512,7 @@ def test_sdpa_backward_ours_matches_reference(fly, backend, op, causal, D):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != 4)
         grads = torch.autograd.grad(out, (q, k, v), dout)
     assert fly.dispatch_counts()[op][0] == 1, fly.dispatch_counts()
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = attn_ref(qd, kd, vd, causal)
-    rgrads = torch.autograd.grad(ref, (qd, kd, vd), dout.double())
+    rgrads = attn_ref_grads(q, k, v, dout, causal)
     for g, rg in zip(grads, rgrads):
         assert g.shape == rg.shape and rel_err(g, rg) < 2e-2
 
@@ -524,8 +528,7 @@ def test_sdpa_wide_head_backward_is_ours(fly, D, causal):
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     assert fly.dispatch_counts()["sdpa_efficient_bwd"][0] == 1, fly.dispatch_counts()
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    rgrads = torch.autograd.grad(attn_ref(qd, kd, vd, causal), (qd, kd, vd), dout.double())
+    rgrads = attn_ref_grads(q, k, v, dout, causal)
     for g, rg in zip(grads, rgrads):
         assert g.shape == rg.shape and rel_err(g, rg) < 2e-2
 
