@@ -30,26 +30,30 @@ def load(path):
     lib = ctypes.CDLL(path)
     lib.fly_get_last_error.restype = ctypes.c_char_p
     lib.fly_last_variant.restype = ctypes.c_char_p
+    lib.fly_last_decision.restype = ctypes.c_char_p
     lib.fly_variant_name.restype = ctypes.c_char_p
     return lib
 
 
-def gemm_caller(lib, a, b, c, bias=None):
+def gemm_caller(lib, a, b, c, bias=None, workspace=True):
     """A callable running fly_gemm(a, b, c, bias) on torch's current stream, with a zero-filled
-    workspace of fly_gemm_workspace_size bytes (stream-K variants use it); raises RuntimeError with
-    the library's message on a failed call."""
+    workspace of fly_gemm_workspace_size bytes (stream-K variants and the packed path for odd
+    strides use it; workspace=False passes NULL, 0); raises RuntimeError with the library's
+    message on a failed call."""
     ad, bd, cd = desc(a), desc(b), desc(c)
     biasd = desc(bias) if bias is not None else None
     nbytes = ctypes.c_size_t(0)
     if lib.fly_gemm_workspace_size(ctypes.byref(ad), ctypes.byref(bd), ctypes.byref(cd), ctypes.byref(nbytes)):
         raise RuntimeError(lib.fly_get_last_error().decode())
+    if not workspace:
+        nbytes.value = 0
     ws = torch.zeros(max(nbytes.value, 256), device=c.device, dtype=torch.uint8)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
     def call():
         if lib.fly_gemm(ctypes.byref(ad), ctypes.byref(bd), ctypes.byref(cd),
                         ctypes.byref(biasd) if biasd is not None else None,
-                        ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(nbytes.value), stream):
+                        ctypes.c_void_p(ws.data_ptr() if nbytes.value else None), ctypes.c_size_t(nbytes.value), stream):
             raise RuntimeError(lib.fly_get_last_error().decode())
     call.workspace = ws  # kept alive with the callable
     return call

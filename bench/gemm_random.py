@@ -10,16 +10,18 @@ The distribution (documented so that runs with different seeds are comparable):
   dtype  FP16 or BF16, layout NN / NT / TN / TT, bias on half the shapes: each uniform
 Shapes whose operands would exceed --max-gib of device memory (or --max-tflop of work) are redrawn.
 
---odd (the strides TMA cannot take: the cp.async kernel, docs/gemm.md): the same shapes, but A and B
+--odd (the strides TMA cannot take, docs/gemm.md): the same shapes, but A and B
 are views into larger buffers whose leading dimension is the contiguous extent + 1 or + 3 elements
 and whose base is 0-3 elements into the buffer (uniform, from a second generator seeded by the
 seed), so every call has an operand TMA cannot address. torch.mm / addmm run on the same views. C
-is contiguous for both.
+is contiguous for both. With the queried workspace such calls take the packed path (the operand
+copied to aligned lines in the workspace, then the TMA kernel); --no-workspace passes none, so
+they take the cp.async kernel.
 
 Each shape is first checked against an FP32 reference (our output poisoned with NaN beforehand),
 then ours and torch's (mm, or addmm with the bias) are timed interleaved in one process
 (bench/timing.py: L2 flushed by a read before every call, rounds in a rotating order, medians).
-Calls we refuse (FLY_ERROR_UNSUPPORTED) are listed as such; odd strides take the cp.async kernel.
+Calls we refuse (FLY_ERROR_UNSUPPORTED) are listed as such.
 Prints a table sorted by ratio (torch time / ours: > 1 means we are faster) and the geomean.
 """
 import argparse
@@ -93,6 +95,7 @@ def main():
     ap.add_argument("--max-gib", type=float, default=8.0, help="redraw shapes larger than this")
     ap.add_argument("--max-tflop", type=float, help="redraw shapes of more than this much work (2MNK / 1e12)")
     ap.add_argument("--odd", action="store_true", help="leading dimensions extent + 1 / + 3, bases 0-3 elements in")
+    ap.add_argument("--no-workspace", action="store_true", help="call fly_gemm with no workspace (NULL, 0)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     lib = load(args.lib)
@@ -107,7 +110,7 @@ def main():
         if args.odd:
             tag += f" ld+{s['lda_extra']}/+{s['ldb_extra']} off {s['a_off']}/{s['b_off']}"
         try:
-            ours = gemm_caller(lib, a, b, c, bias)
+            ours = gemm_caller(lib, a, b, c, bias, workspace=not args.no_workspace)
             c.fill_(float("nan"))
             ours()
         except RuntimeError as e:
@@ -115,6 +118,8 @@ def main():
             print(f"{i:3d} {tag:36} refused: {e}", flush=True)
             continue
         variant = lib.fly_last_variant().decode()
+        if ":packed" in lib.fly_last_decision().decode():
+            variant += " (packed)"
         err = max_rel_err(c, ref)
         del ref
         ok = not math.isnan(err) and err < 2e-2

@@ -319,6 +319,8 @@ fly_status set_forced(const char* name) {
 
 const char* last_variant() { return t_last_variant.c_str(); }
 const char* last_decision() { return t_last_decision.c_str(); }
+const std::string& forced_variant() { return t_forced; }
+void append_decision(const char* suffix) { t_last_decision += suffix; }
 
 fly_status resolve_kernel(const DeviceCtx& dc, const DispatchRequest& req, const char* kernel, ResolvedKernel* out) {
   FLY_TRY(choose_variant(dc, req, &out->v));

@@ -9,7 +9,9 @@ kernel forced: 16-byte copies; + 4: 8-byte; + 2: 4-byte; + 1: 2-byte lines, the 
 A and B are views with that leading dimension; C is contiguous. Every call is checked against an
 FP32 reference (C poisoned with NaN first), then ours and torch's are timed interleaved
 (bench/timing.py: L2 flushed by a read before every call, rounds in a rotating order, medians).
-The aligned rows also time our default (TMA) dispatch."""
+The aligned rows also time our default (TMA) dispatch; the padded rows time the default dispatch
+(the packed path: the operands copied to aligned lines in the workspace, then the TMA kernel)
+beside the cp.async kernel forced."""
 import argparse
 import math
 import os
@@ -55,26 +57,34 @@ def main():
             def forced():
                 lib.fly_force_variant(odd)
                 ours()
-            run = forced if extra == 0 else ours
-            c.fill_(float("nan"))
-            run()
-            variant = lib.fly_last_variant().decode()
-            err = max_rel_err(c, ref)
-            fns = [("odd", run), ("torch", lambda: torch.mm(a, b))]
-            if extra == 0:
-                def tma():
-                    lib.fly_force_variant(None)
-                    ours()
-                fns.append(("tma", tma))
+
+            def default():
+                lib.fly_force_variant(None)
+                ours()
+            # extra 0: the cp.async kernel forced vs the TMA kernel; otherwise the default dispatch
+            # (the packed path: aligned copies in the workspace, then the TMA kernel) vs the
+            # cp.async kernel forced.
+            checks = [("odd", forced), ("packed" if extra else "tma", default)]
+            errs, variants = {}, {}
+            for name, fn in checks:
+                c.fill_(float("nan"))
+                fn()
+                variants[name] = lib.fly_last_variant().decode() + " (" + lib.fly_last_decision().decode() + ")"
+                errs[name] = max_rel_err(c, ref)
+            fns = checks + [("torch", lambda: torch.mm(a, b))]
             med = interleaved_us(fns, 3, reps=20, warm_ms=20.0)
             lib.fly_force_variant(None)
-            tflops = 2.0 * M * N * K / med["odd"] / 1e6
-            line = (f"{layout} ld+{extra} {label:3} err {err:.1e} ours {med['odd']:8.1f} us ({tflops:5.0f} TFLOP/s) "
-                    f"torch {med['torch']:8.1f} us {med['torch'] / med['odd']:6.3f}x {variant}")
-            if "tma" in med:
+            main_fn = "packed" if extra else "odd"
+            tflops = 2.0 * M * N * K / med[main_fn] / 1e6
+            line = (f"{layout} ld+{extra} {label:3} {main_fn:6} {med[main_fn]:8.1f} us ({tflops:5.0f} TFLOP/s) "
+                    f"torch {med['torch']:8.1f} us {med['torch'] / med[main_fn]:6.3f}x {variants[main_fn]}")
+            if extra:
+                line += f" | cp.async {med['odd']:8.1f} us {med['torch'] / med['odd']:6.3f}x"
+            else:
                 line += f" | TMA {med['tma']:8.1f} us (odd/TMA {med['odd'] / med['tma']:.2f})"
+            line += " | err " + " ".join(f"{k} {v:.1e}" for k, v in errs.items())
             print(line, flush=True)
-            if math.isnan(err) or err > 2e-2:
+            if any(math.isnan(e) or e > 2e-2 for e in errs.values()):
                 print("  WRONG", flush=True)
             del a, b, c, ref
 

@@ -125,17 +125,22 @@ FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int largest, int det
 /* ---- Dense GEMM -------------------------------------------------------------------------
  * C[M,N] = A[M,K] @ B[K,N] (+ bias[N]); FP16 or BF16 in and out (all the same dtype), FP32
  * accumulation. A and B may each be row- or column-major (read from the strides); leading
- * dimensions may be padded, any number of elements, and bases need only element alignment (what
- * TMA cannot address runs a cp.async kernel, slower). C row-major with unit inner stride.
- * FLY_ERROR_UNSUPPORTED remains for what no kernel takes: A or B neither row- nor column-major,
- * K = 0 with M, N > 0, dimensions of 2^31 or more (docs/gemm.md).
- * Workspace (optional): stream-K variants keep flags and fp32 partial tiles there. Query
- * fly_gemm_workspace_size (device and shape independent, about 19 MB when stream-K variants are
- * bundled; 0 otherwise) and pass a 256-byte aligned device buffer that large, zero-filled once
- * before first use: each call leaves its flags zero again, so it can be reused on one stream and
- * in CUDA graphs, but never by two GEMMs running at once (that can hang or corrupt). NULL/0 (or
- * too small) runs those variants without stream-K. Misaligned: FLY_ERROR_MISALIGNED; NULL with a
- * size: FLY_ERROR_INVALID_ARGUMENT. */
+ * dimensions may be padded, any number of elements, and bases need only element alignment. An
+ * operand TMA cannot address (a base not 16-byte aligned, or a leading dimension not a multiple
+ * of 8 elements) is copied into the workspace with aligned lines first when the workspace holds
+ * the copy (the packed path), else read by a cp.async kernel (slower). C row-major with unit
+ * inner stride. FLY_ERROR_UNSUPPORTED remains for what no kernel takes: A or B neither row- nor
+ * column-major, K = 0 with M, N > 0, dimensions of 2^31 or more (docs/gemm.md).
+ * Workspace (optional): stream-K variants keep flags and fp32 partial tiles there, and the packed
+ * path its copies. Query fly_gemm_workspace_size: device independent; for operands TMA can
+ * address also shape independent (about 19 MB when stream-K variants are bundled; 0 otherwise),
+ * for others it adds the copies' size (about the operands' bytes). Pass a 256-byte aligned device
+ * buffer that large, zero-filled once before first use: each call leaves its flags (the first
+ * 4096 bytes, which the copies never touch) zero again, so it can be reused on one stream and in
+ * CUDA graphs, but never by two GEMMs running at once (that can hang or corrupt). NULL/0 (or too
+ * small) runs those variants without stream-K; a buffer of 4096 bytes plus the copies runs the
+ * packed path without stream-K. Misaligned: FLY_ERROR_MISALIGNED; NULL with a size:
+ * FLY_ERROR_INVALID_ARGUMENT. */
 FLY_API fly_status fly_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
                                            const fly_tensor* c, size_t* bytes);
 FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c,

@@ -76,4 +76,34 @@ inline void plan_odd(const Problem& pr, int bn, int stages, int sm_count, OddLau
   out->smem = static_cast<unsigned>(odd_smem_bytes(bn, stages));
 }
 
+// ---- the packed path: an aligned copy in the workspace, then the TMA kernel ----------------------
+// Lines and line length of an operand as it lies in memory (gemm_odd_params.h PackParams).
+inline int64_t operand_lines(const Operand& o, int64_t k) { return o.kmajor ? o.rows : k; }
+inline int64_t operand_line_len(const Operand& o, int64_t k) { return o.kmajor ? k : o.rows; }
+inline int64_t pack_ld(int64_t len) { return (len + 7) / 8 * 8; }
+// Workspace bytes of the operand's aligned copy (a multiple of 256, so copies can follow each other).
+inline int64_t pack_bytes(const Operand& o, int64_t k, Dtype dt) {
+  return (operand_lines(o, k) * pack_ld(operand_line_len(o, k)) * elem_bytes(dt) + 255) / 256 * 256;
+}
+// The copy's launch: one thread per 16-byte chunk of the copy, grid-stride over at most 8 blocks
+// per SM; `dst` 256-byte aligned. `packed` is the operand as the TMA kernel then reads it.
+struct PackLaunch {
+  PackParams params;
+  unsigned grid;
+  Operand packed;
+};
+inline void plan_pack(const Operand& o, int64_t k, void* dst, int sm_count, PackLaunch* out) {
+  PackParams& p = out->params;
+  p.src = o.data;
+  p.dst = dst;
+  p.lines = operand_lines(o, k);
+  p.len = operand_line_len(o, k);
+  p.sld = p.lines > 1 ? o.ld : p.len;
+  p.dld = pack_ld(p.len);
+  const int64_t chunks = p.lines * (p.dld / 8);
+  const int64_t blocks = (chunks + kPackThreads - 1) / kPackThreads;
+  out->grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sm_count) * 8)));
+  out->packed = Operand{dst, o.rows, p.dld, o.kmajor};
+}
+
 }  // namespace fly::gemm

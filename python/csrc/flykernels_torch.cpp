@@ -1139,6 +1139,37 @@ const char* gemm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::
   return device_unsupported(out.device());
 }
 
+// Whether TMA cannot address this operand (a base not 16-byte aligned, or a leading dimension
+// that is not a multiple of 8 elements): fly_gemm then copies it into the workspace (its packed
+// path) when there is room, else runs its cp.async kernel. A cheap guess of the library's rule:
+// it decides; this only says when a scratch buffer is worth allocating.
+bool gemm_needs_copies(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return true;
+  const int64_t ld = t.stride(1) == 1 ? t.stride(0) : t.stride(1);
+  const int64_t lines = t.stride(1) == 1 ? t.size(0) : t.size(1);
+  return lines > 1 && ld % 8 != 0;
+}
+
+// Scratch for the packed path when the caller has no workspace (Inductor's calls): 4096 bytes
+// (where stream-K's flags would be: left unused, so uninitialized memory is fine) plus the copies,
+// which fly_gemm_workspace_size reports beyond its shape-independent stream-K part. Freed when
+// the call returns (the caching allocator reuses it in stream order). Undefined when the library
+// needs no copies.
+at::Tensor gemm_copy_scratch(const fly_tensor& ad, const fly_tensor& bd, const fly_tensor& cd, const c10::Device& dev) {
+  size_t total = 0, aligned = 0;
+  if (fly_gemm_workspace_size(&ad, &bd, &cd, &total) != FLY_SUCCESS) return {};
+  fly_tensor x{};  // any aligned operand of the same dtype: the stream-K part alone
+  x.data = reinterpret_cast<void*>(uintptr_t(256));
+  x.dtype = ad.dtype;
+  x.rank = 2;
+  x.sizes[0] = x.sizes[1] = 8;
+  x.strides[0] = 8;
+  x.strides[1] = 1;
+  if (fly_gemm_workspace_size(&x, &x, &x, &aligned) != FLY_SUCCESS || total <= aligned) return {};
+  const int64_t bytes = static_cast<int64_t>(total - aligned) + 4096;
+  return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(dev));
+}
+
 // Our GEMM into `out` (bias optional); false when ineligible or declined (out untouched). The
 // stream-K workspace comes from Python (zero-filled, per stream, outside CUDA-graph pools).
 bool gemm_try(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, const at::Tensor* bias,
@@ -1156,9 +1187,16 @@ bool gemm_try(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, const a
   if (bias != nullptr) biasd = desc_1d(*bias, bias->size(0));
   void* ws_ptr = nullptr;
   size_t ws_bytes = 0;
+  at::Tensor scratch;
   if (workspace.has_value() && workspace->defined() && workspace->is_cuda() && workspace->device() == out.device()) {
     ws_ptr = workspace->data_ptr();
     ws_bytes = static_cast<size_t>(workspace->nbytes());
+  } else if (gemm_needs_copies(a) || gemm_needs_copies(b)) {
+    scratch = gemm_copy_scratch(ad, bd, cd, out.device());
+    if (scratch.defined()) {
+      ws_ptr = scratch.data_ptr();
+      ws_bytes = static_cast<size_t>(scratch.nbytes());
+    }
   }
   fly_status st = fly_gemm(&ad, &bd, &cd, bias != nullptr ? &biasd : nullptr, ws_ptr, ws_bytes,
                            current_stream(out.device()));

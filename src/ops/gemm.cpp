@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core.hpp"
+#include "tuning_db.hpp"
 #include "gemm/gemm_decode.h"
 #include "gemm/gemm_odd_plan.h"
 #include "gemm/gemm_params.h"
@@ -21,9 +22,12 @@ struct GemmCall {
   gemm::Problem pr{};
   fly_dtype dt = FLY_DTYPE_INVALID;
   std::string layout;  // "nt", "nn", "tn", "tt": A row (n) / col (t) major, B row (n) / col (t)
-  // Set when TMA cannot address A or B (gemm_plan.h operand_tma_problem): the call takes the
-  // cp.async kernel (gemm_odd_sm90.cu). Names the operand and the rule, for the info log.
+  // Set when TMA cannot address A or B (gemm_plan.h operand_tma_problem): the call copies those
+  // operands into the workspace and runs the TMA kernel on the copies (the packed path) when the
+  // workspace holds them, else takes the cp.async kernel (gemm_odd_sm90.cu). Names the operand and
+  // the rule, for the info log.
   std::string odd_reason;
+  bool odd_a = false, odd_b = false;
 };
 
 // Row- or column-major view of a [rows, cols] tensor. A size-1 dimension makes one stride
@@ -109,10 +113,14 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
   if (K == 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported: C would be just the bias");
   // Operands TMA cannot address (16-byte rows and bases) go to the cp.async kernel instead.
-  if (const char* why = gemm::operand_tma_problem(p.a, K, p.dtype))
+  if (const char* why = gemm::operand_tma_problem(p.a, K, p.dtype)) {
     out->odd_reason = std::string("a: ") + why + " (lda = " + std::to_string(lda) + ")";
-  if (const char* why = gemm::operand_tma_problem(p.bt, K, p.dtype))
+    out->odd_a = true;
+  }
+  if (const char* why = gemm::operand_tma_problem(p.bt, K, p.dtype)) {
     out->odd_reason += std::string(out->odd_reason.empty() ? "" : "; ") + "b: " + why + " (ldb = " + std::to_string(ldb) + ")";
+    out->odd_b = true;
+  }
   return FLY_SUCCESS;
 }
 
@@ -173,14 +181,30 @@ fly_status launch_planned(const DeviceCtx& dc, const Variant& v, CUfunction f, u
 // partial tiles there, at most one 128 x 256 fp32 tile per CTA of a grid no larger than the SM
 // count. Device independent: bounded by the largest sm_90 part (144 SMs). Split-K clusters
 // reduce through distributed shared memory and need none.
-int64_t workspace_need(const GemmCall& call) {
-  if (call.pr.M == 0 || call.pr.N == 0) return 0;
-  constexpr int kMaxSms = 144;
+constexpr int kMaxSms = 144;
+int64_t stream_k_need(const GemmCall& call) {
   int64_t need = 0;
   for (const Variant* v : variants_of(kFamily))
     if (v->get_int("split", 0) == 1 && v->get("dtype") == dtype_name(call.dt))
       need = std::max(need, gemm::sk_workspace_bytes(kMaxSms, int(v->get_int("bm", gemm::kBM)), int(v->get_int("bn", 128))));
   return need;
+}
+
+// The packed path's copies (A's, then B's) go at the end of the workspace, never into its first
+// kPackFront bytes: those hold stream-K's flags, which every call must find zero.
+constexpr int64_t kPackFront = 4096;
+static_assert(gemm::sk_flags_bytes(kMaxSms) <= kPackFront, "stream-K flags fit the workspace's front");
+int64_t pack_need(const GemmCall& call) {
+  return (call.odd_a ? gemm::pack_bytes(call.pr.a, call.pr.K, call.pr.dtype) : 0) +
+         (call.odd_b ? gemm::pack_bytes(call.pr.bt, call.pr.K, call.pr.dtype) : 0);
+}
+
+// The query: stream-K's part, and for operands TMA cannot address room for their copies after it.
+int64_t workspace_need(const GemmCall& call) {
+  if (call.pr.M == 0 || call.pr.N == 0) return 0;
+  const int64_t sk = stream_k_need(call), pack = pack_need(call);
+  if (pack == 0) return sk;
+  return (std::max(sk, kPackFront) + 255) / 256 * 256 + pack;
 }
 
 // ---- the cp.async path (kernels/gemm/gemm_odd_sm90.cu): operands TMA cannot address ----------
@@ -217,6 +241,77 @@ fly_status run_odd(const DeviceCtx& dc, const GemmCall& call, void* stream) {
   return launch_odd(dc, *v, call.pr, stream);
 }
 
+// A call TMA can address (its own operands, or the packed path's copies): database dispatch over
+// the TMA and decode kernels (or a forced variant, a cp.async one included).
+fly_status run_tma(const DeviceCtx& dc, const GemmCall& call, void* workspace, size_t workspace_bytes, void* stream) {
+  const gemm::Problem& pr = call.pr;
+  DispatchRequest req =
+      make_request(kFamily, "gemm", dtype_name(call.dt), call.layout.c_str(), {{"N", pr.N}, {"K", pr.K}, {"M", pr.M}});
+  const fly_dtype dt = call.dt;
+  const int sms = dc.sm_count;
+  const gemm::Problem prob = pr;
+  req.supports = [dt, sms, prob](const Variant& v) {
+    return v.get("dtype") == dtype_name(dt) && variant_fits(v, prob, sms);
+  };
+  req.cache_tag = "sms=" + std::to_string(sms);  // forced_split_fits depends on the SM count
+  const int64_t M = pr.M;
+  req.fallback = [dt, M] { return default_variant(dt, M); };
+  // The two kernels of the family have their own entry symbols and parameter structs.
+  const Variant* v = nullptr;
+  FLY_TRY(choose_variant(dc, req, &v));
+  if (is_odd(*v)) return launch_odd(dc, *v, pr, stream);  // a forced cp.async variant
+  CUfunction f = nullptr;
+  FLY_TRY(get_function(dc, *v, is_decode(*v) ? "fly_gemm_decode_sm90" : "fly_gemm_sm90", &f));
+  const Driver* d = nullptr;
+  FLY_TRY(driver(&d));
+
+  if (is_decode(*v)) {
+    gemm::DecodeLaunch L;
+    const CUresult r = gemm::plan_decode(pr, decode_shape(*v), dc.sm_count, d->cuTensorMapEncodeTiled, &L);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
+    return launch_planned(dc, *v, f, L.grid, L.threads, L.smem, L.cluster, stream, L.params);
+  }
+  gemm::Launch L;
+  const CUresult r = gemm::plan_gemm(pr, VariantShapeOf::of(*v), dc.sm_count, d->cuTensorMapEncodeTiled, &L,
+                                     int(v->get_int("split", 0)), gemm::Workspace{workspace, workspace_bytes});
+  if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
+  return launch_planned(dc, *v, f, L.grid, gemm::kThreads, L.smem, L.cluster, stream, L.params);
+}
+
+// The packed path: each operand TMA cannot address is copied (fly_gemm_pack_sm90, in the cp.async
+// variant's cubin) into the last `pack` bytes of the workspace, then run_tma runs on the copies
+// with the workspace's front (stream-K's flags and, when large enough, its partial tiles).
+fly_status run_packed(const DeviceCtx& dc, const GemmCall& call, void* workspace, size_t workspace_bytes, int64_t pack,
+                      void* stream) {
+  const Variant* pv = find_variant(default_odd_variant(call.dt));
+  if (!pv) return run_odd(dc, call, stream);  // not bundled: run_odd says so
+  CUfunction f = nullptr;
+  FLY_TRY(get_function(dc, *pv, "fly_gemm_pack_sm90", &f));
+  const int64_t front = (int64_t(workspace_bytes) - pack) / 256 * 256;  // >= kPackFront, 256-aligned
+  char* dst = static_cast<char*>(workspace) + front;
+  GemmCall packed = call;
+  for (int which = 0; which < 2; ++which) {
+    if (!(which == 0 ? call.odd_a : call.odd_b)) continue;
+    const gemm::Operand& o = which == 0 ? call.pr.a : call.pr.bt;
+    gemm::PackLaunch L;
+    gemm::plan_pack(o, call.pr.K, dst, dc.sm_count, &L);
+    LaunchConfig cfg;
+    cfg.grid[0] = L.grid;
+    cfg.block[0] = gemm::kPackThreads;
+    FLY_TRY(launch1(f, cfg, stream, L.params));
+    (which == 0 ? packed.pr.a : packed.pr.bt) = L.packed;
+    dst += gemm::pack_bytes(o, call.pr.K, call.pr.dtype);
+  }
+  packed.odd_reason.clear();
+  packed.odd_a = packed.odd_b = false;
+  FLY_TRY(run_tma(dc, packed, workspace, size_t(front), stream));
+  append_decision(":packed");
+  if (log_level() >= LogLevel::kInfo)
+    log(LogLevel::kInfo, "gemm: packed path: %s copied to aligned lines in the workspace (%" PRId64 " bytes), then %s",
+        call.odd_reason.c_str(), pack, last_variant());
+  return FLY_SUCCESS;
+}
+
 }  // namespace
 }  // namespace fly
 
@@ -239,10 +334,9 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   clear_error();
   GemmCall call;
   FLY_TRY(validate(a, b, c, bias, &call));
-  const gemm::Problem& pr = call.pr;
   // The workspace is optional (stream-K variants run as plain persistent launches without one).
   FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
-  if (pr.M == 0 || pr.N == 0) return FLY_SUCCESS;
+  if (call.pr.M == 0 || call.pr.N == 0) return FLY_SUCCESS;
 
   ScopedContext guard;
   const DeviceCtx* dc = nullptr;
@@ -252,37 +346,15 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(check_device_pointer(*c, "c"));
   if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
   if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
-  if (!call.odd_reason.empty()) return run_odd(*dc, call, stream);  // TMA cannot address A or B
-
-  DispatchRequest req =
-      make_request(kFamily, "gemm", dtype_name(call.dt), call.layout.c_str(), {{"N", pr.N}, {"K", pr.K}, {"M", pr.M}});
-  const fly_dtype dt = call.dt;
-  const int sms = dc->sm_count;
-  const gemm::Problem prob = pr;
-  req.supports = [dt, sms, prob](const Variant& v) {
-    return v.get("dtype") == dtype_name(dt) && variant_fits(v, prob, sms);
-  };
-  req.cache_tag = "sms=" + std::to_string(sms);  // forced_split_fits depends on the SM count
-  const int64_t M = pr.M;
-  req.fallback = [dt, M] { return default_variant(dt, M); };
-  // The two kernels of the family have their own entry symbols and parameter structs.
-  const Variant* v = nullptr;
-  FLY_TRY(choose_variant(*dc, req, &v));
-  if (is_odd(*v)) return launch_odd(*dc, *v, pr, stream);  // a forced cp.async variant
-  CUfunction f = nullptr;
-  FLY_TRY(get_function(*dc, *v, is_decode(*v) ? "fly_gemm_decode_sm90" : "fly_gemm_sm90", &f));
-  const Driver* d = nullptr;
-  FLY_TRY(driver(&d));
-
-  if (is_decode(*v)) {
-    gemm::DecodeLaunch L;
-    const CUresult r = gemm::plan_decode(pr, decode_shape(*v), dc->sm_count, d->cuTensorMapEncodeTiled, &L);
-    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
-    return launch_planned(*dc, *v, f, L.grid, L.threads, L.smem, L.cluster, stream, L.params);
-  }
-  gemm::Launch L;
-  const CUresult r = gemm::plan_gemm(pr, VariantShapeOf::of(*v), dc->sm_count, d->cuTensorMapEncodeTiled, &L,
-                                     int(v->get_int("split", 0)), gemm::Workspace{workspace, workspace_bytes});
-  if (r != CUDA_SUCCESS) return cuda_fail(r, "cuTensorMapEncodeTiled");
-  return launch_planned(*dc, *v, f, L.grid, gemm::kThreads, L.smem, L.cluster, stream, L.params);
+  if (call.odd_reason.empty()) return run_tma(*dc, call, workspace, workspace_bytes, stream);
+  // TMA cannot address A or B: copies in the workspace when it holds them (and no cp.async variant
+  // is forced), else the cp.async kernel.
+  const int64_t pack = pack_need(call);
+  const bool odd_forced = forced_variant().rfind("gemm_odd_", 0) == 0;
+  if (!odd_forced && workspace && int64_t(workspace_bytes) - pack >= kPackFront)
+    return run_packed(*dc, call, workspace, workspace_bytes, pack, stream);
+  if (log_level() >= LogLevel::kInfo && !odd_forced)
+    log(LogLevel::kInfo, "gemm: a workspace of %" PRId64 " bytes (fly_gemm_workspace_size; %zu given) would run the "
+        "TMA kernel on aligned copies of the operands", workspace_need(call), workspace_bytes);
+  return run_odd(*dc, call, stream);
 }

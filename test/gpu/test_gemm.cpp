@@ -39,6 +39,8 @@ struct Case {
   // each base is moved this many elements into its buffer (1: only 2-byte aligned).
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t a_off = 0, b_off = 0, c_off = 0;
+  // No workspace (NULL, 0): odd strides then take the cp.async kernel instead of the packed path.
+  bool no_ws = false;
 };
 
 std::string describe(const Case& c) {
@@ -103,7 +105,8 @@ fly_status run_case(const Case& cs, uint64_t seed = 1, bool repeat = false, int 
   Dev dws(ws);
   // The documented contract: zero-filled before first use (each call leaves it so).
   REQUIRE(cudaMemset(dws.p, 0, ws ? ws : 16) == cudaSuccess);
-  const fly_status st = fly_gemm(&ta, &tb, &tc, cs.bias ? &tbias : nullptr, dws.p, ws, nullptr);
+  const fly_status st =
+      fly_gemm(&ta, &tb, &tc, cs.bias ? &tbias : nullptr, cs.no_ws ? nullptr : dws.p, cs.no_ws ? 0 : ws, nullptr);
   INFO(fly_get_last_error());
   if (st != FLY_SUCCESS) return st;
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
@@ -369,10 +372,12 @@ TEST_CASE("gemm: raster strips taller than 8, the last one ragged", "[gemm][gpu]
   REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
 }
 
-// ---- strides TMA cannot take: the cp.async kernel (gemm_odd_sm90.cu) ------------------------------
+// ---- strides TMA cannot take: the packed path and the cp.async kernel (gemm_odd_sm90.cu) ----------
 // Leading dimensions of extent + 1 / + 3 elements (lines 2- or 4-byte aligned, or 8 where the
 // extent + 1 is a multiple of 4), bases moved 1-3 elements (2-byte aligned), an odd ldc and C base,
-// all four layouts, both dtypes, bias; the default dispatch must pick the cp.async path.
+// all four layouts, both dtypes, bias. Each case runs twice: with the queried workspace the
+// default dispatch must take the packed path (aligned copies, then the TMA kernel), without one
+// the cp.async kernel.
 namespace {
 Case odd_case(int64_t M, int64_t N, int64_t K, bool ar, bool br, int64_t extra, int64_t off, bool bias, fly_dtype dt) {
   Case c{M, N, K, ar, br, 0, bias, dt};
@@ -385,6 +390,17 @@ Case odd_case(int64_t M, int64_t N, int64_t K, bool ar, bool br, int64_t extra, 
   return c;
 }
 bool picked_odd() { return std::string(fly_last_variant()).rfind("gemm_odd_", 0) == 0; }
+bool picked_packed() { return std::string(fly_last_decision()).find(":packed") != std::string::npos; }
+// Both odd-stride paths on one case: the packed path (queried workspace), then the cp.async kernel.
+void run_odd_both(Case c, uint64_t seed) {
+  c.no_ws = false;
+  CHECK(run_case(c, seed) == FLY_SUCCESS);
+  CHECK(picked_packed());
+  CHECK_FALSE(picked_odd());
+  c.no_ws = true;
+  CHECK(run_case(c, seed) == FLY_SUCCESS);
+  CHECK(picked_odd());
+}
 }  // namespace
 
 TEST_CASE("gemm odd strides: all four layouts, both dtypes, bias, unaligned bases", "[gemm][odd]") {
@@ -393,12 +409,10 @@ TEST_CASE("gemm odd strides: all four layouts, both dtypes, bias, unaligned base
     for (bool ar : {kRow, kCol})
       for (bool br : {kRow, kCol}) {
         // 77 x 515 x 1003: ld = extent + 1 (78, 516, 1004: 4- and 8-byte lines), bias
-        CHECK(run_case(odd_case(77, 515, 1003, ar, br, 1, 0, true, dt), 41) == FLY_SUCCESS);
-        CHECK(picked_odd());
+        run_odd_both(odd_case(77, 515, 1003, ar, br, 1, 0, true, dt), 41);
         // extent + 3 (80 is TMA-legal for a TN A of M = 77, so B decides: 518 / 1006), no bias, bases
         // 1-2 elements in (2-byte aligned)
-        CHECK(run_case(odd_case(77, 515, 1003, ar, br, 3, 1, false, dt), 42) == FLY_SUCCESS);
-        CHECK(picked_odd());
+        run_odd_both(odd_case(77, 515, 1003, ar, br, 3, 1, false, dt), 42);
       }
 }
 
@@ -411,17 +425,18 @@ TEST_CASE("gemm odd strides: 2-byte lines, several tiles per CTA, K tails", "[ge
       c.lda = ar ? 201 : 333;
       c.ldb = br ? 141 : 201;
       c.ldc = 141;
-      CHECK(run_case(c, 43) == FLY_SUCCESS);
-      CHECK(picked_odd());
+      run_odd_both(c, 43);
     }
   // More tiles than SMs (persistent CTAs take several, the ring laps across tiles), K = 1 and
-  // K = 65 (a k block of one element), M = 1.
-  CHECK(run_case(odd_case(1500, 1700, 130, kCol, kRow, 1, 0, true, FLY_F16), 44) == FLY_SUCCESS);
-  CHECK(run_case(odd_case(1500, 1700, 130, kRow, kCol, 3, 3, false, FLY_BF16), 45) == FLY_SUCCESS);
-  CHECK(run_case(odd_case(100, 200, 1, kCol, kCol, 1, 1, true, FLY_BF16), 46) == FLY_SUCCESS);
-  CHECK(run_case(odd_case(129, 257, 65, kRow, kRow, 1, 1, true, FLY_F16), 47) == FLY_SUCCESS);
-  CHECK(run_case(odd_case(1, 300, 777, kRow, kCol, 1, 1, true, FLY_BF16), 48) == FLY_SUCCESS);
-  CHECK(picked_odd());
+  // K = 65 (a k block of one element), M = 1; lines of 1..7 elements (the copy's element path
+  // only) and a 4-element pad.
+  run_odd_both(odd_case(1500, 1700, 130, kCol, kRow, 1, 0, true, FLY_F16), 44);
+  run_odd_both(odd_case(1500, 1700, 130, kRow, kCol, 3, 3, false, FLY_BF16), 45);
+  run_odd_both(odd_case(100, 200, 1, kCol, kCol, 1, 1, true, FLY_BF16), 46);
+  run_odd_both(odd_case(129, 257, 65, kRow, kRow, 1, 1, true, FLY_F16), 47);
+  run_odd_both(odd_case(1, 300, 777, kRow, kCol, 1, 1, true, FLY_BF16), 48);
+  run_odd_both(odd_case(5, 3, 7, kCol, kRow, 1, 1, true, FLY_BF16), 52);
+  run_odd_both(odd_case(640, 520, 1000, kRow, kRow, 4, 2, false, FLY_F16), 53);
 }
 
 TEST_CASE("gemm odd strides: aligned calls keep the TMA kernel; a forced cp.async variant runs them", "[gemm][odd]") {

@@ -93,6 +93,15 @@ void run_gemm_odd(const char* name, fly_dtype dt) {
     const fly_tensor tc = flykernels::tensor(static_cast<char*>(c.p) + 2, dt, {M, N}, {N + 1, 1});
     const fly_tensor tbias = flykernels::tensor(bias.p, dt, {N}, {1});
     report(name, fly_gemm(&ta, &tb, &tc, &tbias, nullptr, 0, nullptr), "tn-ld+1");
+    // The packed path on the same call: unforced, with the queried workspace (zero-filled, as the
+    // contract asks), the copy kernel (fly_gemm_pack_sm90, in this cubin) then a TMA variant.
+    size_t ws_bytes = 0;
+    fly_force_variant(nullptr);
+    if (fly_gemm_workspace_size(&ta, &tb, &tc, &ws_bytes) == FLY_SUCCESS) {
+      Buf ws(ws_bytes, 0);
+      report(name, fly_gemm(&ta, &tb, &tc, &tbias, ws.p, ws_bytes, nullptr), "tn-ld+1-packed");
+    }
+    fly_force_variant(name);
   }
   {
     const int64_t M = 333, N = 141, K = 201;
@@ -101,6 +110,13 @@ void run_gemm_odd(const char* name, fly_dtype dt) {
     const fly_tensor tb = flykernels::tensor(b.p, dt, {K, N}, {N, 1});
     const fly_tensor tc = flykernels::tensor(c.p, dt, {M, N}, {N, 1});
     report(name, fly_gemm(&ta, &tb, &tc, nullptr, nullptr, 0, nullptr), "nn-2byte");
+    size_t ws_bytes = 0;
+    fly_force_variant(nullptr);
+    if (fly_gemm_workspace_size(&ta, &tb, &tc, &ws_bytes) == FLY_SUCCESS) {
+      Buf ws(ws_bytes, 0);
+      report(name, fly_gemm(&ta, &tb, &tc, nullptr, ws.p, ws_bytes, nullptr), "nn-2byte-packed");
+    }
+    fly_force_variant(name);
   }
 }
 
