@@ -12,9 +12,13 @@
 --   variant canonical variant name (must be bundled; tools/flygen builds the ones named here)
 --   time_us median time of the winner, runner_up / runner_up_us the second best
 --   gpu, tuned_at: device name and date of the measurement
--- Lookup (src/dispatch.cpp): exact key in the overlay DB, then the embedded DB; then the nearest
--- row of the same (arch, op, dtype, layout) by weighted log2 distance over k0..k3; then the
--- family's default rule.
+-- Profile rows (op "<op>_profile", e.g. gemm_profile in db/sm_90a_gemm_profile.sql): one row per
+--   (shape, variant) of a profiling run; k0..k2 the shape, k3 numbers the variants of a shape,
+--   time_us the variant's time over the best time on that shape (1.0 = the best).
+-- Lookup (src/dispatch.cpp): exact key in the overlay DB, then the embedded DB; then, for ops
+-- with profile rows (gemm), a vote of the 5 nearest profiled shapes (DispatchRequest::profile_op);
+-- then the nearest row of the same (arch, op, dtype, layout) by weighted log2 distance over
+-- k0..k3; then the family's default rule.
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT OR REPLACE INTO meta VALUES ('schema_version', '2');
 CREATE TABLE IF NOT EXISTS tuning (

@@ -1,9 +1,13 @@
 // Per-call variant choice: forced -> overlay/embedded exact -> nearest bucket -> family default.
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -77,6 +81,32 @@ class DecisionCache {
   size_t hand_ = 0;
 };
 
+// Profile rows of one (arch, op), grouped by shape (DispatchRequest::profile_op).
+struct ProfileShape {
+  std::string layout;
+  int64_t k[3] = {0, 0, 0};
+  std::vector<std::pair<std::string, double>> rel;  // variant as measured, time over the shape's best
+};
+using ProfileIndex = std::map<std::string, std::vector<ProfileShape>>;  // "arch|op" -> shapes
+
+void add_profile_rows(const TuningDb& db, ProfileIndex* index) {
+  std::map<std::string, size_t> at;  // "arch|op|layout|k0|k1|k2" -> position in its vector
+  for (const TuningRow& r : db.rows()) {
+    if (r.op.find("_profile") == std::string::npos) continue;
+    std::vector<ProfileShape>& shapes = (*index)[r.arch + "|" + r.op];
+    const std::string key = r.arch + "|" + r.op + "|" + r.layout + "|" + std::to_string(r.k[0]) + "|" +
+                            std::to_string(r.k[1]) + "|" + std::to_string(r.k[2]) + "|" + db.source();
+    auto it = at.find(key);
+    if (it == at.end()) {
+      it = at.emplace(key, shapes.size()).first;
+      shapes.emplace_back();
+      shapes.back().layout = r.layout;
+      for (int i = 0; i < 3; ++i) shapes.back().k[i] = r.k[i];
+    }
+    shapes[it->second].rel.emplace_back(r.variant, r.time_us);
+  }
+}
+
 struct DispatchState {
   std::shared_mutex mu;
   bool embedded_loaded = false;
@@ -87,6 +117,8 @@ struct DispatchState {
   std::shared_ptr<TuningDb> overlay;
   fly_status overlay_status = FLY_SUCCESS;  // a broken FLYKERNELS_TUNING_DB fails every dispatch
   std::string overlay_error;
+  bool profile_built = false;  // `profile` reflects the loaded databases
+  ProfileIndex profile;
   std::unordered_map<std::string, DecisionCache> cache;  // by op
 };
 
@@ -144,6 +176,57 @@ std::string nearest_text(const DispatchRequest& req, const TuningRow& r, double 
   char d[32];
   std::snprintf(d, sizeof d, ", log2 distance %.2f", dist);
   return "row" + dims_text(req, r.k) + d;
+}
+
+// The profile vote (DispatchRequest::profile_op): the variant and its reason, or nullptr.
+const Variant* profile_vote(const std::vector<ProfileShape>& shapes, const DispatchRequest& req,
+                            const std::function<bool(const Variant*)>& ok, std::string* why) {
+  if (shapes.empty()) return nullptr;
+  auto l2 = [](int64_t x) { return std::log2(double(std::max<int64_t>(x, 1))); };
+  std::vector<std::pair<double, const ProfileShape*>> near;
+  near.reserve(shapes.size());
+  for (const ProfileShape& sh : shapes) {
+    double d = sh.layout == req.key.layout ? 0.0 : kProfileLayoutPenalty;
+    for (int i = 0; i < 3; ++i) d += std::fabs(l2(sh.k[i]) - l2(req.key.k[i]));
+    near.emplace_back(d, &sh);
+  }
+  const size_t n = std::min<size_t>(near.size(), kProfileNeighbours);
+  std::partial_sort(near.begin(), near.begin() + long(n), near.end(),
+                    [](const auto& a, const auto& b) { return a.first < b.first; });
+  // Each neighbour's relative times under the call's names.
+  std::vector<std::map<std::string, double>> rel(n);
+  std::vector<std::string> names;
+  for (size_t j = 0; j < n; ++j)
+    for (const auto& [name, r] : near[j].second->rel) {
+      const std::string mapped = req.profile_name ? req.profile_name(name) : name;
+      if (rel[j].emplace(mapped, r).second && r <= kProfileCap &&
+          std::find(names.begin(), names.end(), mapped) == names.end())
+        names.push_back(mapped);
+    }
+  const Variant* best = nullptr;
+  double best_score = 0;
+  for (const std::string& name : names) {
+    const Variant* v = find_variant(name);
+    if (!ok(v)) continue;
+    double score = 0;
+    for (size_t j = 0; j < n; ++j) {
+      auto it = rel[j].find(name);
+      score += std::log(std::min(it == rel[j].end() ? kProfileCap : it->second, kProfileCap));
+    }
+    if (!best || score < best_score) {
+      best = v;
+      best_score = score;
+    }
+  }
+  if (best) {
+    const ProfileShape& f = *near[0].second;
+    char d[160];
+    std::snprintf(d, sizeof d, "%zu nearest profiled shapes (first %s %" PRId64 "/%" PRId64 "/%" PRId64
+                  ", log2 distance %.2f): %.3fx their best on average", n, f.layout.c_str(), f.k[0], f.k[1], f.k[2],
+                  near[0].first, std::exp(best_score / double(n)));
+    *why = d;
+  }
+  return best;
 }
 
 }  // namespace
@@ -242,6 +325,19 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
   };
   if (s.overlay) consider(s.overlay->exact(dc.arch, req.key), "overlay:exact");
   consider(s.embedded.exact(dc.arch, req.key), "db:exact");
+  if (!chosen && !req.profile_op.empty()) {
+    if (!s.profile_built) {
+      s.profile.clear();
+      if (s.overlay) add_profile_rows(*s.overlay, &s.profile);
+      add_profile_rows(s.embedded, &s.profile);
+      s.profile_built = true;
+    }
+    auto it = s.profile.find(dc.arch + "|" + req.profile_op);
+    if (it != s.profile.end()) {
+      chosen = profile_vote(it->second, req, [&](const Variant* v) { return ok(v); }, &why);
+      if (chosen) how = "db:profile";
+    }
+  }
   if (!chosen) {
     // Nearest bucket over both databases; the overlay wins ties (stable sort, overlay first).
     struct Near { double dist; const TuningRow* row; const char* rule; };
@@ -290,6 +386,7 @@ void reload_environment_overlay() {
   s.overlay_status = FLY_SUCCESS;
   s.overlay_error.clear();
   s.cache.clear();
+  s.profile_built = false;
 }
 
 fly_status set_overlay(const char* path) {
@@ -305,6 +402,7 @@ fly_status set_overlay(const char* path) {
   s.overlay_status = FLY_SUCCESS;
   s.overlay_error.clear();
   s.cache.clear();
+  s.profile_built = false;
   return FLY_SUCCESS;
 }
 

@@ -152,6 +152,17 @@ bool variant_fits(const Variant& v, const gemm::Problem& pr, int sm_count) {
   return (split <= 0 || gemm::forced_split_fits(pr, vs, split, sm_count)) && gemm::layout_fits(pr, vs);
 }
 
+// `name` (gemm_<dtype>_...) with the call's dtype: the profile rows were measured in one dtype or
+// the other, and FP16 and BF16 run the same code at the same speed.
+std::string with_dtype(const std::string& name, fly_dtype dt) {
+  const std::string want = std::string("_") + dtype_name(dt) + "_";
+  for (const char* other : {"_bf16_", "_fp16_"}) {
+    const size_t at = name.find(other);
+    if (at != std::string::npos) return name.substr(0, at) + want + name.substr(at + 6);
+  }
+  return name;
+}
+
 // Family default (only names listed in tuning/gemm.json "defaults"): swap-AB for decode-sized M,
 // 128x128 tiles (with split-K) up to M = 128, else 128x256.
 std::string default_variant(fly_dtype dt, int64_t M) {
@@ -256,6 +267,10 @@ fly_status run_tma(const DeviceCtx& dc, const GemmCall& call, void* workspace, s
   req.cache_tag = "sms=" + std::to_string(sms);  // forced_split_fits depends on the SM count
   const int64_t M = pr.M;
   req.fallback = [dt, M] { return default_variant(dt, M); };
+  // Off the tuned keys, the profiled shapes vote (db/sm_90a_gemm_profile.sql: random shapes timed
+  // with every bundled variant, either dtype: a variant's speed does not depend on it).
+  req.profile_op = "gemm_profile";
+  req.profile_name = [dt](const std::string& name) { return with_dtype(name, dt); };
   // The two kernels of the family have their own entry symbols and parameter structs.
   const Variant* v = nullptr;
   FLY_TRY(choose_variant(dc, req, &v));

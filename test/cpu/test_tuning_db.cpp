@@ -203,17 +203,19 @@ TEST_CASE("broken databases are reported, not used", "[db]") {
 }
 
 TEST_CASE("every variant named in the shipped dumps is bundled (for the families built)", "[db][registry]") {
-  std::ifstream in(std::string(FLY_SOURCE_DIR) + "/db/sm_90a.sql");
-  REQUIRE(in.good());
   std::stringstream ss;
-  ss << in.rdbuf();
+  for (const char* dump : {"/db/sm_90a.sql", "/db/sm_90a_gemm_profile.sql"}) {
+    std::ifstream in(std::string(FLY_SOURCE_DIR) + dump);
+    REQUIRE(in.good());
+    ss << in.rdbuf();
+  }
   TempDb t("BEGIN;" + ss.str() + "COMMIT;");  // one transaction: one fsync, not one per row
   fly::TuningDb db;
   REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
   const std::pair<const char*, const char*> op_family[] = {{"rmsnorm_fwd", "rmsnorm"}, {"topk", "topk"}, {"gemm", "gemm"},
                                                            {"attention_fwd", "attention"}, {"attention_bwd", "attention_bwd"},
                                                            {"grouped_gemm", "grouped_gemm"},
-                                                           {"scaled_gemm", "mxfp"}};
+                                                           {"scaled_gemm", "mxfp"}, {"gemm_profile", "gemm"}};
   for (auto& r : db.rows()) {
     const char* family = nullptr;
     for (auto& of : op_family) if (r.op == of.first) family = of.second;
@@ -332,6 +334,65 @@ TEST_CASE("dispatch: a winner that fails `prefer` yields to its row's runner-up,
     fly_force_variant(nullptr);
     REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);  // neither preferred: the winner
     CHECK(v->name == a);
+  }
+  fly_set_tuning_db(nullptr);
+}
+
+TEST_CASE("dispatch: off the tuned keys the profiled shapes vote; exact rows still win", "[dispatch]") {
+  std::string a, b;
+  fly::DeviceCtx dc;
+  if (!dispatch_setup(&a, &b, &dc)) return;
+  fly::DispatchRequest req;
+  req.family = "rmsnorm";
+  req.key = key(3000, 777);
+  req.fallback = [&] { return a; };
+  req.profile_op = "rmsnorm_profile";
+  const fly::Variant* v = nullptr;
+  // A profile row: (N, M) shape, slot, variant, time over that shape's best.
+  auto prof = [](int64_t n, int64_t m, int slot, const std::string& variant, double rel, const std::string& layout = "row") {
+    return "INSERT INTO tuning VALUES ('sm_90a','rmsnorm_profile','bf16','" + layout + "'," + std::to_string(n) + "," +
+           std::to_string(m) + ",0," + std::to_string(slot) + ",'" + variant + "'," + std::to_string(rel) +
+           ",'',0,'test','2026-01-01');";
+  };
+  // Five shapes around (3000, 777): `a` is best on the nearest one, `b` on the four others and close
+  // behind on the first, so the vote takes `b`; the tuning row nearest the key names `a`. A sixth,
+  // far shape where only `a` is listed does not vote (five neighbours).
+  std::string sql = row("rmsnorm_fwd", "bf16", 3100, 800, 0, a) + prof(3000, 760, 0, a, 1.0) + prof(3000, 760, 1, b, 1.05);
+  const int64_t ns[] = {2800, 3300, 2600, 3600};
+  for (int i = 0; i < 4; ++i) sql += prof(ns[i], 777, 0, b, 1.0) + prof(ns[i], 777, 1, a, 1.25);
+  sql += prof(100000, 1, 0, a, 1.0);
+  TempDb t(sql);
+  REQUIRE(fly_set_tuning_db(t.path.c_str()) == FLY_SUCCESS);
+  SECTION("the vote beats the nearest row") {
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == b);
+    CHECK(std::string(fly_last_decision()) == "db:profile");
+  }
+  SECTION("an exact row wins over the vote") {
+    req.key = key(3100, 800);
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+    CHECK(std::string(fly_last_decision()) == "overlay:exact");
+  }
+  SECTION("a variant that cannot run the call does not vote: the next best") {
+    req.supports = [&](const fly::Variant& x) { return x.name != b; };
+    req.cache_tag = "not b";
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+    CHECK(std::string(fly_last_decision()) == "db:profile");
+  }
+  SECTION("profile_name maps the measured names; unknown ones are skipped") {
+    req.profile_name = [&](const std::string& n) { return n == b ? std::string("not_bundled") : n; };
+    req.cache_tag = "renamed";
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+  }
+  SECTION("without profile_op the nearest row decides, as before") {
+    req.profile_op.clear();
+    req.cache_tag = "no profile";
+    REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+    CHECK(v->name == a);
+    CHECK(std::string(fly_last_decision()) == "overlay:nearest");
   }
   fly_set_tuning_db(nullptr);
 }
