@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# What is merged but has not run on the GPU. Each line is one device call (carry .devdeps; .whl
-# for the python tests; .ab for the GEMM A/B), in the order to run them next session:
-#   1. python3 bench/attention_torch.py --fwdbwd --flybench build/flybench --dtype bf16   # fwd + bwd (issue 28)
-#   2. bench/probes/attention_device.sh test,torch        # the suite with the FP16 forward rows (issue 23)
-#   3. python3 bench/mxfp_torch.py --flybench build/flybench --reps 10   # the MX suite with the split-K rows (issue 26)
+# What is merged but has not run on the GPU: nothing as of the fifth session of 2026-12-02, which
+# ran the fwd + bwd attention benchmark, the attention suite with the FP16 forward rows, the MX
+# suite with the split-K rows and every python GPU test (bench/RESULTS.md). Carry .devdeps; .whl
+# for the python tests; .ab for the GEMM A/B.
 # Ran on 2026-12-02 (fourth session): gemm_core_ab_device.sh, attention_bwd_wide_device.sh,
 # attention_pingpong_device.sh, topk_grouped_device.sh, defaults_bwdtune_device.sh with
 # mx_splitk_device.sh (bench/RESULTS.md).
