@@ -151,8 +151,11 @@ FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
  * O = softmax(Q K^T * softmax_scale [+ causal mask]) V per (batch, head), and the FP32 natural-log
  * log-sum-exp of each query row's scaled scores (what the backward needs).
  * q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D]; o: [B, Hq, Sq, D]; all FP16 or all BF16, D innermost
- *    (stride 1), other strides free (BHSD and BSHD views both), multiples of 8 elements and 16-byte
- *    aligned bases (TMA; otherwise FLY_ERROR_UNSUPPORTED). Hq a multiple of Hkv (grouped-query:
+ *    (stride 1), other strides free (BHSD and BSHD views both). Q, K and V are read by TMA where
+ *    their strides are multiples of 8 elements and their bases 16-byte aligned; any other Q, K or V
+ *    is first copied into the workspace with 16-byte rows (the packed path: pass the workspace
+ *    fly_attention_fwd_workspace_size asks for; without room for the copies such a call returns
+ *    FLY_ERROR_UNSUPPORTED saying how much). O: any strides. Hq a multiple of Hkv (grouped-query:
  *    query head h reads kv head h / (Hq / Hkv)). 1 <= D <= 512: the kernels are compiled for some
  *    head dims and serve the others by the next one up (docs/attention.md lists them).
  * lse: optional (NULL), FP32 [B, Hq, Sq], any strides (a view of SDPA's padded [B, Hq, Sq_pad]
@@ -160,8 +163,10 @@ FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
  * softmax_scale: 0 means 1/sqrt(D). causal: 0 none, 1 query i sees keys j <= i (top-left aligned,
  *    as SDPA's is_causal, also when Sq != Sk).
  * Workspace (optional): short queries against long keys split the keys over CTAs and combine the
- *    partials there. Query fly_attention_fwd_workspace_size and pass a 256-byte aligned device
- *    buffer that large (NULL/0 runs unsplit, correct but slower); contents need no initialization.
+ *    partials there, and the packed path keeps its copies at its end. Query
+ *    fly_attention_fwd_workspace_size (it adds the copies' size where Q, K or V needs one) and pass
+ *    a 256-byte aligned device buffer that large (NULL/0 runs unsplit, correct but slower, and
+ *    refuses operands that need a copy); contents need no initialization.
  * B, Hq or Sq of 0: a successful no-op. Sk of 0 writes O = 0 and LSE = -inf.
  * Versioned: set struct_size = sizeof(fly_attention_fwd_params); fields may be appended in later
  * versions (a caller built against this header keeps working), a struct larger than the library

@@ -611,3 +611,8 @@ extern "C" __global__ void __launch_bounds__(256) fly_attn_fwd_combine(const __g
   }
   if (lane == 0 && p.lse) p.lse[b * p.lse_sb + h * p.lse_sh + s * p.lse_ss] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
 }
+
+// The packed path's copy (src/ops/attention.cpp: Q, K or V whose strides or base TMA cannot take,
+// copied to 16-byte lines in the workspace before the attention kernel): the shared line-packing
+// kernel, fly_pack_lines_sm90.
+#include "common/pack_lines.cuh"

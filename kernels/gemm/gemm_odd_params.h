@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "common/pack_params.h"
 #include "gemm/gemm_params.h"
 
 namespace fly::gemm {
@@ -41,16 +42,9 @@ constexpr int kOddThreads = 384;
 inline constexpr int odd_smem_bytes(int bn, int stages) { return smem_bytes(bn, stages) + stages * (kBM + bn) * 4; }
 
 // The packed path (fly_gemm with a large enough workspace): an operand TMA cannot address is first
-// copied by fly_gemm_pack_sm90 (gemm_odd_sm90.cu) into the workspace as `lines` lines of `len`
-// 16-bit elements at a leading dimension `dld` (len rounded up to 8: 16-byte lines) on a 256-byte
-// aligned base, then the TMA kernel reads the copy. Source line i starts at src + i * sld
-// (elements; any sld, any element-aligned src). The copy's elements [len, dld) of each line are
-// zeros (TMA never reads them: they lie outside the map's extent).
-struct PackParams {
-  const void* src;
-  void* dst;
-  int64_t lines, len, sld, dld;
-};
-constexpr int kPackThreads = 256;
+// copied by fly_pack_lines_sm90 (kernels/common/pack_lines.cuh, in the cp.async variants' cubins)
+// into the workspace with 16-byte lines, then the TMA kernel reads the copy (one plane: the matrix).
+using fly::kPackThreads;
+using fly::PackParams;
 
 }  // namespace fly::gemm

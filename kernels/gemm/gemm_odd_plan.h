@@ -85,8 +85,9 @@ inline int64_t pack_ld(int64_t len) { return (len + 7) / 8 * 8; }
 inline int64_t pack_bytes(const Operand& o, int64_t k, Dtype dt) {
   return (operand_lines(o, k) * pack_ld(operand_line_len(o, k)) * elem_bytes(dt) + 255) / 256 * 256;
 }
-// The copy's launch: one thread per 16-byte chunk of the copy, grid-stride over at most 8 blocks
-// per SM; `dst` 256-byte aligned. `packed` is the operand as the TMA kernel then reads it.
+// The copy's launch (fly_pack_lines_sm90, grid {grid, 1, 1}): one thread per 16-byte chunk of the
+// copy, grid-stride over at most 8 blocks per SM; `dst` 256-byte aligned. `packed` is the operand
+// as the TMA kernel then reads it.
 struct PackLaunch {
   PackParams params;
   unsigned grid;
@@ -94,6 +95,7 @@ struct PackLaunch {
 };
 inline void plan_pack(const Operand& o, int64_t k, void* dst, int sm_count, PackLaunch* out) {
   PackParams& p = out->params;
+  p = PackParams{};  // one plane: src_sz, src_sy, dst_plane stay 0
   p.src = o.data;
   p.dst = dst;
   p.lines = operand_lines(o, k);

@@ -397,56 +397,6 @@ extern "C" __global__ void __launch_bounds__(kOddThreads, 1)
   }
 }
 
-// ---- the packed path's copy (fly_gemm with a large enough workspace, src/ops/gemm.cpp) ---------
-// One operand TMA cannot address, copied line by line into 16-byte lines on an aligned base
-// (gemm_odd_params.h PackParams); the TMA kernel then reads the copy. One thread per 16-byte chunk
-// of the copy. A chunk whose source lies inside its line reads the one or two aligned 16-byte
-// words around it (never outside the line, so never outside the tensor) and shifts the wanted 16
-// bytes out of them (the misalignment is a multiple of 2 bytes: by 8, 4 and 2 in three selects);
-// a chunk at a line's ends loads its elements one by one, zeros past the line's end.
-namespace fly::gemm {
-
-__device__ __forceinline__ uint4 ldg16(const char* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-
-__device__ __forceinline__ uint4 pack_chunk(const PackParams& pp, int64_t line, int64_t e0) {
-  const uint16_t* src = static_cast<const uint16_t*>(pp.src) + line * pp.sld;
-  const char* s = reinterpret_cast<const char*>(src + e0);
-  const int off = static_cast<int>(reinterpret_cast<uintptr_t>(s) & 15);
-  const char* w = s - off;
-  const char* begin = reinterpret_cast<const char*>(src);
-  const char* end = reinterpret_cast<const char*>(src + pp.len);
-  if (w >= begin && w + (off ? 32 : 16) <= end) {
-    const uint4 lo = ldg16(w);
-    if (off == 0) return lo;
-    const uint4 hi = ldg16(w + 16);
-    const uint32_t x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    uint32_t y[6], z[5], o[4];  // words from the chunk's start: shifted by 8 bytes, then by 4
-#pragma unroll
-    for (int i = 0; i < 6; ++i) y[i] = (off & 8) ? x[i + 2] : x[i];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) z[i] = (off & 4) ? y[i + 1] : y[i];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[i] = (off & 2) ? __funnelshift_r(z[i], z[i + 1], 16) : z[i];
-    return make_uint4(o[0], o[1], o[2], o[3]);
-  }
-  uint32_t o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t e = e0 + 2 * i;
-    const uint32_t v0 = e < pp.len ? __ldg(src + e) : 0u;
-    const uint32_t v1 = e + 1 < pp.len ? __ldg(src + e + 1) : 0u;
-    o[i] = v0 | (v1 << 16);
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
-}  // namespace fly::gemm
-
-extern "C" __global__ void __launch_bounds__(kPackThreads) fly_gemm_pack_sm90(const __grid_constant__ PackParams pp) {
-  const int64_t chunks = pp.dld / 8, total = pp.lines * chunks;
-  for (int64_t i = int64_t(blockIdx.x) * kPackThreads + threadIdx.x; i < total; i += int64_t(gridDim.x) * kPackThreads) {
-    const int64_t line = i / chunks, c = i - line * chunks;
-    const uint4 v = pack_chunk(pp, line, c * 8);
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(pp.dst) + line * pp.dld + c * 8) = v;
-  }
-}
+// ---- the packed path's copy (fly_gemm with a large enough workspace, src/ops/gemm.cpp): the shared
+// line-packing kernel, fly_pack_lines_sm90 ------------------------------------------------------------
+#include "common/pack_lines.cuh"

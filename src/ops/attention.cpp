@@ -25,6 +25,17 @@ struct AttnCall {
   int hd = 0;  // compiled head dim serving D
   const fly_tensor *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr;
   bool empty = false;  // B, Hq or Sq of 0: nothing to do
+  // Q, K, V that TMA cannot address (attn_common::tma_problem): copied to 16-byte lines at the end
+  // of the workspace first (the packed path), or refused without room for the copies. `why` is the
+  // first operand's problem, for the message.
+  bool pack[3] = {false, false, false};
+  std::string pack_why;
+  int64_t pack_bytes() const {
+    int64_t n = 0;
+    const fly_tensor* t[3] = {q, k, v};
+    for (int i = 0; i < 3; ++i) n += pack[i] ? attn_common::packed_bytes(*t[i]) : 0;
+    return n;
+  }
 };
 
 fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
@@ -104,12 +115,22 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
   if (Sq >= lim || Sk >= lim || B > 65535 || Hq > 65535)
     return fail(FLY_ERROR_UNSUPPORTED, "q/k: B = %" PRId64 ", Hq = %" PRId64 ", Sq = %" PRId64 ", Sk = %" PRId64
                 " exceed the kernels' grid limits (B, H <= 65535, S < 2^31)", B, Hq, Sq, Sk);
-  FLY_TRY(attn_common::check_tma_operand(q, "q"));
-  if (Sk > 0) {
-    FLY_TRY(attn_common::check_tma_operand(k, "k"));
-    FLY_TRY(attn_common::check_tma_operand(v, "v"));
+  const fly_tensor* ops[3] = {&q, &k, &v};
+  const char* names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    if (i > 0 && Sk == 0) break;  // no keys: K and V are never read
+    const std::string why = attn_common::tma_problem(*ops[i], names[i]);
+    if (why.empty()) continue;
+    out->pack[i] = true;
+    if (out->pack_why.empty()) out->pack_why = why;
   }
   return FLY_SUCCESS;
+}
+
+// Bytes of the workspace the call can use: the split-key partials' bound, then the copies.
+int64_t workspace_need(const AttnCall& c) {
+  const int64_t pack = c.pack_bytes();
+  return (attn::max_workspace_bytes(c.s) + 255) / 256 * 256 + pack;
 }
 
 // Family default (names listed in tuning/attention.json "defaults").
@@ -134,7 +155,7 @@ extern "C" FLY_API fly_status fly_attention_fwd_workspace_size(const fly_attenti
   *bytes = 0;
   AttnCall c;
   FLY_TRY(validate(params, &c));
-  if (!c.empty) *bytes = size_t(attn::max_workspace_bytes(c.s));
+  if (!c.empty) *bytes = size_t(workspace_need(c));
   return FLY_SUCCESS;
 }
 
@@ -145,6 +166,17 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   FLY_TRY(validate(params, &c));
   if (c.empty) return FLY_SUCCESS;
   const attn::Shape& s = c.s;
+  // The packed path's copies go at the end of the workspace; the split-key partials use its front.
+  const int64_t copy_bytes = c.pack_bytes();
+  int64_t ws_front = int64_t(params->workspace_bytes);
+  if (copy_bytes > 0) {
+    if (!params->workspace || ws_front < copy_bytes)
+      return fail(FLY_ERROR_UNSUPPORTED,
+                  "%s; with a workspace of %" PRId64 " bytes (fly_attention_fwd_workspace_size; %zu given) the call "
+                  "runs on aligned copies",
+                  c.pack_why.c_str(), workspace_need(c), params->workspace_bytes);
+    ws_front = (ws_front - copy_bytes) / 256 * 256;
+  }
 
   ScopedContext guard;
   const DeviceCtx* dc = nullptr;
@@ -175,6 +207,30 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   const Variant* v = rk.v;
   const Driver* d = rk.d;
   const int bm = int(v->get_int("m")), bn = int(v->get_int("n")), st = int(v->get_int("st"));
+
+  // Copies of the operands TMA cannot address (fly_pack_lines_sm90, in every attention_fwd cubin).
+  fly_tensor packed[3];
+  if (copy_bytes > 0) {
+    CUfunction pf = nullptr;
+    FLY_TRY(get_function(*dc, *v, "fly_pack_lines_sm90", &pf));
+    char* dst = static_cast<char*>(params->workspace) + ws_front;
+    const fly_tensor** ops[3] = {&c.q, &c.k, &c.v};
+    for (int i = 0; i < 3; ++i) {
+      if (!c.pack[i]) continue;
+      const attn_common::PackedOperand po = attn_common::plan_packed(**ops[i], dst, dc->sm_count);
+      LaunchConfig pc;
+      for (int j = 0; j < 3; ++j) pc.grid[j] = po.grid[j];
+      pc.block[0] = kPackThreads;
+      FLY_TRY(launch1(pf, pc, stream, po.params));
+      packed[i] = po.t;
+      *ops[i] = &packed[i];
+      dst += attn_common::packed_bytes(po.t);
+    }
+    if (log_level() >= LogLevel::kInfo)
+      log(LogLevel::kInfo, "attention_fwd: packed path: %s%s%s copied to 16-byte lines in the workspace (%" PRId64
+          " bytes; %s)", c.pack[0] ? "q " : "", c.pack[1] ? "k " : "", c.pack[2] ? "v " : "", copy_bytes,
+          c.pack_why.c_str());
+  }
 
   attn::AttnFwdParams p{};
   const bool bf16 = dt == FLY_BF16;
@@ -214,7 +270,7 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   p.scale_log2 = float(c.scale * 1.4426950408889634);
 
   int splits = attn::choose_splits(s, bm, bn, dc->sm_count);
-  while (splits > 1 && attn::split_workspace_bytes(s, splits, hd) > int64_t(params->workspace_bytes)) --splits;
+  while (splits > 1 && attn::split_workspace_bytes(s, splits, hd) > ws_front) --splits;
   p.splits = splits;
   if (splits > 1) {
     const int64_t rows = s.B * s.Hq * s.Sq;

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstddef>
+#include <cstdio>
 #include <string>
 
+#include "common/pack_params.h"
 #include "core.hpp"
 
 namespace fly::attn_common {
@@ -46,18 +48,67 @@ inline fly_status check_struct_size(size_t got, size_t v1, size_t known, const c
 }
 
 // TMA's rules for a [B, H, S, D] operand: 16-byte aligned base, batch/head/sequence strides
-// multiples of 16 bytes.
-inline fly_status check_tma_operand(const fly_tensor& t, const char* what) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "%s: base address is not 16-byte aligned (TMA loads need it)", what);
+// multiples of 16 bytes. What is broken ("" when nothing), as check_tma_operand words it.
+inline std::string tma_problem(const fly_tensor& t, const char* what) {
+  char msg[256];
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+    std::snprintf(msg, sizeof msg, "%s: base address is not 16-byte aligned (TMA loads need it)", what);
+    return msg;
+  }
   static const char* kDim[3] = {"batch", "head", "sequence"};
   for (int i = 0; i < 3; ++i)
-    if (t.sizes[i] > 1 && t.strides[i] % 8 != 0)
-      return fail(FLY_ERROR_UNSUPPORTED,
-                  "%s: %s stride %" PRId64 " elements is not a multiple of 8 (16 bytes, a TMA rule; pad the head dim "
-                  "to a multiple of 8 as SDPA does)",
-                  what, kDim[i], t.strides[i]);
-  return FLY_SUCCESS;
+    if (t.sizes[i] > 1 && t.strides[i] % 8 != 0) {
+      std::snprintf(msg, sizeof msg,
+                    "%s: %s stride %" PRId64 " elements is not a multiple of 8 (16 bytes, a TMA rule; pad the head "
+                    "dim to a multiple of 8 as SDPA does)",
+                    what, kDim[i], t.strides[i]);
+      return msg;
+    }
+  return std::string();
+}
+inline fly_status check_tma_operand(const fly_tensor& t, const char* what) {
+  const std::string why = tma_problem(t, what);
+  return why.empty() ? FLY_SUCCESS : fail(FLY_ERROR_UNSUPPORTED, "%s", why.c_str());
+}
+
+// ---- the packed path: an operand TMA cannot address, copied to 16-byte lines ----------------
+// The copy of a [B, H, S, D] operand: contiguous [B, H, S, round8(D)] (the padding zeros).
+inline int64_t packed_row(int64_t d) { return (d + 7) / 8 * 8; }
+inline int64_t packed_bytes(const fly_tensor& t) {
+  return (t.sizes[0] * t.sizes[1] * t.sizes[2] * packed_row(t.sizes[3]) * 2 + 255) / 256 * 256;
+}
+// fly_pack_lines_sm90's parameters and grid {x, H, B} for copying `t` to `dst` (256-byte
+// aligned), and the tensor the TMA maps then read.
+struct PackedOperand {
+  PackParams params{};
+  unsigned grid[3] = {1, 1, 1};
+  fly_tensor t{};
+};
+inline PackedOperand plan_packed(const fly_tensor& t, void* dst, int sm_count) {
+  PackedOperand out;
+  const int64_t B = t.sizes[0], H = t.sizes[1], S = t.sizes[2], D = t.sizes[3], row = packed_row(D);
+  PackParams& p = out.params;
+  p.src = t.data;
+  p.dst = dst;
+  p.lines = S;
+  p.len = D;
+  p.sld = S > 1 ? t.strides[2] : row;
+  p.dld = row;
+  p.src_sz = B > 1 ? t.strides[0] : 0;
+  p.src_sy = H > 1 ? t.strides[1] : 0;
+  p.dst_plane = S * row;
+  const int64_t planes = std::max<int64_t>(1, B * H), chunks = S * (row / 8);
+  const int64_t per_plane = std::max<int64_t>(1, int64_t(std::max(sm_count, 1)) * 8 / planes);
+  out.grid[0] = unsigned(std::max<int64_t>(1, std::min((chunks + kPackThreads - 1) / kPackThreads, per_plane)));
+  out.grid[1] = unsigned(std::max<int64_t>(1, H));
+  out.grid[2] = unsigned(std::max<int64_t>(1, B));
+  out.t = t;
+  out.t.data = dst;
+  out.t.strides[3] = 1;
+  out.t.strides[2] = row;
+  out.t.strides[1] = S * row;
+  out.t.strides[0] = H * S * row;
+  return out;
 }
 
 // t has exactly ref's four sizes.

@@ -293,7 +293,7 @@ fly_status run_tma(const DeviceCtx& dc, const GemmCall& call, void* workspace, s
   return launch_planned(dc, *v, f, L.grid, gemm::kThreads, L.smem, L.cluster, stream, L.params);
 }
 
-// The packed path: each operand TMA cannot address is copied (fly_gemm_pack_sm90, in the cp.async
+// The packed path: each operand TMA cannot address is copied (fly_pack_lines_sm90, in the cp.async
 // variant's cubin) into the last `pack` bytes of the workspace, then run_tma runs on the copies
 // with the workspace's front (stream-K's flags and, when large enough, its partial tiles).
 fly_status run_packed(const DeviceCtx& dc, const GemmCall& call, void* workspace, size_t workspace_bytes, int64_t pack,
@@ -301,7 +301,7 @@ fly_status run_packed(const DeviceCtx& dc, const GemmCall& call, void* workspace
   const Variant* pv = find_variant(default_odd_variant(call.dt));
   if (!pv) return run_odd(dc, call, stream);  // not bundled: run_odd says so
   CUfunction f = nullptr;
-  FLY_TRY(get_function(dc, *pv, "fly_gemm_pack_sm90", &f));
+  FLY_TRY(get_function(dc, *pv, "fly_pack_lines_sm90", &f));
   const int64_t front = (int64_t(workspace_bytes) - pack) / 256 * 256;  // >= kPackFront, 256-aligned
   char* dst = static_cast<char*>(workspace) + front;
   GemmCall packed = call;

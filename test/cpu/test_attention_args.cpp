@@ -166,13 +166,36 @@ TEST_CASE("attention_fwd rejects bad descriptors with a status and a message", "
     CHECK(odd.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("q: sequence stride 300 elements is not a multiple of 8"));
   }
-  SECTION("TMA rules: 16-byte strides and bases") {
+  SECTION("TMA rules: 16-byte strides and bases; without room for the copies, refused") {
     Call odd(1, 2, 2, 16, 16, 100);  // contiguous rows of 200 bytes
     CHECK(odd.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("q: sequence stride 100 elements is not a multiple of 8"));
+    CHECK(mentions("with a workspace of"));
     c.k.data = reinterpret_cast<char*>(kK) + 2;
     CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("k: base address is not 16-byte aligned"));
+  }
+  SECTION("the packed path: the query adds the copies, a workspace that holds them passes validation") {
+    Call aligned(1, 2, 2, 16, 16, 104), odd(1, 2, 2, 16, 16, 100);
+    size_t base = 1, need = 1;
+    REQUIRE(fly_attention_fwd_workspace_size(&aligned.p, &base) == FLY_SUCCESS);
+    REQUIRE(fly_attention_fwd_workspace_size(&odd.p, &need) == FLY_SUCCESS);
+    // q, k and v each copied as [1, 2, 16, 104] 16-bit elements, 256-byte rounded; o needs none.
+    const size_t copy = (2 * 16 * 104 * 2 + 255) / 256 * 256;
+    CHECK(need == (base + 255) / 256 * 256 + 3 * copy);
+    odd.p.workspace = reinterpret_cast<void*>(uintptr_t(1) << 20);
+    odd.p.workspace_bytes = need;
+    CHECK(passes_validation(odd.run()));
+    odd.p.workspace_bytes = 3 * copy - 256;  // one chunk short
+    CHECK(odd.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(mentions("q: sequence stride 100"));
+    // Only K misaligned: one copy.
+    c.k.data = reinterpret_cast<char*>(kK) + 2;
+    size_t ck = 0, c0 = 0;
+    Call plain;
+    REQUIRE(fly_attention_fwd_workspace_size(&plain.p, &c0) == FLY_SUCCESS);
+    REQUIRE(fly_attention_fwd_workspace_size(&c.p, &ck) == FLY_SUCCESS);
+    CHECK(ck == (c0 + 255) / 256 * 256 + size_t((c.k.sizes[0] * c.k.sizes[1] * c.k.sizes[2] * 128 * 2 + 255) / 256 * 256));
   }
   SECTION("outputs must not overlap themselves") {
     c.o.strides[2] = 64;  // rows of 128 elements, 64 apart

@@ -275,7 +275,7 @@ TEST_CASE("gemm: every bundled variant plans legal tensor maps and launches", "[
       // column-major 333-row A: lda 333).
       const int n = fake_cuda_launch_count();
       REQUIRE(n >= 1);
-      for (int i = 0; i + 1 < n; ++i) CHECK(std::string(fake_cuda_get_launch(i)->kernel) == "fly_gemm_pack_sm90");
+      for (int i = 0; i + 1 < n; ++i) CHECK(std::string(fake_cuda_get_launch(i)->kernel) == "fly_pack_lines_sm90");
       CHECK(n == (sh.M == 333 && v->name.rfind("gemm_odd_", 0) != 0 ? 2 : 1));  // a forced cp.async variant: no copies
       // The copy of A the TMA maps then read, and where stream-K's workspace must end (before it).
       const void* a_read = a.data;

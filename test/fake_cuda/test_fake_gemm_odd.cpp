@@ -147,7 +147,7 @@ TEST_CASE("gemm odd strides with a workspace take the packed path: aligned copie
     const size_t front = need - copy_a - copy_b;
     for (int i = 0; i < 2; ++i) {
       const fake_cuda_launch* L = fake_cuda_get_launch(i);
-      CHECK(std::string(L->kernel) == "fly_gemm_pack_sm90");
+      CHECK(std::string(L->kernel) == "fly_pack_lines_sm90");
       CHECK(L->block[0] == unsigned(fly::gemm::kPackThreads));
       fly::gemm::PackParams p;
       REQUIRE(L->param_bytes >= sizeof(p));
@@ -183,7 +183,7 @@ TEST_CASE("gemm odd strides with a workspace take the packed path: aligned copie
     INFO(fly_get_last_error());
     REQUIRE(st == FLY_SUCCESS);
     CHECK(fake_cuda_launch_count() == 2);
-    CHECK(std::string(fake_cuda_get_launch(0)->kernel) == "fly_gemm_pack_sm90");
+    CHECK(std::string(fake_cuda_get_launch(0)->kernel) == "fly_pack_lines_sm90");
     CHECK(std::string(fly_last_decision()).find(":packed") != std::string::npos);
     // 256 bytes short: the cp.async kernel, with no workspace writes.
     fake_cuda_clear_records();

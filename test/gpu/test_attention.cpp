@@ -318,10 +318,43 @@ TEST_CASE("attention_fwd: Sk = 0 writes O = 0 and LSE = -inf; unsupported input 
   CHECK(w0.lse_ok);
   Case odd;
   odd.D = 100;
-  odd.ld = 100;  // 200-byte rows: not a TMA stride
+  odd.ld = 100;  // 200-byte rows: not a TMA stride; without a workspace there is no room to copy them
+  odd.workspace = false;
   const Result o = run_case(odd);
   CHECK(o.status == FLY_ERROR_UNSUPPORTED);
   CHECK(o.msg.find("multiple of 8") != std::string::npos);
+  CHECK(o.msg.find("with a workspace of") != std::string::npos);
+}
+
+// Rows TMA cannot take (a row length in memory that is not a multiple of 8 elements): with the
+// queried workspace Q, K and V are copied to 16-byte rows first (the packed path), O is written in
+// place with its own strides. Odd and compiled head dims, BSHD and BHSD, GQA, causal, both dtypes,
+// the wide-head schedule, and a decode shape whose key splits share the workspace with the copies.
+TEST_CASE("attention_fwd: strides TMA cannot take run on aligned copies", "[attention][gpu]") {
+  struct Odd {
+    int64_t B, Hq, Hkv, Sq, Sk, D, ld;
+    bool causal, bshd;
+    fly_dtype dt;
+  };
+  const Odd cases[] = {
+      {1, 2, 2, 128, 128, 100, 100, false, false, FLY_BF16}, {2, 4, 2, 77, 300, 72, 75, true, true, FLY_BF16},
+      {1, 8, 2, 64, 200, 64, 65, false, true, FLY_F16},      {1, 2, 1, 33, 129, 40, 41, true, false, FLY_F16},
+      {1, 2, 2, 70, 70, 128, 129, true, false, FLY_BF16},    {1, 2, 2, 64, 96, 512, 513, false, false, FLY_BF16},
+      {2, 8, 2, 1, 4096, 128, 131, false, true, FLY_BF16}};
+  for (const Odd& o : cases) {
+    Case c;
+    c.B = o.B;
+    c.Hq = o.Hq;
+    c.Hkv = o.Hkv;
+    c.Sq = o.Sq;
+    c.Sk = o.Sk;
+    c.D = o.D;
+    c.ld = o.ld;
+    c.causal = o.causal;
+    c.bshd = o.bshd;
+    c.dt = o.dt;
+    check_case(c);
+  }
 }
 
 TEST_CASE("attention_fwd: every bundled variant", "[attention][gpu]") {

@@ -94,7 +94,7 @@ void run_gemm_odd(const char* name, fly_dtype dt) {
     const fly_tensor tbias = flykernels::tensor(bias.p, dt, {N}, {1});
     report(name, fly_gemm(&ta, &tb, &tc, &tbias, nullptr, 0, nullptr), "tn-ld+1");
     // The packed path on the same call: unforced, with the queried workspace (zero-filled, as the
-    // contract asks), the copy kernel (fly_gemm_pack_sm90, in this cubin) then a TMA variant.
+    // contract asks), the copy kernel (fly_pack_lines_sm90, in this cubin) then a TMA variant.
     size_t ws_bytes = 0;
     fly_force_variant(nullptr);
     if (fly_gemm_workspace_size(&ta, &tb, &tc, &ws_bytes) == FLY_SUCCESS) {
@@ -185,6 +185,23 @@ void run_attention(const char* name, const std::string& ps) {
     prm.workspace = ws_bytes ? ws.p : nullptr;
     prm.workspace_bytes = ws_bytes;
     report(name, fly_attention_fwd(&prm, nullptr), p.what);
+  }
+  {  // the packed path: BSHD rows of D + 1 elements (Q, K, V copied to 16-byte rows first), causal
+    const int64_t B = 1, Hq = 4, Hkv = 2, Sq = 100, Sk = 150, ld = D + 1;
+    Buf q(B * Sq * Hq * ld * 2, 0x3c), k(B * Sk * Hkv * ld * 2, 0x3a), v(B * Sk * Hkv * ld * 2, 0x3b);
+    Buf o(B * Sq * Hq * ld * 2), lse(B * Hq * Sq * 4);
+    auto t4 = [&](void* d, int64_t h, int64_t s) {
+      return flykernels::tensor(d, dt, {B, h, s, D}, {s * h * ld, ld, h * ld, 1});
+    };
+    const fly_tensor tq = t4(q.p, Hq, Sq), tk = t4(k.p, Hkv, Sk), tv = t4(v.p, Hkv, Sk), to = t4(o.p, Hq, Sq);
+    const fly_tensor tl = flykernels::tensor(lse.p, FLY_F32, {B, Hq, Sq}, {Hq * Sq, Sq, 1});
+    fly_attention_fwd_params prm = flykernels::detail::attention_params(tq, tk, tv, to, &tl, true, 0.0);
+    size_t ws_bytes = 0;
+    fly_attention_fwd_workspace_size(&prm, &ws_bytes);
+    Buf ws(ws_bytes, -1);
+    prm.workspace = ws.p;
+    prm.workspace_bytes = ws_bytes;
+    report(name, fly_attention_fwd(&prm, nullptr), "packed");
   }
 }
 
