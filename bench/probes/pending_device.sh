@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# What is merged but has not run on the GPU: nothing as of the fifth session of 2026-12-02, which
-# ran the fwd + bwd attention benchmark, the attention suite with the FP16 forward rows, the MX
-# suite with the split-K rows and every python GPU test (bench/RESULTS.md). Carry .devdeps; .whl
-# for the python tests; .ab for the GEMM A/B.
+# What is merged but has not run on the GPU (carry .devdeps; .whl for the python tests; .ab for the
+# GEMM A/B), from the end of the fifth session of 2026-12-02 (after its device time ran out):
+#   bash bench/probes/pending_device.sh packed
+# the line-packing copy moved to kernels/common/pack_lines.cuh (fly_pack_lines_sm90, with a plane
+# index) and the attention forward's packed path: [odd] and [attention] GPU tests (the new
+# "strides TMA cannot take run on aligned copies" case), compute-sanitizer memcheck / racecheck
+# over the odd-stride GEMM and attention subsets (both include a packed call), and the granule probe.
 # Ran on 2026-12-02 (fourth session): gemm_core_ab_device.sh, attention_bwd_wide_device.sh,
 # attention_pingpong_device.sh, topk_grouped_device.sh, defaults_bwdtune_device.sh with
 # mx_splitk_device.sh (bench/RESULTS.md).
@@ -66,8 +69,25 @@ case "$stage" in
       --gemm-budget-s 300 --gemm-from 5 --json "$OUT/torch_api_gemm_from5.json" 2>&1 | grep -v Warning >"$OUT/compiled-gemm.log"
     el "compiled GEMM rc=$?"; tail -20 "$OUT/compiled-gemm.log"
     ;;
+  packed)
+    build
+    timeout 120 build/test/fly_gpu_tests "[odd]" >"$OUT/odd-tests.log" 2>&1
+    el "[odd] rc=$?: $(tail -2 "$OUT/odd-tests.log" | tr '\n' ' ')"
+    timeout 300 build/test/fly_gpu_tests "[attention]" >"$OUT/attention-tests.log" 2>&1
+    el "[attention] rc=$?: $(tail -2 "$OUT/attention-tests.log" | tr '\n' ' ')"
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 build/test/fly_gpu_tests \
+      "attention_fwd: strides TMA cannot take run on aligned copies" >"$OUT/attn-packed-memcheck.log" 2>&1
+    el "memcheck attention packed rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/attn-packed-memcheck.log")"
+    for tool in memcheck racecheck; do
+      timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 build/test/fly_gpu_subset \
+        --only gemm_odd_bf16_bn128_st6 --only attention_fwd_bf16_hd128_m128_n128_st2_ov0 >"$OUT/packed-$tool.log" 2>&1
+      el "$tool subset rc=$?: $(grep -E 'SUMMARY|variants' "$OUT/packed-$tool.log" | tr '\n' ' ')"
+    done
+    timeout 200 python3 bench/probes/gemm_odd_granules.py --lib build/libflykernels.so --layouts nt,tn >"$OUT/granules.log" 2>&1
+    el "granules rc=$?"; cat "$OUT/granules.log"
+    ;;
   *)
-    echo "usage: pending_device.sh tests|sanitize|bench" >&2
+    echo "usage: pending_device.sh tests|sanitize|bench|packed" >&2
     exit 2
     ;;
 esac

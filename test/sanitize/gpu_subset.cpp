@@ -343,8 +343,10 @@ std::vector<std::string> gemm_representatives() {
 int main(int argc, char** argv) {
   const char* every[] = {"rmsnorm", "topk", "gemm", "attention", "attention_bwd", "grouped_gemm", "mx"};
   std::map<std::string, bool> want;
-  bool any = false;  // a family named on the command line: only those
-  for (int i = 1; i < argc; ++i) any = any || (argv[i][0] != '-' && (i == 1 || std::string(argv[i - 1]) != "--only"));
+  bool any = false;  // a family or an --only variant named on the command line: only those
+  for (int i = 1; i < argc; ++i)
+    any = any || std::string(argv[i]) == "--only" ||
+          (argv[i][0] != '-' && (i == 1 || std::string(argv[i - 1]) != "--only"));
   for (const char* f : every) want[f] = !any;
   std::vector<std::string> names;
   bool list = false;
