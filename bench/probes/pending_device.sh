@@ -3,9 +3,11 @@
 # GEMM A/B), from the end of the fifth session of 2026-12-02 (after its device time ran out):
 #   bash bench/probes/pending_device.sh packed
 # the line-packing copy moved to kernels/common/pack_lines.cuh (fly_pack_lines_sm90, with a plane
-# index) and the attention forward's packed path: [odd] and [attention] GPU tests (the new
-# "strides TMA cannot take run on aligned copies" case), compute-sanitizer memcheck / racecheck
-# over the odd-stride GEMM and attention subsets (both include a packed call), and the granule probe.
+# index) and the attention forward's and backward's packed paths: [odd], [attention] and
+# [attention_bwd] GPU tests (the new "strides TMA cannot take run on aligned copies" cases),
+# compute-sanitizer memcheck on those and memcheck / racecheck over a cp.async GEMM variant and
+# one attention forward and backward variant of the subset (each includes a packed call), and the
+# granule probe.
 # Ran on 2026-12-02 (fourth session): gemm_core_ab_device.sh, attention_bwd_wide_device.sh,
 # attention_pingpong_device.sh, topk_grouped_device.sh, defaults_bwdtune_device.sh with
 # mx_splitk_device.sh (bench/RESULTS.md).
@@ -75,12 +77,18 @@ case "$stage" in
     el "[odd] rc=$?: $(tail -2 "$OUT/odd-tests.log" | tr '\n' ' ')"
     timeout 300 build/test/fly_gpu_tests "[attention]" >"$OUT/attention-tests.log" 2>&1
     el "[attention] rc=$?: $(tail -2 "$OUT/attention-tests.log" | tr '\n' ' ')"
-    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 build/test/fly_gpu_tests \
-      "attention_fwd: strides TMA cannot take run on aligned copies" >"$OUT/attn-packed-memcheck.log" 2>&1
-    el "memcheck attention packed rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/attn-packed-memcheck.log")"
+    timeout 300 build/test/fly_gpu_tests "[attention_bwd]" >"$OUT/attention-bwd-tests.log" 2>&1
+    el "[attention_bwd] rc=$?: $(tail -2 "$OUT/attention-bwd-tests.log" | tr '\n' ' ')"
+    for t in "attention_fwd: strides TMA cannot take run on aligned copies" \
+             "attention_bwd: strides TMA cannot take run on aligned copies"; do
+      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 build/test/fly_gpu_tests "$t" \
+        >>"$OUT/attn-packed-memcheck.log" 2>&1
+      el "memcheck '$t' rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/attn-packed-memcheck.log" | tail -1)"
+    done
     for tool in memcheck racecheck; do
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 build/test/fly_gpu_subset \
-        --only gemm_odd_bf16_bn128_st6 --only attention_fwd_bf16_hd128_m128_n128_st2_ov0 >"$OUT/packed-$tool.log" 2>&1
+        --only gemm_odd_bf16_bn128_st6 --only attention_fwd_bf16_hd128_m128_n128_st2_ov0 \
+        --only attention_bwd_bf16_hd128_kn128_qm64_mq128_nq128 >"$OUT/packed-$tool.log" 2>&1
       el "$tool subset rc=$?: $(grep -E 'SUMMARY|variants' "$OUT/packed-$tool.log" | tr '\n' ' ')"
     done
     timeout 200 python3 bench/probes/gemm_odd_granules.py --lib build/libflykernels.so --layouts nt,tn >"$OUT/granules.log" 2>&1

@@ -192,8 +192,10 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
  * dQ, dK, dV of O = softmax(Q K^T * softmax_scale [+ causal mask]) V, from the forward's inputs,
  * its output O, the upstream gradient dO and the forward's FP32 natural-log LSE.
  * q, o, dout, dq: [B, Hq, Sq, D]; k, v, dk, dv: [B, Hkv, Sk, D]; all FP16 or all BF16, D innermost
- *    (stride 1), other strides free (BHSD and BSHD views). q, k, v and dout are read by TMA:
- *    16-byte aligned bases and strides multiples of 8 elements (else FLY_ERROR_UNSUPPORTED).
+ *    (stride 1), other strides free (BHSD and BSHD views). q, k, v and dout are read by TMA where
+ *    their bases are 16-byte aligned and their strides multiples of 8 elements; any other one is
+ *    first copied into the end of the workspace with 16-byte rows (the workspace query adds the
+ *    copies; a workspace with room for the backward but not the copies: FLY_ERROR_UNSUPPORTED).
  *    Grouped-query (Hq a multiple of Hkv): dk, dv of a kv head are the sums over its query heads.
  *    dq, dk, dv must not overlap themselves, each other or any input (no in-place).
  *    1 <= D <= 512: compiled head dims 64, 128, 192, 256 and 512 (the wide-head schedule), others
@@ -204,8 +206,9 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
  * nondeterministic: 0 (the default): the same bits on every run. 1 allows faster non-deterministic
  *    kernels; this version has none and runs the deterministic ones.
  * Workspace (required unless B, Hq or Sq is 0): FP32 Delta = rowsum(dO * O) and LSE rows,
- *    2 * 4 * B * Hq * round_up(Sq, 128) bytes (256-aligned halves); query
- *    fly_attention_bwd_workspace_size and pass a 256-byte aligned device buffer at least that big
+ *    2 * 4 * B * Hq * round_up(Sq, 128) bytes (256-aligned halves), plus the copies above where
+ *    needed; query fly_attention_bwd_workspace_size and pass a 256-byte aligned device buffer at
+ *    least that big
  *    (contents need no initialization; not shared by two calls running at once).
  * B, Hq or Sq of 0: a successful no-op. Sk of 0 writes dq = 0.
  * Versioned like fly_attention_fwd_params: set struct_size = sizeof(fly_attention_bwd_params). */

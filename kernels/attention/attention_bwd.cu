@@ -714,3 +714,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) fly_attn_bwd_dq(const __gri
   }
 }
 #endif  // FLY_HD <= 256
+
+// The packed path's copy (src/ops/attention_bwd.cpp: Q, K, V or dO whose strides or base TMA
+// cannot take, copied to 16-byte rows in the workspace first): the shared line-packing kernel.
+#include "common/pack_lines.cuh"

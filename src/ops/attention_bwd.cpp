@@ -38,6 +38,13 @@ struct BwdCall {
   int hd = 0;
   const fly_attention_bwd_params* prm = nullptr;
   bool empty = false;
+  // Q, K, V, dO that TMA cannot address (attn_common::tma_problem): copied to 16-byte rows at the
+  // end of the workspace first (the packed path). `need`: the workspace the call needs, the
+  // backward's own part (rounded to 256 bytes) plus the copies.
+  bool pack[4] = {false, false, false, false};  // q, k, v, dout
+  std::string pack_why;
+  int64_t copy_bytes = 0;
+  int64_t need = 0;
 };
 
 // Byte ranges [lo, hi) two tensors' elements can reach; disjoint ranges cannot alias.
@@ -155,17 +162,28 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
                 " exceed the kernels' grid limits (B, H <= 65535, S < 2^30)", B, Hq, Sq, Sk);
   if (B * Hq * Sq > (int64_t(1) << 36))  // the workspace size stays far from overflow
     return fail(FLY_ERROR_UNSUPPORTED, "q: B * Hq * Sq = %" PRId64 " query rows exceed the backward's limit 2^36", B * Hq * Sq);
-  FLY_TRY(attn_common::check_tma_operand(q, "q"));
-  FLY_TRY(attn_common::check_tma_operand(dout, "dout"));
-  if (Sk > 0) {
-    FLY_TRY(attn_common::check_tma_operand(k, "k"));
-    FLY_TRY(attn_common::check_tma_operand(v, "v"));
+  const fly_tensor* tma_ins[4] = {&q, &k, &v, &dout};
+  const char* tma_names[4] = {"q", "k", "v", "dout"};
+  for (int i = 0; i < 4; ++i) {
+    if ((i == 1 || i == 2) && Sk == 0) continue;  // no keys: K and V are never read
+    const std::string why = attn_common::tma_problem(*tma_ins[i], tma_names[i]);
+    if (why.empty()) continue;
+    out->pack[i] = true;
+    out->copy_bytes += attn_common::packed_bytes(*tma_ins[i]);
+    if (out->pack_why.empty()) out->pack_why = why;
   }
-  const int64_t need = attn::bwd_ws_bytes(B, Hq, Sq);
-  if (!prm->workspace || int64_t(prm->workspace_bytes) < need)
+  const int64_t own = attn::bwd_ws_bytes(B, Hq, Sq);
+  out->need = out->copy_bytes ? (own + 255) / 256 * 256 + out->copy_bytes : own;
+  const int64_t given = prm->workspace ? int64_t(prm->workspace_bytes) : 0;
+  if (given < own)
     return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "workspace: %zu bytes, the backward needs %" PRId64 " (fly_attention_bwd_workspace_size)",
-                prm->workspace ? prm->workspace_bytes : size_t(0), need);
+                "workspace: %zu bytes, the backward needs %" PRId64 " (fly_attention_bwd_workspace_size)", size_t(given),
+                out->need);
+  if (given < out->need)  // room for the backward, not for the copies: as the forward, unsupported
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "%s; with a workspace of %" PRId64 " bytes (fly_attention_bwd_workspace_size; %zu given) the call runs "
+                "on aligned copies",
+                out->pack_why.c_str(), out->need, size_t(given));
   return FLY_SUCCESS;
 }
 
@@ -202,15 +220,11 @@ extern "C" FLY_API fly_status fly_attention_bwd_workspace_size(const fly_attenti
   if (p.struct_size >= kBwdParamsV1Size && p.struct_size <= sizeof(fly_attention_bwd_params) && p.q &&
       p.q->rank == 4 && p.q->sizes[0] >= 0 && p.q->sizes[1] >= 0 && p.q->sizes[2] >= 0) {
     p.workspace = reinterpret_cast<void*>(uintptr_t(256));  // a placeholder, never dereferenced
-    // Only shapes inside validate()'s limits have a size that fits; for the others any size does,
-    // since validate() refuses them before it looks at the workspace.
-    const int64_t B = p.q->sizes[0], Hq = p.q->sizes[1], Sq = p.q->sizes[2];
-    const bool in_limits = B <= 65535 && Hq <= 65535 && Sq < (int64_t(1) << 30) && B * Hq * Sq <= (int64_t(1) << 36);
-    p.workspace_bytes = in_limits ? size_t(attn::bwd_ws_bytes(B, Hq, Sq)) : SIZE_MAX;
+    p.workspace_bytes = size_t(1) << 62;  // more than any call needs (validate computes the need)
   }
   BwdCall c;
   FLY_TRY(validate(&p, &c));
-  if (!c.empty) *bytes = size_t(attn::bwd_ws_bytes(c.s.B, c.s.Hq, c.s.Sq));
+  if (!c.empty) *bytes = size_t(c.need);
   return FLY_SUCCESS;
 }
 
@@ -221,7 +235,8 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   FLY_TRY(validate(params, &c));
   if (c.empty) return FLY_SUCCESS;
   const attn::Shape& s = c.s;
-  const fly_attention_bwd_params& prm = *params;
+  fly_attention_bwd_params prm_local = *params;  // the packed path points q, k, v, dout at copies
+  const fly_attention_bwd_params& prm = prm_local;
 
   ScopedContext guard;
   const DeviceCtx* dc = nullptr;
@@ -235,7 +250,7 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   FLY_TRY(check_device_pointer(*prm.dq, "dq"));
   FLY_TRY(check_device_pointer(*prm.dk, "dk"));
   FLY_TRY(check_device_pointer(*prm.dv, "dv"));
-  FLY_TRY(check_device_bytes(prm.workspace, attn::bwd_ws_bytes(s.B, s.Hq, s.Sq), "workspace"));
+  FLY_TRY(check_device_bytes(prm.workspace, c.need, "workspace"));
 
   const std::string layout = attn_common::key_layout(c.hd, c.s.causal, c.s.Hq, c.s.Hkv);
   DispatchRequest req = make_request(kFamily, "attention_bwd", dtype_name(c.dt), layout.c_str(),
@@ -256,6 +271,30 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   const Variant* v = rk.v;
   const Driver* d = rk.d;
   const int kn = int(v->get_int("kn")), qm = int(v->get_int("qm")), mq = int(v->get_int("mq")), nq = int(v->get_int("nq"));
+  // Copies of the operands TMA cannot address (fly_pack_lines_sm90, in every attention_bwd cubin),
+  // at the end of the workspace; the backward's own part stays at its front.
+  fly_tensor packed[4];
+  if (c.copy_bytes > 0) {
+    CUfunction pf = nullptr;
+    FLY_TRY(get_function(*dc, *v, "fly_pack_lines_sm90", &pf));
+    char* dst = static_cast<char*>(params->workspace) + (int64_t(params->workspace_bytes) - c.copy_bytes) / 256 * 256;
+    const fly_tensor** ops[4] = {&prm_local.q, &prm_local.k, &prm_local.v, &prm_local.dout};
+    for (int i = 0; i < 4; ++i) {
+      if (!c.pack[i]) continue;
+      const attn_common::PackedOperand po = attn_common::plan_packed(**ops[i], dst, dc->sm_count);
+      LaunchConfig pc;
+      for (int j = 0; j < 3; ++j) pc.grid[j] = po.grid[j];
+      pc.block[0] = kPackThreads;
+      FLY_TRY(launch1(pf, pc, stream, po.params));
+      packed[i] = po.t;
+      *ops[i] = &packed[i];
+      dst += attn_common::packed_bytes(po.t);
+    }
+    if (log_level() >= LogLevel::kInfo)
+      log(LogLevel::kInfo, "attention_bwd: packed path: %s%s%s%scopied to 16-byte rows in the workspace (%" PRId64
+          " bytes; %s)", c.pack[0] ? "q " : "", c.pack[1] ? "k " : "", c.pack[2] ? "v " : "", c.pack[3] ? "dout " : "",
+          c.copy_bytes, c.pack_why.c_str());
+  }
   CUfunction f_pre = nullptr, f_dq = nullptr;
   FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_pre", &f_pre));
   FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_dq", &f_dq));

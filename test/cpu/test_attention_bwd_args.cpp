@@ -203,9 +203,20 @@ TEST_CASE("attention_bwd rejects bad descriptors with a status and a message", "
     CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("dv: the head dim must be innermost"));
     c.dv.strides[3] = 1;
-    c.dout.strides[2] = 129;  // TMA: multiples of 8 elements
+    c.dout.strides[2] = 129;  // TMA: multiples of 8 elements; the workspace has no room for a copy
     CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("dout: sequence stride 129"));
+    CHECK(mentions("with a workspace of"));
+    {  // the packed path: the query adds dout's copy ([2, 8, 100, 128] 16-bit elements), which runs it
+      size_t need = 0;
+      REQUIRE(fly_attention_bwd_workspace_size(&c.p, &need) == FLY_SUCCESS);
+      const size_t own = size_t(fly::attn::bwd_ws_bytes(2, 8, 100));
+      CHECK(need == (own + 255) / 256 * 256 + (2 * 8 * 100 * 128 * 2 + 255) / 256 * 256);
+      const size_t before = c.p.workspace_bytes;
+      c.p.workspace_bytes = need;
+      CHECK(passes_validation(c.run()));
+      c.p.workspace_bytes = before;
+    }
     c.dout.strides[2] = 128;
     c.k.data = reinterpret_cast<void*>(0x200008);
     CHECK(c.run() == FLY_ERROR_UNSUPPORTED);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "attention/attention_bwd_params.h"
+#include "common/pack_params.h"
 #include "catch_compat.hpp"
 #include "core.hpp"
 #include "fake_cuda.h"
@@ -172,4 +173,62 @@ TEST_CASE("attention_bwd: launches of the wide plan (D 257..512)", "[fake][atten
         CHECK(fake_cuda_get_tensor_map(qi)->box[0] == 64u);
         CHECK(fake_cuda_get_tensor_map(qi)->dims[0] == uint64_t(D));  // zero fill past D
       }
+}
+
+TEST_CASE("attention_bwd: q and k TMA cannot take are copied to 16-byte rows first", "[fake][attention_bwd]") {
+  if (!fly::find_variant("attention_bwd_bf16_hd128_kn128_qm64_mq128_nq128")) {
+    WARN("attention_bwd not in this build");
+    return;
+  }
+  void* s = fake_cuda_stream_create(0);
+  BwdOperands c(2, 8, 2, 300, 257, 128, FLY_BF16, true);
+  // q: BSHD rows of 131 elements; k: contiguous but its base 2 bytes past an aligned address.
+  c.q = flykernels::tensor(fake_cuda_malloc(size_t(2 * 300 * 8 * 131 * 2)), FLY_BF16, {2, 8, 300, 128},
+                           {300 * 8 * 131, 131, 8 * 131, 1});
+  char* kbuf = static_cast<char*>(fake_cuda_malloc(size_t(2 * 2 * 257 * 128 * 2 + 16)));
+  c.k.data = kbuf + 2;
+  size_t bytes = 0;
+  REQUIRE(fly_attention_bwd_workspace_size(&c.p, &bytes) == FLY_SUCCESS);
+  const size_t own = size_t(fly::attn::bwd_ws_bytes(2, 8, 300));
+  const size_t cq = (2 * 8 * 300 * 128 * 2 + 255) / 256 * 256, ck = (2 * 2 * 257 * 128 * 2 + 255) / 256 * 256;
+  CHECK(bytes == (own + 255) / 256 * 256 + cq + ck);
+  char* ws = static_cast<char*>(fake_cuda_malloc(bytes));
+  c.p.workspace = ws;
+  c.p.workspace_bytes = bytes;
+  fake_cuda_clear_records();
+  const fly_status st = fly_attention_bwd(&c.p, s);
+  INFO(fly_get_last_error() << " " << fake_cuda_last_refusal());
+  REQUIRE(st == FLY_SUCCESS);
+  REQUIRE(fake_cuda_launch_count() == 5);
+  const char* copy_q = ws + (bytes - cq - ck);
+  const char* copy_k = copy_q + cq;
+  for (int i = 0; i < 2; ++i) {
+    const fake_cuda_launch* L = fake_cuda_get_launch(i);
+    CHECK(std::string(L->kernel) == "fly_pack_lines_sm90");
+    fly::PackParams pp;
+    REQUIRE(L->param_bytes >= sizeof(pp));
+    std::memcpy(&pp, L->params, sizeof(pp));
+    CHECK(pp.src == (i == 0 ? c.q.data : c.k.data));
+    CHECK(pp.dst == (i == 0 ? copy_q : copy_k));
+    CHECK(pp.sld == (i == 0 ? 8 * 131 : 128));
+    CHECK(pp.dld == 128);
+  }
+  CHECK(std::string(fake_cuda_get_launch(2)->kernel) == "fly_attn_bwd_pre");
+  const fly::attn::AttnBwdParams p = params_of(fake_cuda_get_launch(3));
+  auto map_at = [](const CUtensorMap& m) {
+    const int i = fake_cuda_tensor_map_index(&m);
+    REQUIRE(i >= 0);
+    return fake_cuda_get_tensor_map(i)->address;
+  };
+  CHECK(map_at(p.tm_q_kv) == reinterpret_cast<uint64_t>(copy_q));
+  CHECK(map_at(p.tm_q_dq) == reinterpret_cast<uint64_t>(copy_q));
+  CHECK(map_at(p.tm_k_kv) == reinterpret_cast<uint64_t>(copy_k));
+  CHECK(map_at(p.tm_do_kv) == reinterpret_cast<uint64_t>(c.dout.data));  // aligned: read in place
+  CHECK(p.ws_lse2 == static_cast<void*>(ws));  // the backward's own part stays at the front
+  // Room for the backward but not the copies: refused, saying how much would run it.
+  c.p.workspace_bytes = own;
+  fake_cuda_clear_records();
+  CHECK(fly_attention_bwd(&c.p, s) == FLY_ERROR_UNSUPPORTED);
+  CHECK(std::string(fly_get_last_error()).find("with a workspace of " + std::to_string(bytes)) != std::string::npos);
+  CHECK(fake_cuda_launch_count() == 0);
 }

@@ -343,6 +343,36 @@ TEST_CASE("attention_bwd: grouped-query, both layouts, padded rows, explicit sca
       }
 }
 
+// Rows TMA cannot take (a row length in memory that is not a multiple of 8 elements, for every
+// operand): with the queried workspace q, k, v and dout are copied to 16-byte rows first (the packed
+// path); o, dq, dk, dv keep their strides. Odd and compiled head dims, both layouts, GQA, causal.
+TEST_CASE("attention_bwd: strides TMA cannot take run on aligned copies", "[attention_bwd][gpu]") {
+  struct Odd {
+    int64_t B, Hq, Hkv, Sq, Sk, D, ld;
+    bool causal, bshd;
+    fly_dtype dt;
+  };
+  const Odd cases[] = {{1, 2, 2, 200, 200, 72, 75, false, true, FLY_BF16},
+                       {2, 8, 2, 130, 257, 128, 129, true, false, FLY_BF16},
+                       {1, 4, 1, 100, 77, 40, 41, true, true, FLY_F16},
+                       {1, 2, 2, 64, 64, 256, 259, false, false, FLY_F16}};
+  for (const Odd& o : cases) {
+    Case c;
+    c.B = o.B;
+    c.Hq = o.Hq;
+    c.Hkv = o.Hkv;
+    c.Sq = o.Sq;
+    c.Sk = o.Sk;
+    c.D = o.D;
+    c.ld = o.ld;
+    c.causal = o.causal;
+    c.bshd = o.bshd;
+    c.dt = o.dt;
+    c.repeats = 2;
+    check_case(c);
+  }
+}
+
 TEST_CASE("attention_bwd: Sk = 0 writes dq = 0; unsupported and missing workspace say why", "[attention_bwd][gpu]") {
   {
     Case c;

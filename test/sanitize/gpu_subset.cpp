@@ -228,6 +228,26 @@ void run_attention_bwd(const char* name, const std::string& ps) {
     prm.workspace_bytes = ws_bytes;
     report(name, fly_attention_bwd(&prm, nullptr), p.what);
   }
+  {  // the packed path: BSHD rows of D + 1 elements for every operand (q, k, v, dout copied first)
+    const int64_t B = 1, Hq = 4, Hkv = 2, Sq = 100, Sk = 150, ld = D + 1;
+    const size_t qb = B * Sq * Hq * ld * 2, kb = B * Sk * Hkv * ld * 2;
+    Buf q(qb, 0x3c), k(kb, 0x3a), v(kb, 0x3b), o(qb, 0x3b), dout(qb, 0x3a), lse(B * Hq * Sq * 4, 0x41);
+    Buf dq(qb), dk(kb), dv(kb);
+    auto t4 = [&](void* d, int64_t h, int64_t s) {
+      return flykernels::tensor(d, dt, {B, h, s, D}, {s * h * ld, ld, h * ld, 1});
+    };
+    const fly_tensor tq = t4(q.p, Hq, Sq), tk = t4(k.p, Hkv, Sk), tv = t4(v.p, Hkv, Sk), to = t4(o.p, Hq, Sq);
+    const fly_tensor tdo = t4(dout.p, Hq, Sq), tdq = t4(dq.p, Hq, Sq), tdk = t4(dk.p, Hkv, Sk), tdv = t4(dv.p, Hkv, Sk);
+    const fly_tensor tl = flykernels::tensor(lse.p, FLY_F32, {B, Hq, Sq}, {Hq * Sq, Sq, 1});
+    const flykernels::AttentionBwdTensors t{&tq, &tk, &tv, &to, &tdo, &tl, &tdq, &tdk, &tdv};
+    fly_attention_bwd_params prm = flykernels::detail::attention_bwd_params(t, true, 0.0);
+    size_t ws_bytes = 0;
+    fly_attention_bwd_workspace_size(&prm, &ws_bytes);
+    Buf ws(ws_bytes, -1);
+    prm.workspace = ws.p;
+    prm.workspace_bytes = ws_bytes;
+    report(name, fly_attention_bwd(&prm, nullptr), "packed");
+  }
 }
 
 // Mode k (the ragged-K weight gradient): out[g] = a[:, k of g] @ b[k of g, :], three groups (one
