@@ -1,4 +1,5 @@
-// Per-call variant choice: forced -> overlay/embedded exact -> nearest bucket -> family default.
+// Per-call variant choice: forced -> overlay/embedded exact -> profile vote (ops with profile rows)
+// -> nearest bucket -> family default.
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
@@ -103,7 +104,9 @@ void add_profile_rows(const TuningDb& db, ProfileIndex* index) {
       shapes.back().layout = r.layout;
       for (int i = 0; i < 3; ++i) shapes.back().k[i] = r.k[i];
     }
-    shapes[it->second].rel.emplace_back(r.variant, r.time_us);
+    // A time over the shape's best is >= 1 by its definition; a row that says otherwise (a broken
+    // overlay) counts as the best, one that is not a number is left out.
+    if (std::isfinite(r.time_us)) shapes[it->second].rel.emplace_back(r.variant, std::max(1.0, r.time_us));
   }
 }
 
