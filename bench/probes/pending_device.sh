@@ -15,6 +15,7 @@
 #   bash bench/probes/pending_device.sh tests    # default build, ctest, python package + every python GPU test
 #                                                # (pytest twice: the second pass with Inductor's caches warm)
 #   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family
+#   bash bench/probes/pending_device.sh mxprof   # ncu of the MX decode shape (M 32, N = K = 4096), split and unsplit
 #   bash bench/probes/pending_device.sh bench    # TopK long rows after the DB change, compiled GEMM from suite shape 5
 # Logs under $OUT (at most 8 files come back: the stages tar their logs).
 set -uo pipefail
@@ -94,8 +95,22 @@ case "$stage" in
     timeout 200 python3 bench/probes/gemm_odd_granules.py --lib build/libflykernels.so --layouts nt,tn >"$OUT/granules.log" 2>&1
     el "granules rc=$?"; cat "$OUT/granules.log"
     ;;
+  mxprof)
+    # where the MX decode time goes: ncu over flybench mxfp at M = 32, N = K = 4096 (the shipped
+    # split-K row, then the unsplit n32_f0 forced), both formats
+    build
+    echo '{"cases": [{"M": 32, "N": 4096, "K": 4096}]}' >/tmp/mxdec.json
+    for v in "" mxfp_wgmma_n32_f0; do
+      timeout 200 ncu --clock-control none -k regex:mxfp -c 150 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+        build/flybench mxfp --suite /tmp/mxdec.json ${v:+--variant $v} >"$OUT/mxprof-${v:-default}.log" 2>&1
+      el "ncu ${v:-default} rc=$?"
+      grep -E "mxfp_|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Registers|Grid Size|Stall|Warp Cycles Per Issued" \
+        "$OUT/mxprof-${v:-default}.log" | sort | uniq -c | sort -rn | head -40
+    done
+    ;;
   *)
-    echo "usage: pending_device.sh tests|sanitize|bench|packed" >&2
+    echo "usage: pending_device.sh tests|sanitize|bench|packed|mxprof" >&2
     exit 2
     ;;
 esac
