@@ -108,6 +108,36 @@ case "$stage" in
       grep -E "mxfp_|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Registers|Grid Size|Stall|Warp Cycles Per Issued" \
         "$OUT/mxprof-${v:-default}.log" | sort | uniq -c | sort -rn | head -40
     done
+    # per-instruction stall samples of one split GEMM launch (which SASS lines the warps wait on)
+    timeout 150 ncu --clock-control none -k regex:mxfp_wgmma -s 10 -c 1 --section WarpStateStats --section SourceCounters \
+      --import-source no -f -o /tmp/mxsrc build/flybench mxfp --suite /tmp/mxdec.json >"$OUT/mxsrc-run.log" 2>&1
+    el "ncu source rc=$?"
+    ncu -i /tmp/mxsrc.ncu-rep --page source --csv --print-source sass >"$OUT/mxsrc-sass.csv" 2>&1
+    el "sass page rc=$? lines=$(wc -l <"$OUT/mxsrc-sass.csv")"
+    SASS="$OUT/mxsrc-sass.csv" python3 - <<'PY' || true
+import csv, os, sys
+rows = list(csv.reader(open(os.environ['SASS'], errors='replace')))
+hdr = next((i for i, r in enumerate(rows) if any('Source' == c or 'Warp Stall Sampling' in c for c in r)), None)
+if hdr is None:
+    print('no header'); sys.exit()
+h = rows[hdr]; body = rows[hdr + 1:]
+si = next(i for i, c in enumerate(h) if c.startswith('Warp Stall Sampling (All'))
+src = next(i for i, c in enumerate(h) if c == 'Source')
+def num(x):
+    try: return float(x.replace(',', ''))
+    except: return 0.0
+tot = sum(num(r[si]) for r in body if len(r) > si) or 1
+print('top stall lines (share of all samples):')
+for r in sorted(body, key=lambda r: -num(r[si]) if len(r) > si else 0)[:25]:
+    print(f'{100 * num(r[si]) / tot:5.1f}%  {r[0]:>6}  {r[src][:110]}')
+PY
+    # the decode shapes, every bundled MX GEMM variant forced (same machine, L2 flushed)
+    echo '{"cases": [{"M": 1, "N": 4096, "K": 4096}, {"M": 32, "N": 4096, "K": 4096}, {"M": 32, "N": 4096, "K": 14336}, {"M": 128, "N": 4096, "K": 4096}, {"M": 32, "N": 14336, "K": 4096}]}' >/tmp/mxdec5.json
+    for v in "" $(ls build/cubins | sed -n 's/^\(mxfp_wgmma_[a-z0-9_]*\)\.cubin$/\1/p'); do
+      echo "== ${v:-default}"
+      timeout 60 build/flybench mxfp --suite /tmp/mxdec5.json ${v:+--variant $v} 2>&1 | tail -12
+    done >"$OUT/mxvar.log" 2>&1
+    el "variant sweep done"; cat "$OUT/mxvar.log" | head -120
     ;;
   *)
     echo "usage: pending_device.sh tests|sanitize|bench|packed|mxprof" >&2
