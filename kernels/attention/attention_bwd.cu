@@ -11,6 +11,10 @@
 //   dK += dS^T Q (mma_pv: dO and Q tiles as MN-major B operands). Wide heads (192, 256) split the
 //   dK/dV columns over DS warpgroups that each recompute S^T and dP^T of the same 64 keys.
 // dQ kernel (forward orientation): S = Q K^T, dP = dO V^T, dS = P (dP - Delta[row]), dQ += dS K.
+// Atomic dQ (p.ws_dqacc set; attention_bwd_params.h): the dK/dV consumers also write dS^T's
+// transpose (stmatrix .trans) into a per-warpgroup [QM][64 keys] tile, run dQ_part = dS K (SS
+// wgmma, K as the MN-major B operand) and add it into the fp32 accumulator with float2 atomics;
+// fly_attn_bwd_dq_convert scales it into dq.
 #include <type_traits>
 
 #include "attention/attention_bwd_params.h"
@@ -73,6 +77,11 @@ constexpr int kKvBars = kKvRing + ST * 2 * kQTBytes;
 constexpr int kKvSmem = kKvBars + 256 + 1024;
 static_assert(kKvSmem == bwd_dkdv_smem_bytes(HD, KN, QM, ST), "host and device smem sizes (dK/dV)");
 static_assert(kKvSmem <= 232448, "dK/dV shared memory over 227 KiB");
+// Atomic dQ: one [QM][64 keys] 16-bit dS tile per consumer warpgroup after the barriers (the launch
+// passes bwd_dkdv_atomic_smem_bytes then; the mode needs QM = 64, one wgmma M block).
+constexpr int kDsOff = bwd_dkdv_ds_offset(HD, KN, QM, ST);
+static_assert(kDsOff == kKvBars + 1024 && kDsOff % 1024 == 0, "dS tiles after the barriers, 1 KiB aligned");
+static_assert(bwd_dkdv_atomic_smem_bytes(HD, KN, QM, ST) == kDsOff + NWG_KV * QM * 128 + 1024, "atomic dQ smem");
 constexpr int kQBytesQ = MQ * HD * 2;   // resident Q (and dO) of the dQ kernel
 constexpr int kQKVBytes = NQ * HD * 2;  // one streamed K (or V) tile
 constexpr int kQRing = 2 * kQBytesQ;
@@ -206,6 +215,43 @@ __device__ __forceinline__ void dkdv_producer(const AttnBwdParams& p, uint8_t* s
   }
 }
 
+// ---- atomic dQ (inside the dK/dV kernel) ---------------------------------------------------------
+// dS^T of the warp's 16 keys (df: the A-fragment regroup of the [64 keys][QM queries] tile, pack_p)
+// stored transposed into the warpgroup's dS tile [QM queries][64 keys], 128-byte rows with the 128B
+// swizzle (16-byte unit u of row r at unit u ^ (r % 8)): the K-major A operand of dQ += dS K.
+// Fragment df[kk][m]: keys 8 (m % 2) .. + 7 of the warp's 16, queries 16 kk + 8 (m / 2) .. + 7; with
+// .trans, lane 8 m + i addresses that matrix's stored row i = query 16 kk + 8 (m / 2) + i.
+__device__ __forceinline__ void store_ds_transposed(uint32_t sds, const uint32_t (&df)[QM / 16][4], int warp, int lane) {
+  const int m = lane / 8, i = lane % 8;
+  const int unit = 2 * warp + (m & 1);  // the 8 keys' 16-byte unit in the 64-key row
+#pragma unroll
+  for (int kk = 0; kk < QM / 16; ++kk) {
+    const int r = 16 * kk + 8 * (m >> 1) + i;
+    sm90::stmatrix_x4_trans(sds + r * 128 + ((unit ^ (r % 8)) << 4), df[kk][0], df[kk][1], df[kk][2], df[kk][3]);
+  }
+}
+
+// dq[PW/2] = dS[QM = 64 queries][64 keys] * K[64 keys][PW columns]: A K-major from the dS tile, B the
+// resident K rows of the warpgroup's keys read MN-major (as the forward reads V), chunk stride KN rows.
+__device__ __forceinline__ void mma_dq(float (&dq)[PW / 2], uint32_t sds, uint32_t kcols) {
+  using Mma = sm90::Wgmma<PW, 0, 1, kBF16>;
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) Mma::mma(dq, desc_kmajor(sds + kk * 32), desc_mnmajor(kcols + kk * 2048, KN * 128), kk != 0);
+  sm90::wgmma_commit();
+}
+
+// Adds the fragment (rows: the tile's queries, columns col0 ..) into the fp32 accumulator rows.
+__device__ __forceinline__ void add_dq(float* acc_tile, int col0, const float (&dq)[PW / 2], int warp, int lane) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float* row = acc_tile + int64_t(16 * warp + lane / 4 + 8 * i) * HD + col0 + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < PW / 8; ++j)
+      atomicAdd(reinterpret_cast<float2*>(row + 8 * j), make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
+  }
+}
+
 __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* smem, const KvRing& r, int n0, int kvh,
                                               int b, int w) {
   const int kg = w / DS, part = w % DS;
@@ -225,6 +271,9 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
   kv_query_range(p, n0, mb_begin, mb_end);
   const int per_head = mb_end - mb_begin;
   const int iters = per_head * p.group;
+  // Atomic dQ (the host sets ws_dqacc only for QM = 64 variants with the larger shared memory).
+  const bool atomic_dq = QM == 64 && p.ws_dqacc != nullptr;
+  const uint32_t sds = base + kDsOff + w * QM * 128;
   sm90::mbar_wait(r.kv_full, 0);
   for (int it = 0; it < iters; ++it) {
     const int stage = it % ST;
@@ -255,12 +304,28 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     uint32_t pf[QM / 16][4], df[QM / 16][4];
     pack_p<MathS>(s, pf);
     pack_p<MathS>(dp, df);
+    if constexpr (QM == 64) {
+      if (atomic_dq) store_ds_transposed(sds, df, tid / 32, lane);
+    }
     mma_pv<MathD>(dv, pf, sdo + part * (PW / 64) * QM * 128);
     mma_pv<MathD>(dk, df, sq + part * (PW / 64) * QM * 128);
     sm90::wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
     if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
+    if constexpr (QM == 64) {
+      if (atomic_dq) {
+        // dS written by all four warps (generic proxy) -> read by the wgmma (async proxy).
+        sm90::fence_proxy_async_smem();
+        named_bar_sync(1 + w, 128);
+        float dq[PW / 2];
+        mma_dq(dq, sds, sk + part * (PW / 64) * KN * 128);
+        sm90::wgmma_wait<0>();
+        fence_regs(dq);
+        const int64_t row0 = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
+        add_dq(p.ws_dqacc + row0 * HD, part * PW, dq, tid / 32, lane);
+      }
+    }
   }
   Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
   Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
@@ -599,6 +664,24 @@ extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_pre(const __grid_
     p.ws_delta[row] = acc;
     p.ws_lse2[row] = l2;
   }
+  if (p.ws_dqacc) {  // atomic dQ: this row of the accumulator starts at 0
+    float4* z = reinterpret_cast<float4*>(p.ws_dqacc + row * HD);
+    for (int c = lane; c < HD / 4; c += 32) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// Atomic dQ's last step: one warp per query row, dq = accumulator * scale (columns < D).
+extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_dq_convert(const __grid_constant__ AttnBwdParams p) {
+  const int64_t rows = int64_t(p.B) * p.Hq * p.Sq;
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows || !p.ws_dqacc) return;
+  const int s = int(row % p.Sq);
+  const int h = int((row / p.Sq) % p.Hq);
+  const int b = int(row / (int64_t(p.Sq) * p.Hq));
+  const float* src = p.ws_dqacc + ((int64_t(b) * p.Hq + h) * p.sq_pad + s) * HD;
+  Elem* dst = static_cast<Elem*>(p.dq) + b * p.dq_s[0] + h * p.dq_s[1] + s * p.dq_s[2];
+  for (int c = lane; c < p.D; c += 32) dst[c] = Elem(src[c] * p.scale);
 }
 
 #if FLY_HD <= 256

@@ -163,6 +163,14 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// The same with .trans: matrix i is stored transposed, lanes 8 i .. 8 i + 7 giving the addresses of
+// its 8 columns (16 contiguous bytes each: column c holds the 8 rows' elements of column c).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---- fences ---------------------------------------------------------------------------------------
 // Generic-proxy shared-memory writes followed by async-proxy (TMA/wgmma) reads need this.
 __device__ __forceinline__ void fence_proxy_async_smem() {
