@@ -13,8 +13,8 @@
 // dQ kernel (forward orientation): S = Q K^T, dP = dO V^T, dS = P (dP - Delta[row]), dQ += dS K.
 // Atomic dQ (p.ws_dqacc set; attention_bwd_params.h): the dK/dV consumers also write dS^T's
 // transpose (stmatrix .trans) into a per-warpgroup [QM][64 keys] tile, run dQ_part = dS K (SS
-// wgmma, K as the MN-major B operand) and add it into the fp32 accumulator with float2 atomics;
-// fly_attn_bwd_dq_convert scales it into dq.
+// wgmma, K as the MN-major B operand), stage it in shared memory and add it into the fp32
+// accumulator with a bulk reduce-add; fly_attn_bwd_dq_convert scales it into dq.
 #include <type_traits>
 
 #include "attention/attention_bwd_params.h"
@@ -80,8 +80,11 @@ static_assert(kKvSmem <= 232448, "dK/dV shared memory over 227 KiB");
 // Atomic dQ: one [QM][64 keys] 16-bit dS tile per consumer warpgroup after the barriers (the launch
 // passes bwd_dkdv_atomic_smem_bytes then; the mode needs QM = 64, one wgmma M block).
 constexpr int kDsOff = bwd_dkdv_ds_offset(HD, KN, QM, ST);
+constexpr int kStageOff = bwd_dkdv_stage_offset(HD, KN, QM, ST);  // fp32 [64][PW] dQ part per warpgroup
+constexpr bool kAtomicDq = bwd_atomic_dq_capable(HD, KN, QM);
 static_assert(kDsOff == kKvBars + 1024 && kDsOff % 1024 == 0, "dS tiles after the barriers, 1 KiB aligned");
-static_assert(bwd_dkdv_atomic_smem_bytes(HD, KN, QM, ST) == kDsOff + NWG_KV * QM * 128 + 1024, "atomic dQ smem");
+static_assert(kStageOff == kDsOff + NWG_KV * QM * 128, "dQ staging after the dS tiles");
+static_assert(bwd_dkdv_atomic_smem_bytes(HD, KN, QM, ST) == kStageOff + NWG_KV * 64 * PW * 4 + 1024, "atomic dQ smem");
 constexpr int kQBytesQ = MQ * HD * 2;   // resident Q (and dO) of the dQ kernel
 constexpr int kQKVBytes = NQ * HD * 2;  // one streamed K (or V) tile
 constexpr int kQRing = 2 * kQBytesQ;
@@ -241,15 +244,28 @@ __device__ __forceinline__ void mma_dq(float (&dq)[PW / 2], uint32_t sds, uint32
   sm90::wgmma_commit();
 }
 
-// Adds the fragment (rows: the tile's queries, columns col0 ..) into the fp32 accumulator rows.
-__device__ __forceinline__ void add_dq(float* acc_tile, int col0, const float (&dq)[PW / 2], int warp, int lane) {
+// The fragment (rows: the tile's 64 queries, PW columns) into the warpgroup's fp32 staging block
+// [64][PW], the accumulator's row layout for the bulk reduce-add.
+__device__ __forceinline__ void stage_dq(float* stage, const float (&dq)[PW / 2], int warp, int lane) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float* row = acc_tile + int64_t(16 * warp + lane / 4 + 8 * i) * HD + col0 + 2 * (lane % 4);
+    float* row = stage + (16 * warp + lane / 4 + 8 * i) * PW + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < PW / 8; ++j)
-      atomicAdd(reinterpret_cast<float2*>(row + 8 * j), make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
+      *reinterpret_cast<float2*>(row + 8 * j) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
   }
+}
+
+// Adds the staged block into the accumulator rows (acc_tile: the tile's first row, column col0): one
+// bulk reduce-add of the whole block when it spans full rows (PW = HD), else one per row, issued by
+// the warpgroup's first 64 threads. Each issuing thread commits its own bulk group.
+__device__ __forceinline__ void reduce_dq(float* acc_tile, int col0, uint32_t stage, int tid) {
+  if constexpr (PW == HD) {
+    if (tid == 0) sm90::bulk_reduce_add_f32(acc_tile, stage, 64 * PW * 4);
+  } else {
+    if (tid < 64) sm90::bulk_reduce_add_f32(acc_tile + int64_t(tid) * HD + col0, stage + tid * PW * 4, PW * 4);
+  }
+  sm90::bulk_commit_group();
 }
 
 __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* smem, const KvRing& r, int n0, int kvh,
@@ -271,9 +287,11 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
   kv_query_range(p, n0, mb_begin, mb_end);
   const int per_head = mb_end - mb_begin;
   const int iters = per_head * p.group;
-  // Atomic dQ (the host sets ws_dqacc only for QM = 64 variants with the larger shared memory).
-  const bool atomic_dq = QM == 64 && p.ws_dqacc != nullptr;
+  // Atomic dQ (the host sets ws_dqacc only for bwd_atomic_dq_capable variants, with the larger
+  // shared memory).
+  const bool atomic_dq = kAtomicDq && p.ws_dqacc != nullptr;
   const uint32_t sds = base + kDsOff + w * QM * 128;
+  const uint32_t sstage = base + kStageOff + w * 64 * PW * 4;
   sm90::mbar_wait(r.kv_full, 0);
   for (int it = 0; it < iters; ++it) {
     const int stage = it % ST;
@@ -304,7 +322,7 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     uint32_t pf[QM / 16][4], df[QM / 16][4];
     pack_p<MathS>(s, pf);
     pack_p<MathS>(dp, df);
-    if constexpr (QM == 64) {
+    if constexpr (kAtomicDq) {
       if (atomic_dq) store_ds_transposed(sds, df, tid / 32, lane);
     }
     mma_pv<MathD>(dv, pf, sdo + part * (PW / 64) * QM * 128);
@@ -313,19 +331,27 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     fence_regs(dv);
     fence_regs(dk);
     if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
-    if constexpr (QM == 64) {
+    if constexpr (kAtomicDq) {
       if (atomic_dq) {
-        // dS written by all four warps (generic proxy) -> read by the wgmma (async proxy).
+        // The previous tile's bulk reduce has read the staging block (its issuers wait), and dS,
+        // written by all four warps (generic proxy), is visible to the wgmma (async proxy).
+        sm90::bulk_wait_group_read<0>();
         sm90::fence_proxy_async_smem();
         named_bar_sync(1 + w, 128);
         float dq[PW / 2];
         mma_dq(dq, sds, sk + part * (PW / 64) * KN * 128);
         sm90::wgmma_wait<0>();
         fence_regs(dq);
+        stage_dq(reinterpret_cast<float*>(smem + kStageOff + w * 64 * PW * 4), dq, tid / 32, lane);
+        sm90::fence_proxy_async_smem();  // staged by every thread -> read by the bulk copy
+        named_bar_sync(1 + w, 128);
         const int64_t row0 = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
-        add_dq(p.ws_dqacc + row0 * HD, part * PW, dq, tid / 32, lane);
+        reduce_dq(p.ws_dqacc + row0 * HD, part * PW, sstage, tid);
       }
     }
+  }
+  if constexpr (kAtomicDq) {
+    if (atomic_dq) sm90::bulk_wait_group_all();  // the reduces land before the kernel ends
   }
   Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
   Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];

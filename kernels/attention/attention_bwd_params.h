@@ -10,11 +10,12 @@
 //                      one CTA sums the group.
 //   fly_attn_bwd_dq:   a CTA owns MQ queries of one (batch, query head) with Q and dO resident; K
 //                      and V tiles of NQ keys stream through a ring. Deterministic by construction.
-// Atomic dQ (nondeterministic = 1, head dims <= 256, qm = 64 variants, room in the workspace): the
-// dK/dV kernel also computes each tile's dQ partial, dS (its 64 keys) K, and adds it into an fp32
-// [B, Hq, sq_pad, hd] array in the workspace (ws_dqacc, zeroed by fly_attn_bwd_pre) with float2
-// atomics; fly_attn_bwd_dq_convert then scales it into dq, and fly_attn_bwd_dq does not run. Five
-// matrix products per key-query tile instead of seven; the sum order varies between runs.
+// Atomic dQ (nondeterministic = 1, bwd_atomic_dq_capable variants, room in the workspace): the
+// dK/dV kernel also computes each tile's dQ partial, dS (its 64 keys) K, stages it in shared memory
+// and adds it into an fp32 [B, Hq, sq_pad, hd] array in the workspace (ws_dqacc, zeroed by
+// fly_attn_bwd_pre) with a bulk reduce-add (cp.reduce.async.bulk .add.f32); fly_attn_bwd_dq_convert
+// then scales it into dq, and fly_attn_bwd_dq does not run. Five matrix products per key-query tile
+// instead of seven; the summation order varies between runs.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -87,13 +88,21 @@ constexpr int bwd_dq_smem_bytes(int hd, int mq, int nq, int st) {
   return bwd_is_wide(hd) ? 2 * mq * hd * 2 + 2 * nq * hd * 2 + bwd_wide_xchg_bytes(nq) + 256 + 1024
                          : 2 * mq * hd * 2 + st * 2 * nq * hd * 2 + 256 + 1024;
 }
-// Atomic dQ: the dK/dV kernel's shared memory plus one [qm][64] 16-bit dS tile per consumer
-// warpgroup (1024-byte aligned, after the barriers' 1 KiB), for head dims <= 256 and qm = 64.
+// Atomic dQ: the dK/dV kernel's shared memory plus, per consumer warpgroup, one [qm][64] 16-bit dS
+// tile (1024-byte aligned, after the barriers' 1 KiB) and one fp32 [64][hd / dsplit] staging block
+// of its dQ part (the source of the bulk reduce-add into the accumulator). Head dims <= 256, qm = 64,
+// and all of it within 227 KiB (hd 256 does not fit: it keeps the deterministic dQ kernel).
+constexpr int bwd_dkdv_nwg(int hd, int kn) { return kn / 64 * bwd_dsplit(hd); }
 constexpr int bwd_dkdv_ds_offset(int hd, int kn, int qm, int st) { return 2 * kn * hd * 2 + st * 2 * qm * hd * 2 + 1024; }
-constexpr int bwd_dkdv_atomic_smem_bytes(int hd, int kn, int qm, int st) {
-  return bwd_dkdv_ds_offset(hd, kn, qm, st) + kn / 64 * bwd_dsplit(hd) * qm * 128 + 1024;
+constexpr int bwd_dkdv_stage_offset(int hd, int kn, int qm, int st) {
+  return bwd_dkdv_ds_offset(hd, kn, qm, st) + bwd_dkdv_nwg(hd, kn) * qm * 128;
 }
-constexpr bool bwd_atomic_dq_capable(int hd, int qm) { return !bwd_is_wide(hd) && qm == 64; }
+constexpr int bwd_dkdv_atomic_smem_bytes(int hd, int kn, int qm, int st) {
+  return bwd_dkdv_stage_offset(hd, kn, qm, st) + bwd_dkdv_nwg(hd, kn) * 64 * (hd / bwd_dsplit(hd)) * 4 + 1024;
+}
+constexpr bool bwd_atomic_dq_capable(int hd, int kn, int qm) {
+  return !bwd_is_wide(hd) && qm == 64 && bwd_dkdv_atomic_smem_bytes(hd, kn, qm, 2) <= 232448;
+}
 constexpr int bwd_dkdv_threads(int hd, int kn) { return bwd_is_wide(hd) ? 384 : 128 * (kn / 64 * bwd_dsplit(hd) + 1); }
 constexpr int bwd_dq_threads(int mq) { return 128 * (mq / 64 + 1); }
 constexpr int bwd_dq_threads(int hd, int mq) { return bwd_is_wide(hd) ? 384 : bwd_dq_threads(mq); }

@@ -308,10 +308,10 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
           " bytes; %s)", c.pack[0] ? "q " : "", c.pack[1] ? "k " : "", c.pack[2] ? "v " : "", c.pack[3] ? "dout " : "",
           c.copy_bytes, c.pack_why.c_str());
   }
-  // Atomic dQ: allowed, room in the workspace, a variant of one M block per dS tile, and the larger
-  // shared memory within the device's limit; otherwise the deterministic dQ kernel.
+  // Atomic dQ: allowed, room in the workspace, a variant that has it (qm 64, its dS tiles and dQ
+  // staging within 227 KiB: not hd 256) and the device's limit; otherwise the deterministic dQ kernel.
   const unsigned smem_kv_atomic = unsigned(attn::bwd_dkdv_atomic_smem_bytes(hd, kn, qm, 2));
-  const bool atomic = c.atomic && attn::bwd_atomic_dq_capable(hd, qm) && int64_t(smem_kv_atomic) <= dc->max_smem_optin;
+  const bool atomic = c.atomic && attn::bwd_atomic_dq_capable(hd, kn, qm) && int64_t(smem_kv_atomic) <= dc->max_smem_optin;
   CUfunction f_pre = nullptr, f_dq = nullptr;
   FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_pre", &f_pre));
   FLY_TRY(get_function(*dc, *v, atomic ? "fly_attn_bwd_dq_convert" : "fly_attn_bwd_dq", &f_dq));

@@ -19,6 +19,7 @@
 #include "flykernels/flykernels.h"
 #include "flykernels/flykernels.hpp"
 #include "attention_test_util.hpp"
+#include "attention/attention_bwd_params.h"
 
 namespace {
 
@@ -420,10 +421,15 @@ TEST_CASE("attention_bwd: every bundled variant", "[attention_bwd][gpu]") {
 
 // Atomic dQ (nondeterministic = 1, the queried workspace): the dK/dV kernel adds dQ's parts into an
 // fp32 accumulator. Every compiled head dim <= 256, odd ones, causal and not, Sq != Sk, lengths off
-// the tile, GQA, BSHD, both dtypes, every bundled qm 64 variant forced; the decision must say the
-// atomic path ran where it applies (D <= 256, qm 64) and the result match the FP64 reference.
+// the tile, GQA, BSHD, both dtypes, every bundled variant forced; the decision must say the atomic
+// path ran exactly where it applies (bwd_atomic_dq_capable: qm 64, not hd 256) and the result match
+// the FP64 reference either way.
 bool atomic_applies(const std::string& variant) {
-  return variant.find("_qm64_") != std::string::npos && variant.find("_hd512_") == std::string::npos;
+  auto field = [&](const char* key) {
+    const size_t at = variant.find(key);
+    return at == std::string::npos ? 0 : std::stoi(variant.substr(at + std::strlen(key)));
+  };
+  return fly::attn::bwd_atomic_dq_capable(field("_hd"), field("_kn"), field("_qm"));
 }
 
 TEST_CASE("attention_bwd atomic dQ: head dims, lengths, causal, GQA, layouts", "[attention_bwd][attention_bwd_atomic][gpu]") {
@@ -478,7 +484,7 @@ TEST_CASE("attention_bwd atomic dQ: every bundled variant", "[attention_bwd][att
       atomic_runs += ran;
     }
   }
-  CHECK(atomic_runs >= 16);  // the 8 default variants (qm 64), causal and not
+  CHECK(atomic_runs >= 12);  // the 6 default variants of hd 64 / 128 / 192, causal and not
 }
 
 // Bounded shapes for compute-sanitizer racecheck (slow: it serializes the mbarrier spin loops):
