@@ -84,7 +84,8 @@ constexpr int kStageOff = bwd_dkdv_stage_offset(HD, KN, QM, ST);  // fp32 [64][P
 constexpr bool kAtomicDq = bwd_atomic_dq_capable(HD, KN, QM);
 static_assert(kDsOff == kKvBars + 1024 && kDsOff % 1024 == 0, "dS tiles after the barriers, 1 KiB aligned");
 static_assert(kStageOff == kDsOff + NWG_KV * QM * 128, "dQ staging after the dS tiles");
-static_assert(bwd_dkdv_atomic_smem_bytes(HD, KN, QM, ST) == kStageOff + NWG_KV * 64 * PW * 4 + 1024, "atomic dQ smem");
+static_assert(bwd_dkdv_atomic_smem_bytes(HD, KN, QM, ST) == kStageOff + NWG_KV * 64 * (PW * 4 + kBwdStagePad) + 1024,
+              "atomic dQ smem");
 constexpr int kQBytesQ = MQ * HD * 2;   // resident Q (and dO) of the dQ kernel
 constexpr int kQKVBytes = NQ * HD * 2;  // one streamed K (or V) tile
 constexpr int kQRing = 2 * kQBytesQ;
@@ -244,30 +245,29 @@ __device__ __forceinline__ void mma_dq(float (&dq)[PW / 2], uint32_t sds, uint32
   sm90::wgmma_commit();
 }
 
-// The fragment (rows: the tile's 64 queries, PW columns) into the warpgroup's fp32 staging block
-// [64][PW], the accumulator's row layout for the bulk reduce-add.
-__device__ __forceinline__ void stage_dq(float* stage, const float (&dq)[PW / 2], int warp, int lane) {
+// The fragment (rows: the tile's 64 queries, PW columns) into the warpgroup's fp32 staging block:
+// 64 rows of PW floats, kBwdStagePad bytes apart beyond that, so the 8 rows a warp's store touches
+// start 8 banks apart (2-way conflicts instead of 8-way for unpadded 2^k-byte rows).
+constexpr int kStageRow = PW * 4 + kBwdStagePad;  // bytes
+__device__ __forceinline__ void stage_dq(uint8_t* stage, const float (&dq)[PW / 2], int warp, int lane) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float* row = stage + (16 * warp + lane / 4 + 8 * i) * PW + 2 * (lane % 4);
+    float* row = reinterpret_cast<float*>(stage + (16 * warp + lane / 4 + 8 * i) * kStageRow) + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < PW / 8; ++j)
       *reinterpret_cast<float2*>(row + 8 * j) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
   }
 }
 
-// Adds the staged block into the accumulator rows (acc_tile: the tile's first row, column col0): one
-// bulk reduce-add of the whole block when it spans full rows (PW = HD), else one per row, issued by
-// the warpgroup's first 64 threads. Each issuing thread commits its own bulk group.
+// Adds the staged rows into the accumulator (acc_tile: the tile's first row, column col0), one bulk
+// reduce-add per row issued by the warpgroup's first 64 threads, each committing its own group.
 __device__ __forceinline__ void reduce_dq(float* acc_tile, int col0, uint32_t stage, int tid) {
-  if constexpr (PW == HD) {
-    if (tid == 0) sm90::bulk_reduce_add_f32(acc_tile, stage, 64 * PW * 4);
-  } else {
-    if (tid < 64) sm90::bulk_reduce_add_f32(acc_tile + int64_t(tid) * HD + col0, stage + tid * PW * 4, PW * 4);
-  }
+  if (tid < 64) sm90::bulk_reduce_add_f32(acc_tile + int64_t(tid) * HD + col0, stage + tid * kStageRow, PW * 4);
   sm90::bulk_commit_group();
 }
 
+// kAtomic: the fly_attn_bwd_dkdv_atomic entry (atomic dQ); false: fly_attn_bwd_dkdv as it was.
+template <bool kAtomic>
 __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* smem, const KvRing& r, int n0, int kvh,
                                               int b, int w) {
   const int kg = w / DS, part = w % DS;
@@ -287,11 +287,10 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
   kv_query_range(p, n0, mb_begin, mb_end);
   const int per_head = mb_end - mb_begin;
   const int iters = per_head * p.group;
-  // Atomic dQ (the host sets ws_dqacc only for bwd_atomic_dq_capable variants, with the larger
-  // shared memory).
-  const bool atomic_dq = kAtomicDq && p.ws_dqacc != nullptr;
+  // Atomic dQ: this warpgroup's dS tile and dQ staging rows (the launch passes the larger shared
+  // memory, bwd_dkdv_atomic_smem_bytes).
   const uint32_t sds = base + kDsOff + w * QM * 128;
-  const uint32_t sstage = base + kStageOff + w * 64 * PW * 4;
+  const uint32_t sstage = base + kStageOff + w * 64 * kStageRow;
   sm90::mbar_wait(r.kv_full, 0);
   for (int it = 0; it < iters; ++it) {
     const int stage = it % ST;
@@ -322,37 +321,41 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     uint32_t pf[QM / 16][4], df[QM / 16][4];
     pack_p<MathS>(s, pf);
     pack_p<MathS>(dp, df);
-    if constexpr (kAtomicDq) {
-      if (atomic_dq) store_ds_transposed(sds, df, tid / 32, lane);
+    if constexpr (kAtomic) {
+      // dS^T transposed into the dS tile; then the previous tile's bulk reduce has read the staging
+      // rows (its issuers wait) and dS, written by all four warps (generic proxy), is visible to
+      // the wgmma (async proxy).
+      store_ds_transposed(sds, df, tid / 32, lane);
+      sm90::bulk_wait_group_read<0>();
+      sm90::fence_proxy_async_smem();
+      named_bar_sync(1 + w, 128);
     }
     mma_pv<MathD>(dv, pf, sdo + part * (PW / 64) * QM * 128);
     mma_pv<MathD>(dk, df, sq + part * (PW / 64) * QM * 128);
-    sm90::wgmma_wait<0>();
-    fence_regs(dv);
-    fence_regs(dk);
-    if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
-    if constexpr (kAtomicDq) {
-      if (atomic_dq) {
-        // The previous tile's bulk reduce has read the staging block (its issuers wait), and dS,
-        // written by all four warps (generic proxy), is visible to the wgmma (async proxy).
-        sm90::bulk_wait_group_read<0>();
-        sm90::fence_proxy_async_smem();
-        named_bar_sync(1 + w, 128);
-        float dq[PW / 2];
-        mma_dq(dq, sds, sk + part * (PW / 64) * KN * 128);
-        sm90::wgmma_wait<0>();
-        fence_regs(dq);
-        stage_dq(reinterpret_cast<float*>(smem + kStageOff + w * 64 * PW * 4), dq, tid / 32, lane);
-        sm90::fence_proxy_async_smem();  // staged by every thread -> read by the bulk copy
-        named_bar_sync(1 + w, 128);
-        const int64_t row0 = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
-        reduce_dq(p.ws_dqacc + row0 * HD, part * PW, sstage, tid);
-      }
+    if constexpr (kAtomic) {
+      // dQ's product after dV's and dK's have landed: with P and dS fragments still live beside the
+      // three accumulators, ptxas serializes the wgmmas (C7512, register pressure at hd 128).
+      sm90::wgmma_wait<0>();
+      fence_regs(dv);
+      fence_regs(dk);
+      if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
+      float dq[PW / 2];
+      mma_dq(dq, sds, sk + part * (PW / 64) * KN * 128);
+      sm90::wgmma_wait<0>();
+      fence_regs(dq);
+      stage_dq(smem + kStageOff + w * 64 * kStageRow, dq, tid / 32, lane);
+      sm90::fence_proxy_async_smem();  // staged by every thread -> read by the bulk copy
+      named_bar_sync(1 + w, 128);
+      const int64_t row0 = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
+      reduce_dq(p.ws_dqacc + row0 * HD, part * PW, sstage, tid);
+    } else {
+      sm90::wgmma_wait<0>();
+      fence_regs(dv);
+      fence_regs(dk);
+      if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
     }
   }
-  if constexpr (kAtomicDq) {
-    if (atomic_dq) sm90::bulk_wait_group_all();  // the reduces land before the kernel ends
-  }
+  if constexpr (kAtomic) sm90::bulk_wait_group_all();  // the reduces land before the kernel ends
   Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
   Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
   store_block<PW>(gdk, p.dk_s[2], key0, p.Sk, part * PW, p.D, dk, p.scale);
@@ -711,10 +714,9 @@ extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_dq_convert(const 
 }
 
 #if FLY_HD <= 256
-// blockIdx.x: key block, y: kv head, z: batch.
-extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
-    fly_attn_bwd_dkdv(const __grid_constant__ AttnBwdParams p) {
-  extern __shared__ uint8_t smem_raw[];
+// blockIdx.x: key block, y: kv head, z: batch. kAtomic: also dQ's parts into p.ws_dqacc.
+template <bool kAtomic>
+__device__ __forceinline__ void dkdv_kernel(const AttnBwdParams& p, uint8_t* smem_raw) {
   uint8_t* smem = align_smem(smem_raw);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kKvBars);
   KvRing r{bars, bars + 1, bars + 1 + ST};
@@ -734,8 +736,21 @@ extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
     if (threadIdx.x < 32 && fly::sm90::elect_one()) dkdv_producer(p, smem, r, n0, kvh, b);
   } else {
     fly::sm90::setmaxnreg_inc<NWG_KV == 3 ? 160 : NWG_KV == 2 ? 240 : 256>();
-    dkdv_consumer(p, smem, r, n0, kvh, b, wg - 1);
+    dkdv_consumer<kAtomic>(p, smem, r, n0, kvh, b, wg - 1);
   }
+}
+
+extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
+    fly_attn_bwd_dkdv(const __grid_constant__ AttnBwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  dkdv_kernel<false>(p, smem_raw);
+}
+
+// Atomic dQ (bwd_atomic_dq_capable variants only; launched with bwd_dkdv_atomic_smem_bytes).
+extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
+    fly_attn_bwd_dkdv_atomic(const __grid_constant__ AttnBwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  if constexpr (kAtomicDq) dkdv_kernel<true>(p, smem_raw);
 }
 
 // blockIdx.x: query block (causal: the longest, last blocks first), y: query head, z: batch.

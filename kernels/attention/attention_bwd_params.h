@@ -11,8 +11,8 @@
 //   fly_attn_bwd_dq:   a CTA owns MQ queries of one (batch, query head) with Q and dO resident; K
 //                      and V tiles of NQ keys stream through a ring. Deterministic by construction.
 // Atomic dQ (nondeterministic = 1, bwd_atomic_dq_capable variants, room in the workspace): the
-// dK/dV kernel also computes each tile's dQ partial, dS (its 64 keys) K, stages it in shared memory
-// and adds it into an fp32 [B, Hq, sq_pad, hd] array in the workspace (ws_dqacc, zeroed by
+// dK/dV kernel (its fly_attn_bwd_dkdv_atomic entry) also computes each tile's dQ partial, dS (its 64
+// keys) K, stages it in shared memory and adds it into an fp32 [B, Hq, sq_pad, hd] array in the workspace (ws_dqacc, zeroed by
 // fly_attn_bwd_pre) with a bulk reduce-add (cp.reduce.async.bulk .add.f32); fly_attn_bwd_dq_convert
 // then scales it into dq, and fly_attn_bwd_dq does not run. Five matrix products per key-query tile
 // instead of seven; the summation order varies between runs.
@@ -97,8 +97,10 @@ constexpr int bwd_dkdv_ds_offset(int hd, int kn, int qm, int st) { return 2 * kn
 constexpr int bwd_dkdv_stage_offset(int hd, int kn, int qm, int st) {
   return bwd_dkdv_ds_offset(hd, kn, qm, st) + bwd_dkdv_nwg(hd, kn) * qm * 128;
 }
+constexpr int kBwdStagePad = 32;  // bytes after each staged dQ row (bank spread)
 constexpr int bwd_dkdv_atomic_smem_bytes(int hd, int kn, int qm, int st) {
-  return bwd_dkdv_stage_offset(hd, kn, qm, st) + bwd_dkdv_nwg(hd, kn) * 64 * (hd / bwd_dsplit(hd)) * 4 + 1024;
+  return bwd_dkdv_stage_offset(hd, kn, qm, st) + bwd_dkdv_nwg(hd, kn) * 64 * ((hd / bwd_dsplit(hd)) * 4 + kBwdStagePad) +
+         1024;
 }
 constexpr bool bwd_atomic_dq_capable(int hd, int kn, int qm) {
   return !bwd_is_wide(hd) && qm == 64 && bwd_dkdv_atomic_smem_bytes(hd, kn, qm, 2) <= 232448;

@@ -312,9 +312,10 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   // staging within 227 KiB: not hd 256) and the device's limit; otherwise the deterministic dQ kernel.
   const unsigned smem_kv_atomic = unsigned(attn::bwd_dkdv_atomic_smem_bytes(hd, kn, qm, 2));
   const bool atomic = c.atomic && attn::bwd_atomic_dq_capable(hd, kn, qm) && int64_t(smem_kv_atomic) <= dc->max_smem_optin;
-  CUfunction f_pre = nullptr, f_dq = nullptr;
+  CUfunction f_pre = nullptr, f_dq = nullptr, f_kv = rk.f;
   FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_pre", &f_pre));
   FLY_TRY(get_function(*dc, *v, atomic ? "fly_attn_bwd_dq_convert" : "fly_attn_bwd_dq", &f_dq));
+  if (atomic) FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_dkdv_atomic", &f_kv));
 
   attn::AttnBwdParams p{};
   const bool bf16 = dt == FLY_BF16;
@@ -381,7 +382,7 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
     kv.grid[2] = unsigned(s.B);
     kv.block[0] = unsigned(attn::bwd_dkdv_threads(hd, kn));
     kv.smem = atomic ? smem_kv_atomic : smem_kv;
-    FLY_TRY(launch1(rk.f, kv, stream, p));
+    FLY_TRY(launch1(f_kv, kv, stream, p));
   }
   if (atomic) {  // dq = accumulator * scale (zero where Sk = 0: the pre kernel cleared it)
     LaunchConfig cv;

@@ -305,9 +305,9 @@ TEST_CASE("attention_bwd_workspace_size: nondeterministic adds the atomic dQ acc
   CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
   CHECK(mentions("workspace:"));
   // The attention_bwd_params.h sizes the launcher and the kernel share.
-  // dS tiles (2 x 64 x 64 x 2 B) and dQ staging (2 x 64 x 128 x 4 B) after the barriers' 1 KiB.
+  // dS tiles (2 x 64 x 64 x 2 B) and dQ staging (2 x 64 rows of 128 x 4 B + 32 B) after the barriers' 1 KiB.
   CHECK(fly::attn::bwd_dkdv_atomic_smem_bytes(128, 128, 64, 2) ==
-        fly::attn::bwd_dkdv_smem_bytes(128, 128, 64, 2) + 768 + 2 * 64 * 128 + 2 * 64 * 128 * 4);
+        fly::attn::bwd_dkdv_smem_bytes(128, 128, 64, 2) + 768 + 2 * 64 * 128 + 2 * 64 * (128 * 4 + 32));
   for (int hd : {64, 128, 192})  // the qm 64 defaults fit; hd 256's staging does not (227 KiB)
     CHECK(fly::attn::bwd_atomic_dq_capable(hd, hd <= 128 ? 128 : 64, 64));
   CHECK_FALSE(fly::attn::bwd_atomic_dq_capable(256, 64, 64));

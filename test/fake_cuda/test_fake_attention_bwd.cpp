@@ -133,7 +133,7 @@ TEST_CASE("attention_bwd: launches of the atomic dQ plan (hd 128, defaults)", "[
   const fake_cuda_launch* kv = fake_cuda_get_launch(1);
   const fake_cuda_launch* cv = fake_cuda_get_launch(2);
   CHECK(std::string(pre->kernel) == "fly_attn_bwd_pre");
-  CHECK(std::string(kv->kernel) == "fly_attn_bwd_dkdv");
+  CHECK(std::string(kv->kernel) == "fly_attn_bwd_dkdv_atomic");
   CHECK(std::string(cv->kernel) == "fly_attn_bwd_dq_convert");
   CHECK(kv->smem == unsigned(fly::attn::bwd_dkdv_atomic_smem_bytes(128, 128, 64, 2)));
   CHECK(kv->grid[0] == 3u);
@@ -151,6 +151,7 @@ TEST_CASE("attention_bwd: launches of the atomic dQ plan (hd 128, defaults)", "[
   REQUIRE(d.run(s, size_t(fly::attn::bwd_dqacc_bytes(2, 8, 300, 128))) == FLY_SUCCESS);
   CHECK(std::string(fly_last_decision()).find(":atomic-dq") == std::string::npos);
   REQUIRE(fake_cuda_launch_count() == 3);
+  CHECK(std::string(fake_cuda_get_launch(1)->kernel) == "fly_attn_bwd_dkdv");
   CHECK(std::string(fake_cuda_get_launch(2)->kernel) == "fly_attn_bwd_dq");
   CHECK(fake_cuda_get_launch(1)->smem == unsigned(fly::attn::bwd_dkdv_smem_bytes(128, 128, 64, 2)));
   CHECK(params_of(fake_cuda_get_launch(1)).ws_dqacc == nullptr);
