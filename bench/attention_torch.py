@@ -72,8 +72,6 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="the backward (default chart/json names get a _bwd suffix)")
     ap.add_argument("--fwdbwd", action="store_true", help="forward + backward together (see the docstring)")
     ap.add_argument("--no-decode", action="store_true", help="only the suite's cases (flybench --no-decode)")
-    ap.add_argument("--nondeterministic", action="store_true",
-                    help="our backward with nondeterministic = 1 (atomic dQ; flybench --nondeterministic)")
     a = ap.parse_args()
     if a.fwdbwd:
         a.bwd, a.no_decode = False, True
@@ -95,11 +93,10 @@ def main():
         os.unlink(tmp)
         return res
 
-    nd = ["--nondeterministic"] if a.nondeterministic else []
-    ours = flybench(["--bwd"] + nd if a.bwd else [])
+    ours = flybench(["--bwd"] if a.bwd else [])
     if a.fwdbwd:  # ours = forward + backward per case, the cases both runs have
         key = lambda c: tuple(c[k] for k in ("dtype", "B", "Hq", "Hkv", "Sq", "Sk", "D", "causal"))
-        bwd = {key(c): c for c in flybench(["--bwd"] + nd)["cases"]}
+        bwd = {key(c): c for c in flybench(["--bwd"])["cases"]}
         both = []
         for c in ours["cases"]:
             b = bwd.get(key(c))

@@ -14,8 +14,7 @@ struct AttnBwdProblem {
   fly_attention_bwd_params p{};
   fly_status status = FLY_SUCCESS;
 
-  // nondeterministic: the call's field (1: atomic dQ where it applies, with the larger workspace).
-  AttnBwdProblem(const AttnCase& cs, uint64_t seed, bool nondeterministic = false)
+  AttnBwdProblem(const AttnCase& cs, uint64_t seed)
       : fwd(cs, seed),
         dout(size_t(cs.B * cs.Hq * cs.Sq * cs.D) * 2),
         dq(size_t(cs.B * cs.Hq * cs.Sq * cs.D) * 2),
@@ -38,7 +37,6 @@ struct AttnBwdProblem {
     p.dk = &tdk;
     p.dv = &tdv;
     p.causal = c.causal ? 1 : 0;
-    p.nondeterministic = nondeterministic ? 1 : 0;
     size_t bytes = 0;
     status = fly_attention_bwd_workspace_size(&p, &bytes);
     if (status == FLY_SUCCESS && bytes) {

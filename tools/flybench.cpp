@@ -28,7 +28,7 @@ int main(int argc, char** argv) try {
       {"gemm", bench_gemm, "dense GEMM: suite shapes and M buckets, 4 layouts",
        "suite json dtype layouts warm-ms"},
       {"attention", bench_attention, "attention forward: suite shapes and decode cases, 2 dtypes",
-       "suite json dtype variant reps no-flush no-decode bwd nondeterministic"},
+       "suite json dtype variant reps no-flush no-decode bwd"},
       {"grouped_gemm", bench_grouped_gemm, "grouped GEMM (mixture-of-experts): suite shapes, B K- or N-contiguous",
        "suite json dtype layouts warm-ms"},
       {"mxfp", bench_mxfp, "MX block-scaled GEMM (MXFP8, MXFP4) and the MX quantizer: suite shapes",

@@ -8,22 +8,19 @@
 namespace fly::tools {
 
 // --bwd: the backward on the suite's cases (O and LSE from the forward, run once), TFLOP/s with
-// 2.5x the forward's FLOPs (the suite's convention), a dQ spot check per case. --nondeterministic
-// sets the call's field (atomic dQ where it applies: the variant column then ends in ":atomic-dq").
+// 2.5x the forward's FLOPs (the suite's convention), a dQ spot check per case.
 int bench_attention_bwd(const Args& args) {
   nlohmann::json suite = load_suite(args.get("suite", "suites/attention.json"));
   const std::vector<std::string> dtypes = attention_dtypes(args, suite);
   std::vector<AttnCase> cases = attention_cases(suite["cases"], dtypes);
   const std::string force = args.get("variant", "");
-  const bool nondet = args.has("nondeterministic");
   cudaStream_t s = 0;
-  std::printf("flybench attention --bwd%s on %s; L2 flush: %s\n", nondet ? " --nondeterministic" : "", gpu_name().c_str(),
-              l2_flush_method());
+  std::printf("flybench attention --bwd on %s; L2 flush: %s\n", gpu_name().c_str(), l2_flush_method());
   std::printf("%-58s %10s %8s %8s  %s\n", "case", "time_us", "TFLOP/s", "err", "variant");
   nlohmann::json out = nlohmann::json::array();
   bool ok = true;
   for (auto& c : cases) {
-    AttnBwdProblem prob(c, 11 + uint64_t(c.Sq * 3 + c.Sk + c.D), nondet);
+    AttnBwdProblem prob(c, 11 + uint64_t(c.Sq * 3 + c.Sk + c.D));
     fly_status st = prob.prepare(s);
     if (st == FLY_SUCCESS) {
       if (!force.empty()) TOOL_FLY(fly_force_variant(force.c_str()));
@@ -34,8 +31,7 @@ int bench_attention_bwd(const Args& args) {
       if (!force.empty()) fly_force_variant(nullptr);
       continue;
     }
-    std::string variant = fly_last_variant();
-    if (std::string(fly_last_decision()).find(":atomic-dq") != std::string::npos) variant += ":atomic-dq";
+    const std::string variant = fly_last_variant();
     const double err = prob.check(s);
     const double us = time_median_us([&] { TOOL_FLY(prob.run(s)); }, s, 3, int(args.get_int("reps", 10)),
                                      !args.has("no-flush"), 20);

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# One device call for the attention backward's atomic dQ mode (nondeterministic = 1): builds the two
-# attention families, runs the [attention_bwd_atomic] GPU tests, flybench attention --bwd beside
+# One device call for the attention backward's atomic dQ experiment (nondeterministic = 1; measured
+# slower than the deterministic kernels and not shipped: bench/RESULTS.md "Atomic dQ"). Applies
+# bench/probes/atomic_dq_bulk32k.patch to the tree (the copy the device call works on), builds the
+# two attention families, runs the [attention_bwd_atomic] GPU tests, flybench attention --bwd beside
 # --nondeterministic on the suite (BF16), then compute-sanitizer memcheck and racecheck over the
 # bounded shapes ([attention_bwd_small], which run each shape both ways).
-#   OUT=... bash bench/probes/atomic_dq_device.sh        (carry .devdeps)
+#   OUT=... bash bench/probes/atomic_dq_device.sh        (carry .devdeps; run it on a scratch copy)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 t0=$(date +%s)
 el() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 B=build-attn
+grep -q fly_attn_bwd_dq_convert kernels/attention/attention_bwd.cu ||
+  patch -p1 <bench/probes/atomic_dq_bulk32k.patch >"$OUT/patch.log" 2>&1 || { cat "$OUT/patch.log"; exit 1; }
 if ! [ -x $B/flybench ]; then
   bash tools/device_run.sh $B -DFLY_FAMILIES="attention;attention_bwd" >"$OUT/build.log" 2>&1 &&
     cmake --build $B -j16 >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

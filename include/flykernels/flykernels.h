@@ -203,17 +203,12 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
  *    bundle the hd 512 backward variants (the default build does).
  * lse: FP32 [B, Hq, Sq], any strides (what fly_attention_fwd wrote). softmax_scale and causal:
  *    as the forward's (0 means 1/sqrt(D); causal top-left).
- * nondeterministic: 0 (the default): the same bits on every run. 1 allows atomic dQ for D <= 256:
- *    the dK/dV kernel adds each tile's dQ part into an FP32 accumulator in the workspace (five
- *    matrix products per tile instead of seven; the summation order, hence the low bits, varies
- *    between runs). With a workspace too small for the accumulator, D > 256 or a variant without
- *    it, the call runs the deterministic kernels (FLYKERNELS_LOG=info says which).
+ * nondeterministic: 0 (the default): the same bits on every run. 1 allows faster non-deterministic
+ *    kernels; this version has none and runs the deterministic ones.
  * Workspace (required unless B, Hq or Sq is 0): FP32 Delta = rowsum(dO * O) and LSE rows,
- *    2 * 4 * B * Hq * round_up(Sq, 128) bytes (256-aligned halves); with nondeterministic = 1 and
- *    D <= 256 also the FP32 dQ accumulator, 4 * B * Hq * round_up(Sq, 128) * hd bytes (hd: the
- *    compiled head dim, 64 .. 256); plus the copies above where needed. Query
- *    fly_attention_bwd_workspace_size (with the call's nondeterministic) and pass a 256-byte
- *    aligned device buffer at least that big
+ *    2 * 4 * B * Hq * round_up(Sq, 128) bytes (256-aligned halves), plus the copies above where
+ *    needed; query fly_attention_bwd_workspace_size and pass a 256-byte aligned device buffer at
+ *    least that big
  *    (contents need no initialization; not shared by two calls running at once).
  * B, Hq or Sq of 0: a successful no-op. Sk of 0 writes dq = 0.
  * Versioned like fly_attention_fwd_params: set struct_size = sizeof(fly_attention_bwd_params). */
@@ -230,7 +225,7 @@ typedef struct fly_attention_bwd_params {
   const fly_tensor* dv;    /* [B, Hkv, Sk, D], written */
   double softmax_scale;    /* 0: 1/sqrt(D) */
   int32_t causal;          /* 0 or 1 (top-left) */
-  int32_t nondeterministic; /* 0: bit-identical repeat runs; 1: allow atomic dQ (D <= 256) */
+  int32_t nondeterministic; /* 0: bit-identical repeat runs; 1: allow atomics (none yet) */
   void* workspace;         /* required, see fly_attention_bwd_workspace_size */
   size_t workspace_bytes;
 } fly_attention_bwd_params;

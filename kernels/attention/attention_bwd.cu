@@ -11,10 +11,6 @@
 //   dK += dS^T Q (mma_pv: dO and Q tiles as MN-major B operands). Wide heads (192, 256) split the
 //   dK/dV columns over DS warpgroups that each recompute S^T and dP^T of the same 64 keys.
 // dQ kernel (forward orientation): S = Q K^T, dP = dO V^T, dS = P (dP - Delta[row]), dQ += dS K.
-// Atomic dQ (p.ws_dqacc set; attention_bwd_params.h): the dK/dV consumers also write dS^T's
-// transpose (stmatrix .trans) into a per-warpgroup [QM][64 keys] tile, run dQ_part = dS K (SS
-// wgmma, K as the MN-major B operand), stage it in shared memory and add it into the fp32
-// accumulator with a bulk reduce-add; fly_attn_bwd_dq_convert scales it into dq.
 #include <type_traits>
 
 #include "attention/attention_bwd_params.h"
@@ -77,15 +73,6 @@ constexpr int kKvBars = kKvRing + ST * 2 * kQTBytes;
 constexpr int kKvSmem = kKvBars + 256 + 1024;
 static_assert(kKvSmem == bwd_dkdv_smem_bytes(HD, KN, QM, ST), "host and device smem sizes (dK/dV)");
 static_assert(kKvSmem <= 232448, "dK/dV shared memory over 227 KiB");
-// Atomic dQ: one [QM][64 keys] 16-bit dS tile per consumer warpgroup after the barriers (the launch
-// passes bwd_dkdv_atomic_smem_bytes then; the mode needs QM = 64, one wgmma M block).
-constexpr int kDsOff = bwd_dkdv_ds_offset(HD, KN, QM, ST);
-constexpr int kStageOff = bwd_dkdv_stage_offset(HD, KN, QM, ST);  // fp32 [64][PW] dQ part per warpgroup
-constexpr bool kAtomicDq = bwd_atomic_dq_capable(HD, KN, QM);
-static_assert(kDsOff == kKvBars + 1024 && kDsOff % 1024 == 0, "dS tiles after the barriers, 1 KiB aligned");
-static_assert(kStageOff == kDsOff + NWG_KV * QM * 128, "dQ staging after the dS tiles");
-static_assert(bwd_dkdv_atomic_smem_bytes(HD, KN, QM, ST) == kStageOff + NWG_KV * 64 * (PW * 4 + kBwdStagePad) + 1024,
-              "atomic dQ smem");
 constexpr int kQBytesQ = MQ * HD * 2;   // resident Q (and dO) of the dQ kernel
 constexpr int kQKVBytes = NQ * HD * 2;  // one streamed K (or V) tile
 constexpr int kQRing = 2 * kQBytesQ;
@@ -219,55 +206,6 @@ __device__ __forceinline__ void dkdv_producer(const AttnBwdParams& p, uint8_t* s
   }
 }
 
-// ---- atomic dQ (inside the dK/dV kernel) ---------------------------------------------------------
-// dS^T of the warp's 16 keys (df: the A-fragment regroup of the [64 keys][QM queries] tile, pack_p)
-// stored transposed into the warpgroup's dS tile [QM queries][64 keys], 128-byte rows with the 128B
-// swizzle (16-byte unit u of row r at unit u ^ (r % 8)): the K-major A operand of dQ += dS K.
-// Fragment df[kk][m]: keys 8 (m % 2) .. + 7 of the warp's 16, queries 16 kk + 8 (m / 2) .. + 7; with
-// .trans, lane 8 m + i addresses that matrix's stored row i = query 16 kk + 8 (m / 2) + i.
-__device__ __forceinline__ void store_ds_transposed(uint32_t sds, const uint32_t (&df)[QM / 16][4], int warp, int lane) {
-  const int m = lane / 8, i = lane % 8;
-  const int unit = 2 * warp + (m & 1);  // the 8 keys' 16-byte unit in the 64-key row
-#pragma unroll
-  for (int kk = 0; kk < QM / 16; ++kk) {
-    const int r = 16 * kk + 8 * (m >> 1) + i;
-    sm90::stmatrix_x4_trans(sds + r * 128 + ((unit ^ (r % 8)) << 4), df[kk][0], df[kk][1], df[kk][2], df[kk][3]);
-  }
-}
-
-// dq[PW/2] = dS[QM = 64 queries][64 keys] * K[64 keys][PW columns]: A K-major from the dS tile, B the
-// resident K rows of the warpgroup's keys read MN-major (as the forward reads V), chunk stride KN rows.
-__device__ __forceinline__ void mma_dq(float (&dq)[PW / 2], uint32_t sds, uint32_t kcols) {
-  using Mma = sm90::Wgmma<PW, 0, 1, kBF16>;
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) Mma::mma(dq, desc_kmajor(sds + kk * 32), desc_mnmajor(kcols + kk * 2048, KN * 128), kk != 0);
-  sm90::wgmma_commit();
-}
-
-// The fragment (rows: the tile's 64 queries, PW columns) into the warpgroup's fp32 staging block:
-// 64 rows of PW floats, kBwdStagePad bytes apart beyond that, so the 8 rows a warp's store touches
-// start 8 banks apart (2-way conflicts instead of 8-way for unpadded 2^k-byte rows).
-constexpr int kStageRow = PW * 4 + kBwdStagePad;  // bytes
-__device__ __forceinline__ void stage_dq(uint8_t* stage, const float (&dq)[PW / 2], int warp, int lane) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float* row = reinterpret_cast<float*>(stage + (16 * warp + lane / 4 + 8 * i) * kStageRow) + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < PW / 8; ++j)
-      *reinterpret_cast<float2*>(row + 8 * j) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
-  }
-}
-
-// Adds the staged rows into the accumulator (acc_tile: the tile's first row, column col0), one bulk
-// reduce-add per row issued by the warpgroup's first 64 threads, each committing its own group.
-__device__ __forceinline__ void reduce_dq(float* acc_tile, int col0, uint32_t stage, int tid) {
-  if (tid < 64) sm90::bulk_reduce_add_f32(acc_tile + int64_t(tid) * HD + col0, stage + tid * kStageRow, PW * 4);
-  sm90::bulk_commit_group();
-}
-
-// kAtomic: the fly_attn_bwd_dkdv_atomic entry (atomic dQ); false: fly_attn_bwd_dkdv as it was.
-template <bool kAtomic>
 __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* smem, const KvRing& r, int n0, int kvh,
                                               int b, int w) {
   const int kg = w / DS, part = w % DS;
@@ -287,10 +225,6 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
   kv_query_range(p, n0, mb_begin, mb_end);
   const int per_head = mb_end - mb_begin;
   const int iters = per_head * p.group;
-  // Atomic dQ: this warpgroup's dS tile and dQ staging rows (the launch passes the larger shared
-  // memory, bwd_dkdv_atomic_smem_bytes).
-  const uint32_t sds = base + kDsOff + w * QM * 128;
-  const uint32_t sstage = base + kStageOff + w * 64 * kStageRow;
   sm90::mbar_wait(r.kv_full, 0);
   for (int it = 0; it < iters; ++it) {
     const int stage = it % ST;
@@ -321,41 +255,13 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     uint32_t pf[QM / 16][4], df[QM / 16][4];
     pack_p<MathS>(s, pf);
     pack_p<MathS>(dp, df);
-    if constexpr (kAtomic) {
-      // dS^T transposed into the dS tile; then the previous tile's bulk reduce has read the staging
-      // rows (its issuers wait) and dS, written by all four warps (generic proxy), is visible to
-      // the wgmma (async proxy).
-      store_ds_transposed(sds, df, tid / 32, lane);
-      sm90::bulk_wait_group_read<0>();
-      sm90::fence_proxy_async_smem();
-      named_bar_sync(1 + w, 128);
-    }
     mma_pv<MathD>(dv, pf, sdo + part * (PW / 64) * QM * 128);
     mma_pv<MathD>(dk, df, sq + part * (PW / 64) * QM * 128);
-    if constexpr (kAtomic) {
-      // dQ's product after dV's and dK's have landed: with P and dS fragments still live beside the
-      // three accumulators, ptxas serializes the wgmmas (C7512, register pressure at hd 128).
-      sm90::wgmma_wait<0>();
-      fence_regs(dv);
-      fence_regs(dk);
-      if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
-      float dq[PW / 2];
-      mma_dq(dq, sds, sk + part * (PW / 64) * KN * 128);
-      sm90::wgmma_wait<0>();
-      fence_regs(dq);
-      stage_dq(smem + kStageOff + w * 64 * kStageRow, dq, tid / 32, lane);
-      sm90::fence_proxy_async_smem();  // staged by every thread -> read by the bulk copy
-      named_bar_sync(1 + w, 128);
-      const int64_t row0 = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
-      reduce_dq(p.ws_dqacc + row0 * HD, part * PW, sstage, tid);
-    } else {
-      sm90::wgmma_wait<0>();
-      fence_regs(dv);
-      fence_regs(dk);
-      if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
-    }
+    sm90::wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
+    if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
   }
-  if constexpr (kAtomic) sm90::bulk_wait_group_all();  // the reduces land before the kernel ends
   Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
   Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
   store_block<PW>(gdk, p.dk_s[2], key0, p.Sk, part * PW, p.D, dk, p.scale);
@@ -693,30 +599,13 @@ extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_pre(const __grid_
     p.ws_delta[row] = acc;
     p.ws_lse2[row] = l2;
   }
-  if (p.ws_dqacc) {  // atomic dQ: this row of the accumulator starts at 0
-    float4* z = reinterpret_cast<float4*>(p.ws_dqacc + row * HD);
-    for (int c = lane; c < HD / 4; c += 32) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-
-// Atomic dQ's last step: one warp per query row, dq = accumulator * scale (columns < D).
-extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_dq_convert(const __grid_constant__ AttnBwdParams p) {
-  const int64_t rows = int64_t(p.B) * p.Hq * p.Sq;
-  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows || !p.ws_dqacc) return;
-  const int s = int(row % p.Sq);
-  const int h = int((row / p.Sq) % p.Hq);
-  const int b = int(row / (int64_t(p.Sq) * p.Hq));
-  const float* src = p.ws_dqacc + ((int64_t(b) * p.Hq + h) * p.sq_pad + s) * HD;
-  Elem* dst = static_cast<Elem*>(p.dq) + b * p.dq_s[0] + h * p.dq_s[1] + s * p.dq_s[2];
-  for (int c = lane; c < p.D; c += 32) dst[c] = Elem(src[c] * p.scale);
 }
 
 #if FLY_HD <= 256
-// blockIdx.x: key block, y: kv head, z: batch. kAtomic: also dQ's parts into p.ws_dqacc.
-template <bool kAtomic>
-__device__ __forceinline__ void dkdv_kernel(const AttnBwdParams& p, uint8_t* smem_raw) {
+// blockIdx.x: key block, y: kv head, z: batch.
+extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
+    fly_attn_bwd_dkdv(const __grid_constant__ AttnBwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = align_smem(smem_raw);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kKvBars);
   KvRing r{bars, bars + 1, bars + 1 + ST};
@@ -736,21 +625,8 @@ __device__ __forceinline__ void dkdv_kernel(const AttnBwdParams& p, uint8_t* sme
     if (threadIdx.x < 32 && fly::sm90::elect_one()) dkdv_producer(p, smem, r, n0, kvh, b);
   } else {
     fly::sm90::setmaxnreg_inc<NWG_KV == 3 ? 160 : NWG_KV == 2 ? 240 : 256>();
-    dkdv_consumer<kAtomic>(p, smem, r, n0, kvh, b, wg - 1);
+    dkdv_consumer(p, smem, r, n0, kvh, b, wg - 1);
   }
-}
-
-extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
-    fly_attn_bwd_dkdv(const __grid_constant__ AttnBwdParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  dkdv_kernel<false>(p, smem_raw);
-}
-
-// Atomic dQ (bwd_atomic_dq_capable variants only; launched with bwd_dkdv_atomic_smem_bytes).
-extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
-    fly_attn_bwd_dkdv_atomic(const __grid_constant__ AttnBwdParams p) {
-  extern __shared__ uint8_t smem_raw[];
-  if constexpr (kAtomicDq) dkdv_kernel<true>(p, smem_raw);
 }
 
 // blockIdx.x: query block (causal: the longest, last blocks first), y: query head, z: batch.

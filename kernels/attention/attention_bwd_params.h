@@ -10,12 +10,6 @@
 //                      one CTA sums the group.
 //   fly_attn_bwd_dq:   a CTA owns MQ queries of one (batch, query head) with Q and dO resident; K
 //                      and V tiles of NQ keys stream through a ring. Deterministic by construction.
-// Atomic dQ (nondeterministic = 1, bwd_atomic_dq_capable variants, room in the workspace): the
-// dK/dV kernel (its fly_attn_bwd_dkdv_atomic entry) also computes each tile's dQ partial, dS (its 64
-// keys) K, stages it in shared memory and adds it into an fp32 [B, Hq, sq_pad, hd] array in the workspace (ws_dqacc, zeroed by
-// fly_attn_bwd_pre) with a bulk reduce-add (cp.reduce.async.bulk .add.f32); fly_attn_bwd_dq_convert
-// then scales it into dq, and fly_attn_bwd_dq does not run. Five matrix products per key-query tile
-// instead of seven; the summation order varies between runs.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -39,7 +33,6 @@ struct AttnBwdParams {
   void* dv;                       // [B, Hkv, Sk, D]
   float* ws_lse2;                 // [B, Hq, sq_pad]: LSE * log2(e), +inf in padding / empty rows
   float* ws_delta;                // [B, Hq, sq_pad]
-  float* ws_dqacc;                // atomic dQ: [B, Hq, sq_pad, hd] fp32 (hd: the compiled head dim); null otherwise
   int64_t o_s[3], do_s[3], lse_s[3], dq_s[3], dk_s[3], dv_s[3];  // strides (elements) of b, h, s
   int32_t B, Hq, Hkv, Sq, Sk, D;
   int32_t group;   // Hq / Hkv
@@ -55,11 +48,6 @@ inline int64_t bwd_ws_part_bytes(int64_t b, int64_t hq, int64_t sq) {
 }
 // Workspace of a backward call: the padded LSE * log2(e) and Delta arrays, 256-byte aligned each.
 inline int64_t bwd_ws_bytes(int64_t b, int64_t hq, int64_t sq) { return 2 * bwd_ws_part_bytes(b, hq, sq); }
-
-// The atomic dQ accumulator (attention_bwd_params.h header): fp32 rows of the compiled head dim.
-inline int64_t bwd_dqacc_bytes(int64_t b, int64_t hq, int64_t sq, int hd) {
-  return (b * hq * bwd_pad_rows(sq) * hd * 4 + 255) / 256 * 256;
-}
 
 // Consumer warpgroups splitting the head dim of the dK/dV accumulators (wide heads): 64 columns
 // each at 192, 128 each at 256 (splits start on a 64-column swizzle chunk).
@@ -87,23 +75,6 @@ constexpr int bwd_dkdv_smem_bytes(int hd, int kn, int qm, int st) {
 constexpr int bwd_dq_smem_bytes(int hd, int mq, int nq, int st) {
   return bwd_is_wide(hd) ? 2 * mq * hd * 2 + 2 * nq * hd * 2 + bwd_wide_xchg_bytes(nq) + 256 + 1024
                          : 2 * mq * hd * 2 + st * 2 * nq * hd * 2 + 256 + 1024;
-}
-// Atomic dQ: the dK/dV kernel's shared memory plus, per consumer warpgroup, one [qm][64] 16-bit dS
-// tile (1024-byte aligned, after the barriers' 1 KiB) and one fp32 [64][hd / dsplit] staging block
-// of its dQ part (the source of the bulk reduce-add into the accumulator). Head dims <= 256, qm = 64,
-// and all of it within 227 KiB (hd 256 does not fit: it keeps the deterministic dQ kernel).
-constexpr int bwd_dkdv_nwg(int hd, int kn) { return kn / 64 * bwd_dsplit(hd); }
-constexpr int bwd_dkdv_ds_offset(int hd, int kn, int qm, int st) { return 2 * kn * hd * 2 + st * 2 * qm * hd * 2 + 1024; }
-constexpr int bwd_dkdv_stage_offset(int hd, int kn, int qm, int st) {
-  return bwd_dkdv_ds_offset(hd, kn, qm, st) + bwd_dkdv_nwg(hd, kn) * qm * 128;
-}
-constexpr int kBwdStagePad = 32;  // bytes after each staged dQ row (bank spread)
-constexpr int bwd_dkdv_atomic_smem_bytes(int hd, int kn, int qm, int st) {
-  return bwd_dkdv_stage_offset(hd, kn, qm, st) + bwd_dkdv_nwg(hd, kn) * 64 * ((hd / bwd_dsplit(hd)) * 4 + kBwdStagePad) +
-         1024;
-}
-constexpr bool bwd_atomic_dq_capable(int hd, int kn, int qm) {
-  return !bwd_is_wide(hd) && qm == 64 && bwd_dkdv_atomic_smem_bytes(hd, kn, qm, 2) <= 232448;
 }
 constexpr int bwd_dkdv_threads(int hd, int kn) { return bwd_is_wide(hd) ? 384 : 128 * (kn / 64 * bwd_dsplit(hd) + 1); }
 constexpr int bwd_dq_threads(int mq) { return 128 * (mq / 64 + 1); }

@@ -148,15 +148,6 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t sr
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Bulk reduce-add shared -> global (fp32, `bytes` a multiple of 16, both addresses 16-byte
-// aligned), in this thread's bulk async-group.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-               "r"(bytes)
-               : "memory");
-}
-// Waits until all of this thread's bulk groups are complete (their writes done, not only their reads).
-__device__ __forceinline__ void bulk_wait_group_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Waits until at most N of this thread's bulk groups are still reading their shared memory.
 template <int N> __device__ __forceinline__ void bulk_wait_group_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
@@ -169,14 +160,6 @@ template <int N> __device__ __forceinline__ void bulk_wait_group_read() {
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)
-               : "memory");
-}
-
-// The same with .trans: matrix i is stored transposed, lanes 8 i .. 8 i + 7 giving the addresses of
-// its 8 columns (16 contiguous bytes each: column c holds the 8 rows' elements of column c).
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
-               "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
 

@@ -12,7 +12,6 @@
 #include "attention/attention_plan.h"
 #include "core.hpp"
 #include "ops/attention_common.hpp"
-#include "tuning_db.hpp"
 
 namespace fly {
 namespace {
@@ -46,12 +45,6 @@ struct BwdCall {
   std::string pack_why;
   int64_t copy_bytes = 0;
   int64_t need = 0;
-  // Atomic dQ (nondeterministic = 1, head dims <= 256): the fp32 accumulator follows the
-  // deterministic part of the workspace; `atomic` when the given workspace holds it (and the
-  // copies), otherwise the call runs deterministically. `need` counts it whenever it is allowed.
-  bool atomic = false;
-  int64_t own = 0;  // the deterministic part (LSE2, Delta)
-  int64_t use = 0;  // what this call touches: `need`, or without the accumulator when it has no room
 };
 
 // Byte ranges [lo, hi) two tensors' elements can reach; disjoint ranges cannot alias.
@@ -180,23 +173,17 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
     if (out->pack_why.empty()) out->pack_why = why;
   }
   const int64_t own = attn::bwd_ws_bytes(B, Hq, Sq);
-  out->own = own;
-  const bool may_atomic = prm->nondeterministic == 1 && !attn::bwd_is_wide(out->hd);
-  const int64_t own_all = may_atomic ? own + attn::bwd_dqacc_bytes(B, Hq, Sq, out->hd) : own;
-  auto with_copies = [&](int64_t o) { return out->copy_bytes ? (o + 255) / 256 * 256 + out->copy_bytes : o; };
-  out->need = with_copies(own_all);
+  out->need = out->copy_bytes ? (own + 255) / 256 * 256 + out->copy_bytes : own;
   const int64_t given = prm->workspace ? int64_t(prm->workspace_bytes) : 0;
-  out->atomic = may_atomic && given >= out->need;
-  out->use = out->atomic ? out->need : with_copies(own);
   if (given < own)
     return fail(FLY_ERROR_INVALID_ARGUMENT,
                 "workspace: %zu bytes, the backward needs %" PRId64 " (fly_attention_bwd_workspace_size)", size_t(given),
-                with_copies(own));
-  if (given < with_copies(own))  // room for the backward, not for the copies: as the forward, unsupported
+                out->need);
+  if (given < out->need)  // room for the backward, not for the copies: as the forward, unsupported
     return fail(FLY_ERROR_UNSUPPORTED,
                 "%s; with a workspace of %" PRId64 " bytes (fly_attention_bwd_workspace_size; %zu given) the call runs "
                 "on aligned copies",
-                out->pack_why.c_str(), with_copies(own), size_t(given));
+                out->pack_why.c_str(), out->need, size_t(given));
   return FLY_SUCCESS;
 }
 
@@ -263,7 +250,7 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   FLY_TRY(check_device_pointer(*prm.dq, "dq"));
   FLY_TRY(check_device_pointer(*prm.dk, "dk"));
   FLY_TRY(check_device_pointer(*prm.dv, "dv"));
-  FLY_TRY(check_device_bytes(prm.workspace, c.use, "workspace"));
+  FLY_TRY(check_device_bytes(prm.workspace, c.need, "workspace"));
 
   const std::string layout = attn_common::key_layout(c.hd, c.s.causal, c.s.Hq, c.s.Hkv);
   DispatchRequest req = make_request(kFamily, "attention_bwd", dtype_name(c.dt), layout.c_str(),
@@ -308,14 +295,9 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
           " bytes; %s)", c.pack[0] ? "q " : "", c.pack[1] ? "k " : "", c.pack[2] ? "v " : "", c.pack[3] ? "dout " : "",
           c.copy_bytes, c.pack_why.c_str());
   }
-  // Atomic dQ: allowed, room in the workspace, a variant that has it (qm 64, its dS tiles and dQ
-  // staging within 227 KiB: not hd 256) and the device's limit; otherwise the deterministic dQ kernel.
-  const unsigned smem_kv_atomic = unsigned(attn::bwd_dkdv_atomic_smem_bytes(hd, kn, qm, 2));
-  const bool atomic = c.atomic && attn::bwd_atomic_dq_capable(hd, kn, qm) && int64_t(smem_kv_atomic) <= dc->max_smem_optin;
-  CUfunction f_pre = nullptr, f_dq = nullptr, f_kv = rk.f;
+  CUfunction f_pre = nullptr, f_dq = nullptr;
   FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_pre", &f_pre));
-  FLY_TRY(get_function(*dc, *v, atomic ? "fly_attn_bwd_dq_convert" : "fly_attn_bwd_dq", &f_dq));
-  if (atomic) FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_dkdv_atomic", &f_kv));
+  FLY_TRY(get_function(*dc, *v, "fly_attn_bwd_dq", &f_dq));
 
   attn::AttnBwdParams p{};
   const bool bf16 = dt == FLY_BF16;
@@ -338,7 +320,6 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   p.dv = prm.dv->data;
   p.ws_lse2 = static_cast<float*>(prm.workspace);
   p.ws_delta = reinterpret_cast<float*>(static_cast<char*>(prm.workspace) + attn::bwd_ws_part_bytes(s.B, s.Hq, s.Sq));
-  p.ws_dqacc = atomic ? reinterpret_cast<float*>(static_cast<char*>(prm.workspace) + c.own) : nullptr;
   strides3(*prm.o, p.o_s);
   strides3(*prm.dout, p.do_s);
   strides3(*prm.lse, p.lse_s);
@@ -365,11 +346,6 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   if (log_level() >= LogLevel::kDebug)
     log(LogLevel::kDebug, "attention_bwd %s: dkdv grid %" PRId64 "x%" PRId64 "x%" PRId64 ", dq grid %" PRId64, v->name.c_str(),
         attn::bwd_dkdv_grid_x(hd, s.Sk, kn), s.Hkv, s.B, (s.Sq + mq - 1) / mq);
-  if (atomic) append_decision(":atomic-dq");  // fly_last_decision() tells the caller (tests, tools)
-  if (prm.nondeterministic && log_level() >= LogLevel::kInfo)
-    log(LogLevel::kInfo, "attention_bwd: dQ %s", atomic ? "by atomics in the dK/dV kernel (nondeterministic)"
-        : !c.atomic ? "by its own kernel: the workspace has no room for the atomic accumulator"
-        : "by its own kernel: this head dim or variant has no atomic dQ");
 
   LaunchConfig pre;
   pre.grid[0] = unsigned((s.B * s.Hq * p.sq_pad + 7) / 8);
@@ -381,14 +357,8 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
     kv.grid[1] = unsigned(s.Hkv);
     kv.grid[2] = unsigned(s.B);
     kv.block[0] = unsigned(attn::bwd_dkdv_threads(hd, kn));
-    kv.smem = atomic ? smem_kv_atomic : smem_kv;
-    FLY_TRY(launch1(f_kv, kv, stream, p));
-  }
-  if (atomic) {  // dq = accumulator * scale (zero where Sk = 0: the pre kernel cleared it)
-    LaunchConfig cv;
-    cv.grid[0] = unsigned((s.B * s.Hq * s.Sq + 7) / 8);
-    cv.block[0] = 256;
-    return launch1(f_dq, cv, stream, p);
+    kv.smem = smem_kv;
+    FLY_TRY(launch1(rk.f, kv, stream, p));
   }
   LaunchConfig q;
   q.grid[0] = unsigned((s.Sq + mq - 1) / mq);

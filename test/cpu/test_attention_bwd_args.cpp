@@ -286,35 +286,6 @@ TEST_CASE("attention_bwd_workspace_size: shape-only formula, validated input", "
   CHECK(bytes == 0);
 }
 
-TEST_CASE("attention_bwd_workspace_size: nondeterministic adds the atomic dQ accumulator (D <= 256)", "[attention_bwd][args]") {
-  Call c(2, 8, 2, 100, 300, 120);  // D 120: the hd 128 accumulator (rows of 240 bytes: no copies)
-  c.p.nondeterministic = 1;
-  size_t bytes = 0;
-  REQUIRE(fly_attention_bwd_workspace_size(&c.p, &bytes) == FLY_SUCCESS);
-  CHECK(bytes == 2 * 2 * 8 * 128 * 4 + 2 * 8 * 128 * 128 * 4);  // LSE2 + Delta, then B Hq x 128 rows x hd 128 fp32
-  CHECK(bytes == size_t(fly::attn::bwd_ws_bytes(2, 8, 100) + fly::attn::bwd_dqacc_bytes(2, 8, 100, 128)));
-  Call d(1, 1, 1, 129, 5, 40);  // hd 64, rows rounded to 256
-  d.p.nondeterministic = 1;
-  REQUIRE(fly_attention_bwd_workspace_size(&d.p, &bytes) == FLY_SUCCESS);
-  CHECK(bytes == 2 * 256 * 4 + 256 * 64 * 4);
-  // The deterministic-sized workspace still passes validation with nondeterministic = 1: the call
-  // then runs the deterministic kernels (no accumulator room), it is not an error.
-  c.p.workspace_bytes = size_t(fly::attn::bwd_ws_bytes(2, 8, 100));
-  CHECK(passes_validation(c.run()));
-  c.p.workspace_bytes -= 1;
-  CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
-  CHECK(mentions("workspace:"));
-  // The attention_bwd_params.h sizes the launcher and the kernel share.
-  // dS tiles (2 x 64 x 64 x 2 B) and dQ staging (2 x 64 rows of 128 x 4 B + 32 B) after the barriers' 1 KiB.
-  CHECK(fly::attn::bwd_dkdv_atomic_smem_bytes(128, 128, 64, 2) ==
-        fly::attn::bwd_dkdv_smem_bytes(128, 128, 64, 2) + 768 + 2 * 64 * 128 + 2 * 64 * (128 * 4 + 32));
-  for (int hd : {64, 128, 192})  // the qm 64 defaults fit; hd 256's staging does not (227 KiB)
-    CHECK(fly::attn::bwd_atomic_dq_capable(hd, hd <= 128 ? 128 : 64, 64));
-  CHECK_FALSE(fly::attn::bwd_atomic_dq_capable(256, 64, 64));
-  CHECK_FALSE(fly::attn::bwd_atomic_dq_capable(128, 128, 128));
-  CHECK_FALSE(fly::attn::bwd_atomic_dq_capable(512, 64, 32));
-}
-
 TEST_CASE("flykernels.hpp: attention_bwd_workspace_size answers as the C entry; errors throw", "[attention_bwd][args]") {
   Call c(2, 8, 2, 100, 300, 128);
   const flykernels::AttentionBwdTensors t{&c.q, &c.k, &c.v, &c.o, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv};

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "attention/attention_bwd_params.h"
-#include "attention/attention_plan.h"
 #include "common/pack_params.h"
 #include "catch_compat.hpp"
 #include "core.hpp"
@@ -48,15 +47,11 @@ struct BwdOperands {
     p.dv = &dv;
     p.causal = causal ? 1 : 0;
   }
-  // cut: bytes less than the query's answer (0: the whole answer).
-  fly_status run(void* stream, size_t cut = 0) {
+  fly_status run(void* stream) {
     size_t bytes = 0;
     const fly_status s = fly_attention_bwd_workspace_size(&p, &bytes);
     if (s != FLY_SUCCESS) return s;
-    const int hd = int(fly::attn::padded_head_dim(D));
-    CHECK(bytes == size_t(fly::attn::bwd_ws_bytes(B, Hq, Sq) +
-                          (p.nondeterministic && hd <= 256 ? fly::attn::bwd_dqacc_bytes(B, Hq, Sq, hd) : 0)));
-    bytes -= cut;
+    CHECK(bytes == size_t(fly::attn::bwd_ws_bytes(B, Hq, Sq)));
     ws = fake_cuda_malloc(bytes);
     p.workspace = ws;
     p.workspace_bytes = bytes;
@@ -113,48 +108,6 @@ TEST_CASE("attention_bwd: launches of the narrow plan (hd 128, defaults)", "[fak
   CHECK(dq->grid[1] == 8u);
   CHECK(dq->block[0] == 384u);
   CHECK(dq->smem == unsigned(fly::attn::bwd_dq_smem_bytes(128, 128, 128, 2)));
-}
-
-// nondeterministic = 1: the dK/dV kernel takes the dS tiles' shared memory and the accumulator's
-// address, and a convert kernel replaces the dQ kernel; with a workspace too small for the
-// accumulator the deterministic plan runs.
-TEST_CASE("attention_bwd: launches of the atomic dQ plan (hd 128, defaults)", "[fake][attention_bwd]") {
-  if (!fly::find_variant("attention_bwd_bf16_hd128_kn128_qm64_mq128_nq128")) {
-    WARN("attention_bwd not in this build");
-    return;
-  }
-  void* s = fake_cuda_stream_create(0);
-  BwdOperands c(2, 8, 2, 300, 257, 120, FLY_BF16, true);
-  c.p.nondeterministic = 1;
-  REQUIRE(c.run(s) == FLY_SUCCESS);
-  CHECK(std::string(fly_last_decision()).find(":atomic-dq") != std::string::npos);
-  REQUIRE(fake_cuda_launch_count() == 3);
-  const fake_cuda_launch* pre = fake_cuda_get_launch(0);
-  const fake_cuda_launch* kv = fake_cuda_get_launch(1);
-  const fake_cuda_launch* cv = fake_cuda_get_launch(2);
-  CHECK(std::string(pre->kernel) == "fly_attn_bwd_pre");
-  CHECK(std::string(kv->kernel) == "fly_attn_bwd_dkdv_atomic");
-  CHECK(std::string(cv->kernel) == "fly_attn_bwd_dq_convert");
-  CHECK(kv->smem == unsigned(fly::attn::bwd_dkdv_atomic_smem_bytes(128, 128, 64, 2)));
-  CHECK(kv->grid[0] == 3u);
-  CHECK(cv->grid[0] == unsigned((2 * 8 * 300 + 7) / 8));  // one warp per query row
-  CHECK(cv->block[0] == 256u);
-  for (const fake_cuda_launch* L : {pre, kv, cv}) {
-    const fly::attn::AttnBwdParams p = params_of(L);
-    CHECK(static_cast<void*>(p.ws_lse2) == c.ws);
-    CHECK(reinterpret_cast<char*>(p.ws_dqacc) == static_cast<char*>(c.ws) + fly::attn::bwd_ws_bytes(2, 8, 300));
-    CHECK(p.D == 120);
-  }
-  // The deterministic-sized workspace: the dQ kernel, no accumulator.
-  BwdOperands d(2, 8, 2, 300, 257, 120, FLY_BF16, true);
-  d.p.nondeterministic = 1;
-  REQUIRE(d.run(s, size_t(fly::attn::bwd_dqacc_bytes(2, 8, 300, 128))) == FLY_SUCCESS);
-  CHECK(std::string(fly_last_decision()).find(":atomic-dq") == std::string::npos);
-  REQUIRE(fake_cuda_launch_count() == 3);
-  CHECK(std::string(fake_cuda_get_launch(1)->kernel) == "fly_attn_bwd_dkdv");
-  CHECK(std::string(fake_cuda_get_launch(2)->kernel) == "fly_attn_bwd_dq");
-  CHECK(fake_cuda_get_launch(1)->smem == unsigned(fly::attn::bwd_dkdv_smem_bytes(128, 128, 64, 2)));
-  CHECK(params_of(fake_cuda_get_launch(1)).ws_dqacc == nullptr);
 }
 
 TEST_CASE("attention_bwd: launches of the wide plan (D 257..512)", "[fake][attention_bwd][attention_bwd_wide]") {

@@ -19,7 +19,6 @@
 #include "flykernels/flykernels.h"
 #include "flykernels/flykernels.hpp"
 #include "attention_test_util.hpp"
-#include "attention/attention_bwd_params.h"
 
 namespace {
 
@@ -39,8 +38,7 @@ struct Case {
   int64_t ld = 0;     // row length in memory (>= D, multiple of 8); 0: D rounded up to 8
   double scale = 0;   // 0: 1/sqrt(D)
   const char* force = nullptr;
-  int repeats = 1;    // > 1: rerun and compare bits (not with atomic)
-  bool atomic = false;  // nondeterministic = 1 with the queried workspace: atomic dQ where it applies
+  int repeats = 1;    // > 1: rerun and compare bits
 };
 
 struct Ref {
@@ -133,7 +131,7 @@ Ref reference(const Case& c, double scale, const std::vector<float>& q, const st
 
 struct Result {
   fly_status status = FLY_SUCCESS;
-  std::string msg, variant, decision;
+  std::string msg, variant;
   double rel[3] = {0, 0, 0};  // dq, dk, dv: max |err| / max |ref|
   bool finite = true, padding_untouched = true, repeat_identical = true;
 };
@@ -209,7 +207,6 @@ Result run_case(const Case& c) {
   p.dv = &tdv;
   p.softmax_scale = c.scale;
   p.causal = c.causal ? 1 : 0;
-  p.nondeterministic = c.atomic ? 1 : 0;
   size_t ws = 0;
   Result r;
   r.status = fly_attention_bwd_workspace_size(&p, &ws);
@@ -230,7 +227,6 @@ Result run_case(const Case& c) {
     r.status = fly_attention_bwd(&p, nullptr);
     r.msg = fly_get_last_error();
     r.variant = fly_last_variant() ? fly_last_variant() : "";
-    r.decision = fly_last_decision() ? fly_last_decision() : "";
     if (c.force) fly_force_variant(nullptr);
     if (r.status != FLY_SUCCESS) break;
     CUDA_OK(cudaDeviceSynchronize());
@@ -282,12 +278,12 @@ bool wide_bundled(fly_dtype dt) {
 
 Result check_case(const Case& c) {
   const Result r = run_case(c);
-  INFO(describe(c) << (c.atomic ? " atomic" : "") << " -> " << fly_status_string(r.status) << " " << r.msg << " variant "
-                   << r.variant << " (" << r.decision << ") rel dq " << r.rel[0] << " dk " << r.rel[1] << " dv " << r.rel[2]);
+  INFO(describe(c) << " -> " << fly_status_string(r.status) << " " << r.msg << " variant " << r.variant << " rel dq "
+                   << r.rel[0] << " dk " << r.rel[1] << " dv " << r.rel[2]);
   REQUIRE(r.status == FLY_SUCCESS);
   CHECK(r.finite);
   CHECK(r.padding_untouched);
-  if (!c.atomic) CHECK(r.repeat_identical);
+  CHECK(r.repeat_identical);
   const double tol = c.dt == FLY_BF16 ? 2e-2 : 5e-3;
   CHECK(r.rel[0] < tol);
   CHECK(r.rel[1] < tol);
@@ -419,74 +415,6 @@ TEST_CASE("attention_bwd: every bundled variant", "[attention_bwd][gpu]") {
   CHECK(tested >= 8);
 }
 
-// Atomic dQ (nondeterministic = 1, the queried workspace): the dK/dV kernel adds dQ's parts into an
-// fp32 accumulator. Every compiled head dim <= 256, odd ones, causal and not, Sq != Sk, lengths off
-// the tile, GQA, BSHD, both dtypes, every bundled variant forced; the decision must say the atomic
-// path ran exactly where it applies (bwd_atomic_dq_capable: qm 64, not hd 256) and the result match
-// the FP64 reference either way.
-bool atomic_applies(const std::string& variant) {
-  auto field = [&](const char* key) {
-    const size_t at = variant.find(key);
-    return at == std::string::npos ? 0 : std::stoi(variant.substr(at + std::strlen(key)));
-  };
-  return fly::attn::bwd_atomic_dq_capable(field("_hd"), field("_kn"), field("_qm"));
-}
-
-TEST_CASE("attention_bwd atomic dQ: head dims, lengths, causal, GQA, layouts", "[attention_bwd][attention_bwd_atomic][gpu]") {
-  struct Shape {
-    int64_t B, Hq, Hkv, Sq, Sk, D;
-    bool bshd;
-  };
-  const Shape shapes[] = {{1, 2, 2, 128, 128, 64, false},  {1, 2, 2, 333, 270, 128, false}, {2, 4, 2, 200, 300, 192, true},
-                          {1, 2, 1, 130, 257, 256, false}, {1, 3, 3, 17, 1000, 40, false},  {1, 2, 2, 1000, 17, 72, true},
-                          {1, 2, 2, 1, 1, 100, false},     {2, 8, 2, 257, 129, 128, true}};
-  for (const Shape& sh : shapes)
-    for (fly_dtype dt : {FLY_BF16, FLY_F16})
-      for (bool causal : {false, true}) {
-        Case c;
-        c.dt = dt;
-        c.B = sh.B;
-        c.Hq = sh.Hq;
-        c.Hkv = sh.Hkv;
-        c.Sq = sh.Sq;
-        c.Sk = sh.Sk;
-        c.D = sh.D;
-        c.bshd = sh.bshd;
-        c.causal = causal;
-        c.atomic = true;
-        c.repeats = 2;
-        const Result r = check_case(c);
-        INFO(r.variant << " (" << r.decision << ")");
-        CHECK((r.decision.find(":atomic-dq") != std::string::npos) == atomic_applies(r.variant));
-      }
-}
-
-TEST_CASE("attention_bwd atomic dQ: every bundled variant", "[attention_bwd][attention_bwd_atomic][gpu]") {
-  int atomic_runs = 0;
-  for (int i = 0; i < fly_variant_count(); ++i) {
-    const std::string name = fly_variant_name(i);
-    if (name.rfind("attention_bwd_", 0) != 0 || name.find("_hd512_") != std::string::npos) continue;
-    const int hd = std::stoi(name.substr(name.find("_hd") + 3));
-    for (bool causal : {false, true}) {
-      Case c;
-      c.dt = name.find("_bf16_") != std::string::npos ? FLY_BF16 : FLY_F16;
-      c.D = hd;
-      c.Hq = 4;
-      c.Hkv = 2;
-      c.Sq = 333;
-      c.Sk = 270;
-      c.causal = causal;
-      c.force = name.c_str();
-      c.atomic = true;
-      const Result r = check_case(c);
-      const bool ran = r.decision.find(":atomic-dq") != std::string::npos;
-      CHECK(ran == atomic_applies(name));
-      atomic_runs += ran;
-    }
-  }
-  CHECK(atomic_runs >= 12);  // the 6 default variants of hd 64 / 128 / 192, causal and not
-}
-
 // Bounded shapes for compute-sanitizer racecheck (slow: it serializes the mbarrier spin loops):
 // every compiled head dim, causal (64, 192) and not, GQA, Sq != Sk, partial tiles.
 TEST_CASE("attention_bwd: small shapes for the sanitizers", "[attention_bwd_small]") {
@@ -499,8 +427,6 @@ TEST_CASE("attention_bwd: small shapes for the sanitizers", "[attention_bwd_smal
     c.D = d;
     c.causal = d == 64 || d == 192;
     c.dt = d <= 128 ? FLY_F16 : FLY_BF16;
-    check_case(c);
-    c.atomic = true;  // the same shape through atomic dQ
     check_case(c);
   }
 }
