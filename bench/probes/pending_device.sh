@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # What is merged but has not run on the GPU (carry .devdeps; .whl for the python tests; .ab for the
-# GEMM A/B), from the end of the fifth session of 2026-12-02 (after its device time ran out):
+# GEMM A/B). Ran on 2026-12-06 (bench/probes/verify_device.sh, on an H100): the `packed` stage's GPU
+# tests and memcheck, ctest (7 of 7) and the Python GPU tests (196 passed); `mxprof` is still to run.
+# From the end of the fifth session of 2026-12-02 (after its device time ran out):
 #   bash bench/probes/pending_device.sh packed
 # the line-packing copy moved to kernels/common/pack_lines.cuh (fly_pack_lines_sm90, with a plane
 # index) and the attention forward's and backward's packed paths: [odd], [attention] and
