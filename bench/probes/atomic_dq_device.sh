@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for the attention backward's atomic dQ experiment (nondeterministic = 1; measured
-# slower than the deterministic kernels and not shipped: bench/RESULTS.md "Atomic dQ"). Applies
+# slower than the deterministic kernels and not shipped: bench/RESULTS.md "Attention backward, atomic dQ"). Applies
 # bench/probes/atomic_dq_bulk32k.patch to the tree (the copy the device call works on), builds the
 # two attention families, runs the [attention_bwd_atomic] GPU tests, flybench attention --bwd beside
 # --nondeterministic on the suite (BF16), then compute-sanitizer memcheck and racecheck over the

@@ -15,7 +15,6 @@ how many shapes each would leave below --below.
 """
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -64,8 +63,6 @@ def main():
                 call()
             except RuntimeError:
                 continue  # the variant does not take this shape or layout
-            finally:
-                pass
             err = max_rel_err(c, ref)
             if not err < 2e-2:
                 print(f"   {v}: WRONG (err {err})", flush=True)
