@@ -134,7 +134,8 @@ FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int largest, int det
  * Workspace (optional): stream-K variants keep flags and fp32 partial tiles there, and the packed
  * path its copies. Query fly_gemm_workspace_size: device independent; for operands TMA can
  * address also shape independent (about 19 MB when stream-K variants are bundled; 0 otherwise),
- * for others it adds the copies' size (about the operands' bytes). Pass a 256-byte aligned device
+ * for others it adds the copies' size (about the operands' bytes; copies over 1 TiB in all are
+ * never made: such calls take the cp.async kernel). Pass a 256-byte aligned device
  * buffer that large, zero-filled once before first use: each call leaves its flags (the first
  * 4096 bytes, which the copies never touch) zero again, so it can be reused on one stream and in
  * CUDA graphs, but never by two GEMMs running at once (that can hang or corrupt). NULL/0 (or too
