@@ -205,9 +205,9 @@ int64_t stream_k_need(const GemmCall& call) {
 // kPackFront bytes: those hold stream-K's flags, which every call must find zero.
 constexpr int64_t kPackFront = 4096;
 static_assert(gemm::sk_flags_bytes(kMaxSms) <= kPackFront, "stream-K flags fit the workspace's front");
-// Copies are offered up to kMaxPackBytes in all: no GPU holds a 1 TiB operand, and beyond it
-// (up to 2^31 x 2^31 elements) the size would overflow. Larger calls take the cp.async kernel and
-// the workspace query leaves the copies out.
+// Copies are offered up to kMaxPackBytes in all: no GPU holds a 1 TiB operand (validation allows
+// extents up to 2^47 elements). Larger calls take the cp.async kernel and the workspace query
+// leaves the copies out; the size is computed without overflow whatever the shape.
 constexpr int64_t kMaxPackBytes = int64_t(1) << 40;
 int64_t operand_pack_bytes(const gemm::Operand& o, int64_t k, gemm::Dtype dt) {
   const int64_t lines = gemm::operand_lines(o, k);
