@@ -8,7 +8,8 @@ time says nothing about. The model variant rescales each neighbour's time by the
 W(variant, shape) / W(variant, neighbour): W counts the waves of tiles (or of split-K / multicast
 clusters, or stream-K's balanced share) times the tile's padded work, floored by the DRAM bytes
 of the problem, as kernels/gemm/gemm_plan.h plans the launch. Prints the geomean regret (the
-pick's time over the shape's best bundled time) for the plain vote and the model vote.
+pick's time over the shape's best bundled time) for the plain vote, the model vote (full and
+damped by an exponent) and the tile-padding part of the model alone.
 
   python3 bench/probes/dispatch_model.py --times bench/logs/gemm-profile-train-times-2026-12-02e.tsv.gz
 """
@@ -19,7 +20,7 @@ import sys
 import os
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemm_profile_rows import read_times, norm  # noqa: E402
+from gemm_profile_rows import read_times, vote_regrets  # noqa: E402
 
 SMS = 132
 MAX_CLUSTERS = [0, 132, 66, 39, 30, 22, 17, 15, 15]  # kMaxClusters132 (gemm_plan.h)
@@ -68,25 +69,17 @@ def work(v, M, N, K):
     return max(t, dram)
 
 
-def vote(T, rel, avail, q, k, cap, penalty, model):
-    _, lay, M, N, K = q
-    l2 = lambda x: math.log2(max(x, 1))
-    others = sorted((r for r in T if r != q), key=lambda r: abs(l2(r[3]) - l2(N)) + abs(l2(r[4]) - l2(K)) +
-                    abs(l2(r[2]) - l2(M)) + (0 if r[1] == lay else penalty))[:k]
-    names = {v for r in others for v, x in rel[r].items() if x <= cap}
-    best, best_s = None, None
-    for v in names:
-        if v not in avail:
-            continue  # not measured on the query (not bundled for it)
-        s = 0.0
-        for r in others:
-            x = min(rel[r].get(v, cap), cap)
-            if model:
-                x *= work(v, M, N, K) / work(v, r[2], r[3], r[4])
-            s += math.log(x)
-        if best_s is None or s < best_s:
-            best, best_s = v, s
-    return best
+def padding(v, M, N, K):
+    """The tile-padding part of the model alone: padded tile area over the output's."""
+    f = parse(v)
+    P, Q = (N, M) if f["sw"] else (M, N)
+    return -(-P // f["bm"]) * f["bm"] * -(-Q // f["bn"]) * f["bn"] / (P * Q)
+
+
+def transfer(model, alpha):
+    """(model(variant, query) / model(variant, neighbour)) ** alpha: the neighbour's time carried to
+    the query's shape, damped by alpha."""
+    return lambda v, q, r: (model(v, q[2], q[3], q[4]) / model(v, r[2], r[3], r[4])) ** alpha
 
 
 def main():
@@ -96,24 +89,21 @@ def main():
     ap.add_argument("--worst", type=int, default=0, help="list the N worst queries of the model vote")
     args = ap.parse_args()
     T = read_times(args.times)
-    full = {q: {norm(v): t / min(tv.values()) for v, t in tv.items()} for q, tv in T.items()}
-    capped = {q: {v: x for v, x in r.items() if x <= args.cap} for q, r in full.items()}
-    for model in (False, True):
-        for k in (5, 8, 12):
-            reg = []
-            for q in T:
-                # the neighbours vote with their capped rows (as the DB holds them); the query's
-                # full times only judge the pick
-                v = vote(T, capped, full[q], q, k, args.cap, 1.0, model)
-                if v is not None:
-                    reg.append((full[q][v], q, v))
-            g = math.exp(sum(math.log(x) for x, _, _ in reg) / len(reg))
-            print(f"{'model' if model else 'plain'} vote, k={k:2d}: {g:.3f}x the best bundled (geomean over "
-                  f"{len(reg)}), {sum(x > 1.1 for x, _, _ in reg)} above 1.1x, {sum(x > 1.3 for x, _, _ in reg)} "
-                  f"above 1.3x, worst {max(x for x, _, _ in reg):.2f}x")
-            if model and k == 5 and args.worst:
-                for x, q, v in sorted(reg, reverse=True)[:args.worst]:
-                    print(f"   {x:.2f}x {q} -> {v}")
+    # (label, k, scale): the vote of gemm_profile_rows.py (as src/dispatch.cpp runs it), the model's
+    # rescale added in full, damped, and its tile-padding part alone
+    runs = [("plain vote", k, None) for k in (5, 8, 12)]
+    runs += [("model vote", k, transfer(work, 1.0)) for k in (5, 8, 12)]
+    runs += [(f"model^{a} vote", 5, transfer(work, a)) for a in (0.25, 0.5)]
+    runs += [("padding^0.5 vote", 5, transfer(padding, 0.5))]
+    for label, k, scale in runs:
+        reg = vote_regrets(T, args.cap, k, scale=scale)
+        g = math.exp(sum(math.log(x) for x, _, _ in reg) / len(reg))
+        print(f"{label}, k={k:2d}: {g:.3f}x the best bundled (geomean over {len(reg)}), "
+              f"{sum(x > 1.1 for x, _, _ in reg)} above 1.1x, {sum(x > 1.3 for x, _, _ in reg)} above 1.3x, "
+              f"worst {max(x for x, _, _ in reg):.2f}x")
+        if label == "model vote" and k == 5 and args.worst:
+            for x, q, v in sorted(reg, reverse=True)[:args.worst]:
+                print(f"   {x:.2f}x {q} -> {v}")
 
 
 if __name__ == "__main__":

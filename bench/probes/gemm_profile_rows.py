@@ -36,19 +36,29 @@ def norm(v):
     return v.replace("_bf16_", "_X_").replace("_fp16_", "_X_")
 
 
-def loo(T, cap, k=5, penalty=1.0):
-    """The vote as src/dispatch.cpp runs it, each shape against the others: geomean regret."""
+def vote_regrets(T, cap, k=5, penalty=1.0, scale=None):
+    """The vote as src/dispatch.cpp runs it, each shape against the others: (regret, shape, pick) per
+    shape, regret = the pick's time over the shape's best. scale(variant, query, neighbour), when
+    given, multiplies each neighbour's (capped) relative time before it votes (dispatch_model.py)."""
     rel = {q: {norm(v): t / min(tv.values()) for v, t in tv.items()} for q, tv in T.items()}
     l2 = lambda x: math.log2(max(x, 1))
-    regrets = []
+    out = []
     for q in T:
         _, lay, M, N, K = q
         others = sorted((r for r in T if r != q), key=lambda r: abs(l2(r[3]) - l2(N)) + abs(l2(r[4]) - l2(K)) +
                         abs(l2(r[2]) - l2(M)) + (0 if r[1] == lay else penalty))[:k]
         names = {v for r in others for v, x in rel[r].items() if x <= cap}
-        score = {v: sum(math.log(min(rel[r].get(v, cap), cap)) for r in others) for v in names if v in rel[q]}
+        score = {v: sum(math.log(min(rel[r].get(v, cap), cap) * (scale(v, q, r) if scale else 1.0)) for r in others)
+                 for v in names if v in rel[q]}
         if score:
-            regrets.append(rel[q][min(score, key=score.get)])
+            pick = min(score, key=score.get)
+            out.append((rel[q][pick], q, pick))
+    return out
+
+
+def loo(T, cap, k=5, penalty=1.0):
+    """vote_regrets' geomean and tail, printed."""
+    regrets = [x for x, _, _ in vote_regrets(T, cap, k, penalty)]
     g = math.exp(sum(map(math.log, regrets)) / len(regrets))
     print(f"leave-one-out over {len(regrets)} shapes: the vote's pick at {g:.3f}x the best bundled variant "
           f"(geomean), {sum(x > 1.1 for x in regrets)} above 1.1x, {sum(x > 1.3 for x in regrets)} above 1.3x")
