@@ -205,20 +205,14 @@ int64_t stream_k_need(const GemmCall& call) {
 // kPackFront bytes: those hold stream-K's flags, which every call must find zero.
 constexpr int64_t kPackFront = 4096;
 static_assert(gemm::sk_flags_bytes(kMaxSms) <= kPackFront, "stream-K flags fit the workspace's front");
-// Copies are offered up to kMaxPackBytes in all: no GPU holds a 1 TiB operand (validation allows
-// extents up to 2^47 elements). Larger calls take the cp.async kernel and the workspace query
-// leaves the copies out; the size is computed without overflow whatever the shape.
-constexpr int64_t kMaxPackBytes = int64_t(1) << 40;
-int64_t operand_pack_bytes(const gemm::Operand& o, int64_t k, gemm::Dtype dt) {
-  const int64_t lines = gemm::operand_lines(o, k);
-  const int64_t line_bytes = gemm::pack_ld(gemm::operand_line_len(o, k)) * gemm::elem_bytes(dt);
-  if (lines > 0 && line_bytes > kMaxPackBytes / lines) return kMaxPackBytes + 1;  // too big, and no overflow
-  return gemm::pack_bytes(o, k, dt);
-}
 int64_t pack_need(const GemmCall& call) {
-  return (call.odd_a ? operand_pack_bytes(call.pr.a, call.pr.K, call.pr.dtype) : 0) +
-         (call.odd_b ? operand_pack_bytes(call.pr.bt, call.pr.K, call.pr.dtype) : 0);
+  return (call.odd_a ? gemm::pack_bytes(call.pr.a, call.pr.K, call.pr.dtype) : 0) +
+         (call.odd_b ? gemm::pack_bytes(call.pr.bt, call.pr.K, call.pr.dtype) : 0);
 }
+// Copies are offered up to kMaxPackBytes in all: no GPU holds a 1 TiB operand (validation allows
+// extents up to 2^47 elements, so the sizes above cannot overflow). Larger calls take the cp.async
+// kernel and the workspace query leaves the copies out.
+constexpr int64_t kMaxPackBytes = int64_t(1) << 40;
 bool packable(int64_t pack) { return pack > 0 && pack <= kMaxPackBytes; }
 
 // The query: stream-K's part, and for operands TMA cannot address room for their copies after it.
@@ -379,11 +373,13 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   const bool odd_forced = forced_variant().rfind("gemm_odd_", 0) == 0;
   if (!odd_forced && packable(pack) && workspace && int64_t(workspace_bytes) - pack >= kPackFront)
     return run_packed(*dc, call, workspace, workspace_bytes, pack, stream);
-  if (log_level() >= LogLevel::kInfo && !odd_forced && packable(pack))
-    log(LogLevel::kInfo, "gemm: a workspace of %" PRId64 " bytes (fly_gemm_workspace_size; %zu given) would run the "
-        "TMA kernel on aligned copies of the operands", workspace_need(call), workspace_bytes);
-  else if (log_level() >= LogLevel::kInfo && !odd_forced)
-    log(LogLevel::kInfo, "gemm: aligned copies of these operands would exceed %" PRId64 " bytes: the cp.async kernel",
-        kMaxPackBytes);
+  if (log_level() >= LogLevel::kInfo && !odd_forced) {
+    if (packable(pack))
+      log(LogLevel::kInfo, "gemm: a workspace of %" PRId64 " bytes (fly_gemm_workspace_size; %zu given) would run "
+          "the TMA kernel on aligned copies of the operands", workspace_need(call), workspace_bytes);
+    else
+      log(LogLevel::kInfo, "gemm: aligned copies of these operands would exceed %" PRId64 " bytes: the cp.async kernel",
+          kMaxPackBytes);
+  }
   return run_odd(*dc, call, stream);
 }
