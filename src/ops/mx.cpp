@@ -7,6 +7,7 @@
 #include "core.hpp"
 #include "mx/mx_params.h"
 #include "mx/mx_wgmma_params.h"
+#include "mx/mx_widen.h"
 
 namespace fly {
 namespace {
@@ -69,7 +70,11 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
                         size_t workspace_bytes, void* stream) {
   const int bn = int(v.get_int("bn", 128));
   const bool fold = v.get_int("fold", 0) != 0;
+  // The BF16-widening design (kernels/mx/mxfp_widen.cu, variants mxfp_widen_n128): the same
+  // parameters and TMA maps, its own kernel and shared-memory plan, no split axis.
+  const bool widen = v.name.rfind("mxfp_widen", 0) == 0;
   if (bn != 32 && bn != 64 && bn != 128) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
+  if (widen && bn != mxw::widen::kBN) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
   const int64_t tiles_m = (M + mxw::kBM - 1) / mxw::kBM, tiles_n = (N + bn - 1) / bn;
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || tiles_m * tiles_n > INT32_MAX)
     return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 ", N = %" PRId64 ", K = %" PRId64
@@ -77,7 +82,7 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   const Driver* d = nullptr;
   FLY_TRY(driver(&d));
   CUfunction f = nullptr;
-  FLY_TRY(get_function(dc, v, "mxfp_wgmma", &f));
+  FLY_TRY(get_function(dc, v, widen ? "mxfp_widen" : "mxfp_wgmma", &f));
   const int64_t sms = dc.sm_count > 0 ? dc.sm_count : 132;
   const bool split_variant = v.get_int("split", 0) >= 2;
   int splits = split_variant ? split_of_launch(v, M, N, K, sms) : 1;
@@ -124,7 +129,7 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   const int64_t units = tiles_m * tiles_n * splits;
   cfg.grid[0] = unsigned(units < sms ? units : sms);
   cfg.block[0] = mxw::kThreads;
-  cfg.smem = unsigned(mxw::smem_bytes(bn, fold, v.get_int("pipe", 0) >= 2));
+  cfg.smem = unsigned(widen ? mxw::widen::smem_bytes() : mxw::smem_bytes(bn, fold, v.get_int("pipe", 0) >= 2));
   if (!split_variant) return launch1(f, cfg, stream, static_cast<const mxw::Params&>(p));
   p.ws = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   p.splits = splits;
@@ -332,7 +337,7 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   req.cache_tag = "sms=" + std::to_string(sms) + (ws_enough ? " ws=enough" : " ws=" + std::to_string(ws_bytes));
   const Variant* chosen = nullptr;
   FLY_TRY(choose_variant(*dc, req, &chosen));
-  if (chosen->name.rfind("mxfp_wgmma", 0) == 0)
+  if (chosen->name.rfind("mxfp_wgmma", 0) == 0 || chosen->name.rfind("mxfp_widen", 0) == 0)
     return launch_wgmma(*dc, *chosen, *a, *scale_a, *b, *scale_b, bias, *c, fp4, M, N, K, lda, ldb, workspace,
                         workspace_bytes, stream);
   ResolvedKernel rk;

@@ -123,6 +123,7 @@ struct GemmCase {
   int a_lo, a_hi, b_lo, b_hi;  // scale exponent ranges (row / column bases), jitter +-jit per block
   int jit;
   bool nan_scale = false;  // row 2 of A and column 5 of B get one 0xFF (NaN) block scale: NaN out there
+  bool nan_elem = false;   // MXFP8: row 3 of A and column 7 of B get one E4M3 NaN element: NaN out there
 };
 
 // How a case passes the workspace: none (NULL, 0), the size fly_scaled_gemm_workspace_size
@@ -181,6 +182,9 @@ void gemm_case(const GemmCase& g, int sabs_log2 = -12, Ws wsm = Ws::kQueried) {
   if (g.a_hi >= 127) for (int64_t kb = 0; kb < kbs; ++kb) sa[size_t(kb)] = 0xFE;
   if (g.a_lo <= -127 && M > 1) for (int64_t kb = 0; kb < kbs; ++kb) sa[size_t(kbs + kb)] = 0x00;
   const int64_t nan_row = g.nan_scale && M > 2 ? 2 : -1, nan_col = g.nan_scale && N > 5 ? 5 : -1;
+  const int64_t nan_erow = g.nan_elem && !g.fp4 && M > 3 ? 3 : -1, nan_ecol = g.nan_elem && !g.fp4 && N > 7 ? 7 : -1;
+  if (nan_erow >= 0) ca[size_t(nan_erow * K + K / 2 + 5)] = 0x7F;  // +NaN
+  if (nan_ecol >= 0) cb[size_t(nan_ecol * K + 40)] = 0xFF;          // -NaN
   if (nan_row >= 0) sa[size_t(nan_row * kbs + kbs - 1)] = 0xFF;
   if (nan_col >= 0) sb[size_t(nan_col * kbs)] = 0xFF;
   const int64_t acols = g.fp4 ? K / 2 : K;
@@ -264,7 +268,7 @@ void gemm_case(const GemmCase& g, int sabs_log2 = -12, Ws wsm = Ws::kQueried) {
       }
       const double got = get(hc, size_t(m * N + n), g.out);
       ++checked;
-      if (m == nan_row || n == nan_col) {  // a NaN block scale makes its products NaN
+      if (m == nan_row || n == nan_col || m == nan_erow || n == nan_ecol) {  // NaN scale or element: NaN products
         if (!std::isnan(got)) ++bad;
         continue;
       }
@@ -334,6 +338,8 @@ static void gemm_suite(int sabs_log2, bool many_tiles, Ws wsm = Ws::kQueried) {
     gemm_case({3, 96, 160, fp4, FLY_BF16, true, -127, 127, -127, -31, 0}, sabs_log2, wsm);
     // NaN (0xFF) block scales: the rows / columns they touch are NaN, the rest exact
     gemm_case({37, 100, 288, fp4, FLY_BF16, true, -3, 3, -3, 3, 1, true}, sabs_log2, wsm);
+    // E4M3 NaN elements (MXFP8 only: E2M1 has none): their rows / columns are NaN, the rest exact
+    if (!fp4) gemm_case({37, 100, 288, fp4, FLY_BF16, true, -3, 3, -3, 3, 1, false, true}, sabs_log2, wsm);
     // more tiles than SMs (the persistent loop and the ring lapping across tiles), M and N tails
     if (many_tiles) gemm_case({520, 4200, 288, fp4, FLY_F16, true, -10, -2, -10, -2, 3}, sabs_log2, wsm);
   }

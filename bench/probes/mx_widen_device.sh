@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One device call (<= 540 s) for the BF16-widening MX GEMM (kernels/mx/mxfp_widen.cu, variant
+# mxfp_widen_n128; docs/mxfp.md "BF16-widening design"):
+#   1. build the MX families with the widening variant beside every variant the DB names;
+#   2. smoke: fly_gpu_subset mx (every mx variant once); a hang (rc 124) stops the script;
+#   3. GPU tests [mx][gemm] with the widening variant forced (FLY_TEST_VARIANTS) and the default
+#      dispatch: the suite incl. extreme and NaN scales, E4M3 NaN elements, tails, bias;
+#   4. compute-sanitizer memcheck, racecheck and synccheck over the widening variant alone;
+#   5. bench/mxfp_torch.py: flybench mxfp (default dispatch and the widening variant forced) beside
+#      dequantize + cuBLAS, cuBLAS BF16 and cuBLAS FP8 rowwise, in the same run, on suites/mxfp.json.
+# Logs under $OUT (default ./out-mxwiden): summary.txt, gpu.log, memcheck.log, racecheck.log,
+# torch.log, torch.json, logs.tgz (the rest). BUDGET_S (default 540).
+#   bash bench/probes/mx_widen_device.sh   (from the repository root; carry .devdeps)
+set -uo pipefail
+out=${OUT:-./out-mxwiden}
+mkdir -p "$out/more"
+b=build-mxwiden
+budget=${BUDGET_S:-540}
+t0=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+sum() { echo "$*" | tee -a "$out/summary.txt"; }
+finish() { sum "done ($(( $(date +%s) - t0 ))s)"; tar czf "$out/logs.tgz" -C "$out" more; rm -rf "$out/more"; exit "${1:-0}"; }
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+[ -e .devdeps ] || { [ -e ../../.devdeps ] && ln -sfn ../../.devdeps .devdeps; }
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader >"$out/more/gpu.txt" 2>&1
+sum "mx_widen_device.sh on $(head -1 "$out/more/gpu.txt") at $(date -u +%H:%M:%S) commit $(git rev-parse --short HEAD 2>/dev/null)"
+last_rc=0
+phase() {  # phase <name> <timeout> <log> <cmd...>
+  local name=$1 lim=$2 log=$3; shift 3
+  local l; l=$(left)
+  if [ "$l" -le 10 ]; then sum "$name: SKIPPED (budget)"; last_rc=0; return; fi
+  [ "$l" -lt "$lim" ] && lim=$l
+  local ts; ts=$(date +%s)
+  timeout "$lim" "$@" >"$log" 2>&1
+  last_rc=$?
+  sum "$name: rc=$last_rc ($(( $(date +%s) - ts ))s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed|geomean' "$log" | head -8 | tr '\n' ' ')"
+}
+
+bash tools/device_run.sh "$b" -DFLY_FAMILIES="mx_quantize;mxfp" -DFLY_ALL_VARIANTS=ON \
+  -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n(32|64|128)_f[01](_p[12])?(_s4)?|mxfp_widen_n128)$" \
+  >"$out/more/cfg.log" 2>&1
+ninja -C "$b" -j16 flykernels fly_gpu_tests fly_gpu_subset flybench >"$out/more/build.log" 2>&1
+rc=$?
+sum "build rc=$rc ($(( $(date +%s) - t0 ))s); $(grep -c . "$b/gen/manifest.tsv" 2>/dev/null) variants"
+[ $rc -eq 0 ] || { tail -30 "$out/more/build.log" | tee -a "$out/summary.txt"; finish 1; }
+grep -q "^mxfp_widen_n128"$'\t' "$b/gen/manifest.tsv" || { sum "MISSING variant mxfp_widen_n128"; finish 1; }
+command -v cuobjdump >/dev/null && cuobjdump -res-usage "$b/cubins/mxfp_widen_n128.cubin" 2>&1 | grep -E 'REG|STACK' | head -3 >>"$out/summary.txt"
+
+phase "smoke subset" 60 "$out/more/smoke.log" "./$b/test/fly_gpu_subset" mx
+grep -E "widen" "$out/more/smoke.log" | head -20 >>"$out/summary.txt"
+[ "$last_rc" -eq 124 ] && { sum "smoke subset timed out: a kernel hangs; stopping"; finish 1; }
+export FLY_TEST_VARIANTS='^mxfp_widen'
+phase "gpu tests [mx][gemm]" 150 "$out/gpu.log" "./$b/test/fly_gpu_tests" "[mx][gemm]"
+unset FLY_TEST_VARIANTS
+grep -E "variant mxfp_widen.*worst" "$out/gpu.log" | sed 's/^ *//' | head -5 >>"$out/summary.txt"
+grep -E "with expansion|FAILED|REQUIRE|CHECK\(" "$out/gpu.log" | head -30 >>"$out/summary.txt"
+phase memcheck 60 "$out/memcheck.log" "$cs" --tool memcheck --error-exitcode 1 "./$b/test/fly_gpu_subset" topk --only mxfp_widen_n128
+phase racecheck 60 "$out/racecheck.log" "$cs" --tool racecheck --error-exitcode 1 "./$b/test/fly_gpu_subset" topk --only mxfp_widen_n128
+phase synccheck 40 "$out/more/synccheck.log" "$cs" --tool synccheck --error-exitcode 1 "./$b/test/fly_gpu_subset" topk --only mxfp_widen_n128
+PYTHONUNBUFFERED=1 phase "mxfp_torch.py" 300 "$out/torch.log" python3 bench/mxfp_torch.py --flybench "./$b/flybench" \
+  --reps "${REPS:-10}" --json "$out/torch.json" --variant mxfp_widen_n128
+tail -12 "$out/torch.log" >>"$out/summary.txt"
+finish 0
