@@ -46,41 +46,52 @@ FLY_MXW_HD int slot_of_logical(int l) {
 // The scale block (0..3 of the 128-element stage) of logical k group (h, t): 2h + (t >= 2).
 FLY_MXW_HD int block_of(int h, int t) { return 2 * h + (t >> 1); }
 
-// Exponent window of a widened value q * 2^E (q a nonzero element, E the block's scale exponent
-// after the stage's shift): q * 2^E a normal BF16 (E >= elo) and the multiplier 2^(E + 112) a BF16
-// (E <= 15). E4M3: |q| >= 2^-9; E2M1: |q| >= 0.5.
-constexpr int kEhi = 15;
-FLY_MXW_HD int elo_of(bool fp4) { return fp4 ? -125 : -117; }
+// Each tile takes one of three paths, chosen from its scales (choose_plan):
+// - kF16: elements widened to FP16, q * 2^(E + ta) (A) and q * 2^(E + tb) (B), FP16 wgmma; the
+//   cvt from E4M3 and one FP16 multiply per pair of elements. FP16's exponent range is narrow, so
+//   this needs every scale exponent of the tile's A rows (B columns) inside a window of
+//   kF16Span[fmt] binades.
+// - kBf16: the same in BF16 (a window of about 130 binades per operand): an integer re-bias of
+//   the FP16 pair to BF16 bits, then a BF16 multiply.
+// - kScalar: an operand's scales span more than BF16 can hold (e.g. 2^-127 beside 2^127 with
+//   nonzero elements): exact FP32 dot products on the CUDA cores.
+// The shifts are independent (ta for A, tb for B: every widened value stays a normal number) and
+// the epilogue multiplies the FP32 accumulators by 2^-(ta + tb), exact powers of two.
+enum Path : int { kScalar = 0, kBf16 = 1, kF16 = 2 };
+// Window [lo, hi] of the shifted exponent E' = E + t of a widened value q * 2^E':
+//   FP16: q * 2^E' a normal FP16 (>= 2^-14, < 65504): E4M3 (2^-9 <= |q| <= 448) E' in [-5, 7];
+//         E2M1 (0.5 <= |q| <= 6) E' in [-13, 13]. The multiplier 2^E' is an FP16.
+//   BF16: q * 2^E' a normal BF16 (E4M3 E' >= -117, E2M1 >= -125) and the multiplier 2^(E' + 112)
+//         of the re-biased pair (q * 2^-112) a BF16: E' <= 15.
+FLY_MXW_HD int win_lo(bool fp4, bool f16) { return f16 ? (fp4 ? -13 : -5) : (fp4 ? -125 : -117); }
+FLY_MXW_HD int win_hi(bool fp4, bool f16) { return f16 ? (fp4 ? 13 : 7) : 15; }
 
-// The stage's exponent shift t: A's exponents move by +t and B's by -t (every product keeps its
-// value) so that both land in [elo, kEhi]. min / max: the stage's valid scale bytes other than 0xFF
-// (min > max: none). Prefers t = 0. safe = false: no shift fits (the stage takes the exact fallback).
-struct Shift {
-  int t;
-  bool safe;
+struct Plan {
+  int path;    // Path
+  int ta, tb;  // exponent shifts of A's and B's scales
 };
-FLY_MXW_HD Shift choose_shift(int min_a, int max_a, int min_b, int max_b, bool fp4) {
-  const int elo = elo_of(fp4);
-  int lo = -1024, hi = 1024;
-  if (min_a <= max_a) {
-    lo = lo > elo - (min_a - 127) ? lo : elo - (min_a - 127);
-    hi = hi < kEhi - (max_a - 127) ? hi : kEhi - (max_a - 127);
+// The tile's plan from the min / max of its valid scale bytes other than 0xFF (min > max: none):
+// the narrowest path whose window holds each operand's span, each operand's largest exponent
+// shifted to the window's top.
+FLY_MXW_HD Plan choose_plan(int min_a, int max_a, int min_b, int max_b, bool fp4) {
+  for (int f16 = 1; f16 >= 0; --f16) {
+    const int lo = win_lo(fp4, f16 != 0), hi = win_hi(fp4, f16 != 0);
+    const bool ok_a = min_a > max_a || max_a - min_a <= hi - lo;
+    const bool ok_b = min_b > max_b || max_b - min_b <= hi - lo;
+    if (ok_a && ok_b)
+      return Plan{f16 ? kF16 : kBf16, min_a > max_a ? 0 : hi - (max_a - 127), min_b > max_b ? 0 : hi - (max_b - 127)};
   }
-  if (min_b <= max_b) {
-    lo = lo > (max_b - 127) - kEhi ? lo : (max_b - 127) - kEhi;
-    hi = hi < (min_b - 127) - elo ? hi : (min_b - 127) - elo;
-  }
-  if (lo > hi) return Shift{0, false};
-  return Shift{0 < lo ? lo : 0 > hi ? hi : 0, true};
+  return Plan{kScalar, 0, 0};
 }
 
-// The widening multiplier of a block (bf16x2, both halves equal): 2^(E + 112) for a scale byte b
-// shifted by `shift` (E = b - 127 + shift inside the window), NaN for 0xFF, 0 for a block that is
-// not there (rows past M / N, blocks past K) or a stage that takes the fallback.
-FLY_MXW_HD uint32_t multiplier(uint32_t b, int shift, bool present) {
+// The widening multiplier of a block (two equal halves) for scale byte b shifted by t
+// (E' = b - 127 + t inside the path's window): FP16 2^E'; BF16 2^(E' + 112) (the re-biased pair is
+// q * 2^-112). NaN for 0xFF; 0 for a block that is not there (rows past M / N, blocks past K).
+FLY_MXW_HD uint32_t multiplier(uint32_t b, int t, bool present, bool f16) {
   if (!present) return 0u;
-  if (b == 0xFFu) return 0x7FC07FC0u;
-  const uint32_t f = uint32_t(int(b) + shift - 127 + 112 + 127) << 7;
+  if (b == 0xFFu) return f16 ? 0x7E007E00u : 0x7FC07FC0u;
+  const int e = int(b) - 127 + t;
+  const uint32_t f = f16 ? uint32_t(e + 15) << 10 : uint32_t(e + 112 + 127) << 7;
   return f | (f << 16);
 }
 

@@ -50,8 +50,6 @@ namespace sm90 = fly::sm90;
 
 constexpr int BN = kBN;
 constexpr int ACC = BN / 2;
-using Mma = sm90::WgmmaRS<BN, 0, true>;  // BF16, B K-major
-static_assert(Mma::kRegs == ACC, "accumulator count");
 
 template <int P> struct Par {
   static constexpr int value = P;
@@ -61,16 +59,30 @@ __device__ __forceinline__ void bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-// Four E4M3 bytes -> two bf16x2 words (bytes 0,1 -> lo; 2,3 -> hi), each q * 2^E for the
-// multiplier mul = 2^(E + 112) (mx_widen.h). Exact inside the window.
-__device__ __forceinline__ void widen4(uint32_t x, uint32_t mul, uint32_t& lo, uint32_t& hi) {
+// Four E4M3 bytes -> two 16-bit pairs (bytes 0,1 -> lo; 2,3 -> hi), each q * 2^E' exactly (E'
+// inside the path's window, mx_widen.h). FP16: the cvt and one FP16 multiply by mul = 2^E'. BF16:
+// the cvt, the re-bias of the FP16 bits to BF16 bits (q * 2^-112) and one BF16 multiply by
+// mul = 2^(E' + 112).
+template <bool F16> __device__ __forceinline__ void widen4(uint32_t x, uint32_t mul, uint32_t& lo, uint32_t& hi) {
   uint32_t h0, h1;
   asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
       : "=r"(h0), "=r"(h1)
       : "r"(x));
-  const uint32_t m0 = f16x2_to_bf16x2_m112(h0), m1 = f16x2_to_bf16x2_m112(h1);
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(m0), "r"(mul));
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(m1), "r"(mul));
+  if constexpr (F16) {
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(h0), "r"(mul));
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(h1), "r"(mul));
+  } else {
+    const uint32_t m0 = f16x2_to_bf16x2_m112(h0), m1 = f16x2_to_bf16x2_m112(h1);
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(m0), "r"(mul));
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(m1), "r"(mul));
+  }
+}
+
+// acc * 2^s for the epilogue's rescale (|s| <= 3 * 126: three exact power-of-two steps, each
+// intermediate between acc and the result).
+__device__ __forceinline__ float rescale(float v, int s) {
+  const int s1 = s / 3, s2 = (s - s1) / 2, s3 = s - s1 - s2;
+  return v * __int_as_float((s1 + 127) << 23) * __int_as_float((s2 + 127) << 23) * __int_as_float((s3 + 127) << 23);
 }
 
 // Shared memory through 32-bit shared-window addresses (the generic pointers of a dynamically
@@ -127,166 +139,214 @@ __device__ __forceinline__ float elem(const uint8_t* tile, bool fp4, int row, in
   return e4m3_to_float(fly::mxe::e2m1_to_e4m3(uint8_t((k & 1) ? pair >> 4 : pair & 0xF)));
 }
 
-// The consumer warpgroups (64 tile rows each), for one operand format.
-template <bool FP4>
-__device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full, uint64_t* empty,
-                                        uint32_t* colnan) {
-  const int total = p.tiles_m * p.tiles_n;
-  const int kbs = p.K / 32;
-  const int ksteps = (p.K + kKStep - 1) / kKStep;
-  const int cw = threadIdx.x / 128 - 1;  // 64-row half of the tile
-  const int ct = threadIdx.x % 128;
-  const int t = ct & 3;
-  const int ra = cw * 64 + acc_row(ct, 0);  // tile row of accumulators 4 c8 + {0, 1}; + 8 for {2, 3}
-  const int bn_row = cw * 64 + (ct & 63), bh = ct >> 6;  // the B row x k64 this thread widens
-  // per-thread offsets, fixed for the whole kernel (shared-window addresses: stage base + offset)
-  const uint32_t ring_a = sm90::smem_u32(ring), wt_a = sm90::smem_u32(wtiles);
-  const uint32_t b_ld = uint32_t(kOffB) + row_off<FP4>(bn_row) + (FP4 ? 32u * bh : 0u);  // chunk 4 bh + g: chunk_off
-  const uint32_t b_st = uint32_t(bh * kWHalf) + row_off<false>(bn_row);                   // chunk c: ^ (c << 4)
-  const uint32_t a_ld0 = uint32_t(kOffA) + row_off<FP4>(ra), a_ld1 = uint32_t(kOffA) + row_off<FP4>(ra + 8);
-  const uint32_t mb_off = uint32_t(kOffMul) + 4u * uint32_t(2 * bh * kRows + kBM + bn_row);  // block 2 bh; + kRows: 2 bh + 1
-  const uint32_t ma_off0 = uint32_t(kOffMul) + 4u * uint32_t(block_of(0, t) * kRows + ra);   // k64 half h: + 2 h kRows
-  float acc[ACC];
-#pragma unroll
-  for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
-  uint32_t areg0[2][4][4], areg1[2][4][4];  // per stage parity: [k64 half][k16 step][fragment register]
-  int s = 0, wi = 0;
-  uint32_t ph = 0;
-  auto next_stage = [&]() {
+// The consumers' fixed per-thread offsets and their place in the ring (kept across tiles).
+struct Cons {
+  int cw, ct, t, ra, bn_row, bh;
+  uint32_t ring_a, wt_a;        // shared-window addresses of the ring and the widened B tiles
+  uint32_t b_ld, b_st;          // B: the row's load offset (chunk_off) in a stage, store offset in a tile
+  uint32_t a_ld0, a_ld1;        // A: rows ra, ra + 8 in a stage
+  uint32_t mb_off, ma_off0;     // the multipliers of the thread's B row (block 2 bh) and A row ra (block of (0, t))
+  int s, wi;
+  uint32_t ph;
+  __device__ __forceinline__ void next_stage() {
     if (++s == kStages) {
       s = 0;
       ph ^= 1;
     }
+  }
+};
+
+// One tile on the tensor core (path kF16 or kBf16): per stage widen B (this thread's row x k64)
+// into the rotating BF16/FP16 tile and A into register fragments, release the FP8 stage, meet the
+// other warpgroup, issue 8 wgmma; the next stage is widened while they run. Then the epilogue.
+template <bool FP4, bool F16>
+__device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring, uint64_t* full, uint64_t* empty,
+                                         uint32_t* colnan, int ksteps, int resc, int64_t row0, int64_t col0) {
+  using Mma = sm90::WgmmaRS<BN, 0, !F16>;  // B K-major
+  static_assert(Mma::kRegs == ACC, "accumulator count");
+  float acc[ACC];
+  uint32_t areg0[2][4][4], areg1[2][4][4];     // per stage parity: [k64 half][k16 step][fragment register]
+  uint32_t nan_a0 = 0, nan_a1 = 0, nan_b = 0;  // BF16: OR of the widened words (E4M3 NaN detection)
+  auto stage = [&](auto par, int ks) {
+    constexpr int P = decltype(par)::value;
+    uint32_t(&ar)[2][4][4] = P == 0 ? areg0 : areg1;
+    sm90::mbar_wait(&full[c.s], c.ph);
+    const uint32_t sb = c.ring_a + uint32_t(c.s * kStage);
+    const uint32_t wt = c.wt_a + uint32_t(c.wi * kWBuf);
+    // B: row bn_row, k64 half bh -> the widened tile in the permuted k order
+    {
+      const uint32_t mb0 = lds32(sb + c.mb_off), mb1 = lds32(sb + c.mb_off + 4u * kRows);
+      uint4 x[4];
+#pragma unroll
+      for (int g = 0; g < 4; ++g) x[g] = load16<FP4>(sb + chunk_off<FP4>(c.b_ld, FP4 ? g : 4 * c.bh + g));
+      const uint32_t dst = wt + c.b_st;
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) {
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          const uint32_t w = s4 == 0 ? x[g].x : s4 == 1 ? x[g].y : s4 == 2 ? x[g].z : x[g].w;
+          widen4<F16>(w, g < 2 ? mb0 : mb1, lo[g], hi[g]);
+          if (!F16) nan_b |= lo[g] | hi[g];
+        }
+        sts128(dst ^ (uint32_t(2 * s4) << 4), lo[0], lo[1], lo[2], lo[3]);
+        sts128(dst ^ (uint32_t(2 * s4 + 1) << 4), hi[0], hi[1], hi[2], hi[3]);
+      }
+    }
+    // A: rows ra, ra + 8, logical k 64 h + 16 t .. + 15 -> fragment registers
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const uint4 x = load16<FP4>(sb + chunk_off<FP4>(rr ? c.a_ld1 : c.a_ld0, 4 * h + c.t));
+        const uint32_t m = lds32(sb + c.ma_off0 + 4u * uint32_t(2 * h * kRows + 8 * rr));
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+          const uint32_t w = s4 == 0 ? x.x : s4 == 1 ? x.y : s4 == 2 ? x.z : x.w;
+          uint32_t lo, hi;
+          widen4<F16>(w, m, lo, hi);
+          ar[h][s4][rr] = lo;
+          ar[h][s4][2 + rr] = hi;
+          if (!F16) {
+            if (rr == 0) nan_a0 |= lo | hi;
+            else nan_a1 |= lo | hi;
+          }
+        }
+      }
+    }
+    sm90::mbar_arrive(&empty[c.s]);  // this thread's reads of the FP8 stage are done
+    sm90::fence_proxy_async_smem();  // the widened B tile is read by wgmma (async proxy)
+    bar_sync(2, 256);                // both halves of B widened (and wgmma i - 3 retired in both)
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint64_t db = sm90::make_desc_sw128(wt + uint32_t(h * kWHalf), 16, 1024);
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) Mma::mma(acc, ar[h][s4], db + 2 * s4, (ks | h | s4) != 0 ? 1 : 0);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<1>();  // wgmma i - 1 retired: its A registers are free, B tile i - 3 too
+    c.next_stage();
+    if (++c.wi == kWBufs) c.wi = 0;
   };
+  for (int ks = 0;;) {
+    stage(Par<0>{}, ks);
+    if (++ks == ksteps) break;
+    stage(Par<1>{}, ks);
+    if (++ks == ksteps) break;
+  }
+  sm90::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) sm90::reg_fence(acc[i]);
+  bool rn0 = false, rn1 = false;
+  if (!F16) {
+    // E4M3 NaN elements (BF16 path): a widened word with low mantissa bits set (mx_widen.h
+    // kNanBits). Rows: the quad's four threads hold their k ranges; columns: through shared memory.
+    rn0 = (nan_a0 & kNanBits) != 0u;
+    rn1 = (nan_a1 & kNanBits) != 0u;
+    rn0 = __shfl_xor_sync(0xFFFFFFFFu, rn0, 1) || rn0;
+    rn0 = __shfl_xor_sync(0xFFFFFFFFu, rn0, 2) || rn0;
+    rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 1) || rn1;
+    rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 2) || rn1;
+    colnan[c.bh * BN + c.bn_row] = (nan_b & kNanBits) != 0u ? 1u : 0u;
+    bar_sync(2, 256);
+  }
+  const int ct = c.ct;
+  auto fix = [&](int i, float v) {
+    if (!F16) {
+      const int col = acc_col(ct, i);
+      if ((colnan[col] | colnan[BN + col]) != 0u || ((i & 2) ? rn1 : rn0)) return __uint_as_float(0x7FC00000u);
+    }
+    return resc != 0 ? rescale(v, resc) : v;
+  };
+  if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, acc, fix);
+  else store_acc_tile<BN, __half>(p, row0, col0, ct, acc, fix);
+  if (!F16) bar_sync(2, 256);  // colnan read by both warpgroups before the next tile writes it
+}
+
+// Exact fallback for a tile whose scales no path holds: FP32 dot products per k32 block on the
+// CUDA cores, acc += dot * (sa * sb) as the FP8 design promotes, the accumulators in the widened-B
+// tiles' shared memory (unused by such a tile: [64][256 consumer threads] floats), so the fast
+// paths' registers stay as they are. Slow; real data does not get here (the tests do). Takes and
+// returns the ring position.
+template <bool FP4>
+__device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full,
+                                            uint64_t* empty, int ksteps, int64_t row0, int64_t col0, int ra, int ct,
+                                            int s, uint32_t ph) {
+  const int kbs = p.K / 32;
+  float* sacc = reinterpret_cast<float*>(wtiles) + (threadIdx.x - 128);
+  bar_sync(2, 256);  // the other warpgroup's last wgmma (reading these tiles) has retired
+#pragma unroll 1
+  for (int i = 0; i < ACC; ++i) sacc[i * 256] = 0.0f;
+#pragma unroll 1
+  for (int ks = 0; ks < ksteps; ++ks) {
+    sm90::mbar_wait(&full[s], ph);
+    const uint8_t* st = ring + s * kStage;
+    const float* fs = reinterpret_cast<const float*>(st + kOffScale);
+#pragma unroll 1
+    for (int j = 0; j < 4 && ks * 4 + j < kbs; ++j) {
+#pragma unroll 1
+      for (int i = 0; i < ACC; ++i) {
+        const int row = ra + 8 * ((i / 2) % 2), col = acc_col(ct, i);
+        float dot = 0.0f;
+#pragma unroll 1
+        for (int k = 32 * j; k < 32 * j + 32; ++k)
+          dot = fmaf(elem(st + kOffA, FP4, row, k), elem(st + kOffB, FP4, col, k), dot);
+        sacc[i * 256] = fmaf(dot, fs[j * kRows + row] * fs[j * kRows + kBM + col], sacc[i * 256]);
+      }
+    }
+    sm90::mbar_arrive(&empty[s]);
+    if (++s == kStages) {
+      s = 0;
+      ph ^= 1;
+    }
+  }
+  float v[ACC];
+#pragma unroll
+  for (int i = 0; i < ACC; ++i) v[i] = sacc[i * 256];
+  if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, v);
+  else store_acc_tile<BN, __half>(p, row0, col0, ct, v);
+  bar_sync(2, 256);  // both warpgroups' accumulators read before the next tile widens into these tiles
+  return make_int2(s, int(ph));
+}
+
+// The consumer warpgroups (64 tile rows each), for one operand format: per tile the path the
+// producer chose (the first stage's flag words) and the epilogue's rescale.
+template <bool FP4>
+__device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full, uint64_t* empty,
+                                        uint32_t* colnan) {
+  const int total = p.tiles_m * p.tiles_n;
+  const int ksteps = (p.K + kKStep - 1) / kKStep;
+  Cons c;
+  c.cw = threadIdx.x / 128 - 1;
+  c.ct = threadIdx.x % 128;
+  c.t = c.ct & 3;
+  c.ra = c.cw * 64 + acc_row(c.ct, 0);
+  c.bn_row = c.cw * 64 + (c.ct & 63);
+  c.bh = c.ct >> 6;
+  c.ring_a = sm90::smem_u32(ring);
+  c.wt_a = sm90::smem_u32(wtiles);
+  c.b_ld = uint32_t(kOffB) + row_off<FP4>(c.bn_row) + (FP4 ? 32u * c.bh : 0u);
+  c.b_st = uint32_t(c.bh * kWHalf) + row_off<false>(c.bn_row);
+  c.a_ld0 = uint32_t(kOffA) + row_off<FP4>(c.ra);
+  c.a_ld1 = uint32_t(kOffA) + row_off<FP4>(c.ra + 8);
+  c.mb_off = uint32_t(kOffMul) + 4u * uint32_t(2 * c.bh * kRows + kBM + c.bn_row);
+  c.ma_off0 = uint32_t(kOffMul) + 4u * uint32_t(block_of(0, c.t) * kRows + c.ra);
+  c.s = 0;
+  c.wi = 0;
+  c.ph = 0;
   for (int u = blockIdx.x; u < total; u += gridDim.x) {
     const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
-    const int64_t row0 = int64_t(tl.tm) * kBM + cw * 64, col0 = int64_t(tl.tn) * BN;
-    sm90::mbar_wait(&full[s], ph);
-    const bool safe = *reinterpret_cast<const uint32_t*>(ring + s * kStage + kOffFlag) != 0u;  // the whole tile's
-    if (safe) {
-      uint32_t nan_a0 = 0, nan_a1 = 0, nan_b = 0;  // OR of the widened words (E4M3 NaN detection)
-      // One stage (register set P): widen, release the FP8 stage, meet, issue 8 wgmma.
-      auto stage = [&](auto par, int ks) {
-        constexpr int P = decltype(par)::value;
-        uint32_t(&ar)[2][4][4] = P == 0 ? areg0 : areg1;
-        sm90::mbar_wait(&full[s], ph);
-        const uint32_t sb = ring_a + uint32_t(s * kStage);
-        const uint32_t wt = wt_a + uint32_t(wi * kWBuf);
-        // B: row bn_row, k64 half bh -> the widened tile in the permuted k order
-        {
-          const uint32_t mb0 = lds32(sb + mb_off), mb1 = lds32(sb + mb_off + 4u * kRows);
-          uint4 x[4];
-#pragma unroll
-          for (int g = 0; g < 4; ++g) x[g] = load16<FP4>(sb + chunk_off<FP4>(b_ld, FP4 ? g : 4 * bh + g));
-          const uint32_t dst = wt + b_st;
-#pragma unroll
-          for (int s4 = 0; s4 < 4; ++s4) {
-            uint32_t lo[4], hi[4];
-#pragma unroll
-            for (int g = 0; g < 4; ++g) {
-              const uint32_t w = s4 == 0 ? x[g].x : s4 == 1 ? x[g].y : s4 == 2 ? x[g].z : x[g].w;
-              widen4(w, g < 2 ? mb0 : mb1, lo[g], hi[g]);
-              nan_b |= lo[g] | hi[g];
-            }
-            sts128(dst ^ (uint32_t(2 * s4) << 4), lo[0], lo[1], lo[2], lo[3]);
-            sts128(dst ^ (uint32_t(2 * s4 + 1) << 4), hi[0], hi[1], hi[2], hi[3]);
-          }
-        }
-        // A: rows ra, ra + 8, logical k 64 h + 16 t .. + 15 -> fragment registers
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            const uint4 x = load16<FP4>(sb + chunk_off<FP4>(rr ? a_ld1 : a_ld0, FP4 ? 4 * h + t : 4 * h + t));
-            const uint32_t m = lds32(sb + ma_off0 + 4u * uint32_t(2 * h * kRows + 8 * rr));
-#pragma unroll
-            for (int s4 = 0; s4 < 4; ++s4) {
-              const uint32_t w = s4 == 0 ? x.x : s4 == 1 ? x.y : s4 == 2 ? x.z : x.w;
-              uint32_t lo, hi;
-              widen4(w, m, lo, hi);
-              ar[h][s4][rr] = lo;
-              ar[h][s4][2 + rr] = hi;
-              if (rr == 0) nan_a0 |= lo | hi;
-              else nan_a1 |= lo | hi;
-            }
-          }
-        }
-        sm90::mbar_arrive(&empty[s]);    // this thread's reads of the FP8 stage are done
-        sm90::fence_proxy_async_smem();  // the widened B tile is read by wgmma (async proxy)
-        bar_sync(2, 256);                // both halves of B widened (and wgmma i - 3 retired in both)
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint64_t db = sm90::make_desc_sw128(wt + uint32_t(h * kWHalf), 16, 1024);
-#pragma unroll
-          for (int s4 = 0; s4 < 4; ++s4) Mma::mma(acc, ar[h][s4], db + 2 * s4, (ks | h | s4) != 0 ? 1 : 0);
-        }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<1>();  // wgmma i - 1 retired: its A registers are free, B tile i - 3 too
-        next_stage();
-        if (++wi == kWBufs) wi = 0;
-      };
-      for (int ks = 0;;) {
-        stage(Par<0>{}, ks);
-        if (++ks == ksteps) break;
-        stage(Par<1>{}, ks);
-        if (++ks == ksteps) break;
-      }
-      sm90::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < ACC; ++i) sm90::reg_fence(acc[i]);
-      // E4M3 NaN elements: a widened word with low mantissa bits set (mx_widen.h kNanBits). Rows:
-      // the quad's four threads hold their k ranges; columns: published through shared memory.
-      bool rn0 = (nan_a0 & kNanBits) != 0u, rn1 = (nan_a1 & kNanBits) != 0u;
-      rn0 = __shfl_xor_sync(0xFFFFFFFFu, rn0, 1) || rn0;
-      rn0 = __shfl_xor_sync(0xFFFFFFFFu, rn0, 2) || rn0;
-      rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 1) || rn1;
-      rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 2) || rn1;
-      colnan[bh * BN + bn_row] = (nan_b & kNanBits) != 0u ? 1u : 0u;
-      bar_sync(2, 256);
-      auto fix = [&](int i, float v) {
-        const int col = acc_col(ct, i);
-        const bool nan = (colnan[col] | colnan[BN + col]) != 0u || ((i & 2) ? rn1 : rn0);
-        return nan ? __uint_as_float(0x7FC00000u) : v;
-      };
-      if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, acc, fix);
-      else store_acc_tile<BN, __half>(p, row0, col0, ct, acc, fix);
-      bar_sync(2, 256);  // colnan read by both warpgroups before the next tile writes it
-    } else {
-      // Exact fallback for a tile whose scales no shift fits: FP32 dot products per k32 block on
-      // the CUDA cores, acc += dot * (sa * sb) as the FP8 design promotes. Slow; real data does not
-      // get here (the tests do).
-      float facc[ACC];  // indexed in rolled loops: local memory, this slow path only
-#pragma unroll
-      for (int i = 0; i < ACC; ++i) facc[i] = 0.0f;
-      for (int ks = 0; ks < ksteps; ++ks) {
-        sm90::mbar_wait(&full[s], ph);
-        const uint8_t* st = ring + s * kStage;
-        const float* fs = reinterpret_cast<const float*>(st + kOffScale);
-        for (int j = 0; j < 4 && ks * 4 + j < kbs; ++j) {
-#pragma unroll 1
-          for (int rr = 0; rr < 2; ++rr) {
-            const int row = ra + 8 * rr;
-            const float sa = fs[j * kRows + row];
-#pragma unroll 1
-            for (int c8 = 0; c8 < BN / 8; ++c8) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int col = acc_col(ct, 4 * c8 + e);
-                float dot = 0.0f;
-#pragma unroll 1
-                for (int k = 32 * j; k < 32 * j + 32; ++k)
-                  dot = fmaf(elem(st + kOffA, FP4, row, k), elem(st + kOffB, FP4, col, k), dot);
-                facc[4 * c8 + 2 * rr + e] = fmaf(dot, sa * fs[j * kRows + kBM + col], facc[4 * c8 + 2 * rr + e]);
-              }
-            }
-          }
-        }
-        sm90::mbar_arrive(&empty[s]);
-        next_stage();
-      }
-      if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, facc);
-      else store_acc_tile<BN, __half>(p, row0, col0, ct, facc);
+    const int64_t row0 = int64_t(tl.tm) * kBM + c.cw * 64, col0 = int64_t(tl.tn) * BN;
+    sm90::mbar_wait(&full[c.s], c.ph);
+    const int* flag = reinterpret_cast<const int*>(ring + c.s * kStage + kOffFlag);
+    const int path = flag[0], resc = flag[1];  // the whole tile's
+    if (path == kF16) tile_mma<FP4, true>(p, c, ring, full, empty, colnan, ksteps, resc, row0, col0);
+    else if (path == kBf16) tile_mma<FP4, false>(p, c, ring, full, empty, colnan, ksteps, resc, row0, col0);
+    else {
+      const int2 r = tile_scalar<FP4>(p, ring, wtiles, full, empty, ksteps, row0, col0, c.ra, c.ct, c.s, c.ph);
+      c.s = r.x;
+      c.ph = uint32_t(r.y);
     }
   }
 }
@@ -322,37 +382,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
     // ---------------- producer warpgroup ----------------
     sm90::setmaxnreg_dec<kProducerRegs>();
     const int pt = threadIdx.x, warp = pt / 32;
-    const bool words = ((reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) | uintptr_t(kbs)) & 3u) == 0;
-    const bool quads = ((reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) | uintptr_t(kbs)) & 15u) == 0;
-    auto advance = [&](int& uu, int& kk) {
-      if (++kk == ksteps) {
-        kk = 0;
-        uu += gridDim.x;
-      }
-    };
-    // Scale bytes of stage kk of unit uu for this thread's A row (pt) and B row (pt): one word each,
-    // byte j = block 4 kk + j (0 past K or past M / N).
-    auto load = [&](int uu, int kk, uint32_t& wa, uint32_t& wb) {
-      wa = wb = 0u;
-      if (uu >= total) return;
-      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, uu);
+    const uintptr_t al = reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) | uintptr_t(kbs);
+    const bool words = (al & 3u) == 0, quads = (al & 15u) == 0;
+    // This thread's A row (pt) and B row (pt) of tile u: their scale rows, or null past M / N.
+    auto rows_of = [&](int u, const uint8_t*& ra, const uint8_t*& rb) {
+      ra = rb = nullptr;
+      if (u >= total) return;
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
       const int64_t ga = int64_t(tl.tm) * kBM + pt, gb = int64_t(tl.tn) * BN + pt;
-      const int kb0 = kk * 4;
-      if (words) {
-        if (ga < p.M) wa = *reinterpret_cast<const uint32_t*>(p.sa + ga * kbs + kb0);
-        if (gb < p.N) wb = *reinterpret_cast<const uint32_t*>(p.sb + gb * kbs + kb0);
-      } else {
+      if (ga < p.M) ra = p.sa + ga * kbs;
+      if (gb < p.N) rb = p.sb + gb * kbs;
+    };
+    // Scale bytes of stage kk from a row (byte j = block 4 kk + j; 0 past K or for a null row).
+    auto word = [&](const uint8_t* r, int kk) -> uint32_t {
+      if (!r) return 0u;
+      if (words) return *reinterpret_cast<const uint32_t*>(r + kk * 4);
+      uint32_t w = 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (kb0 + j < kbs) {
-            if (ga < p.M) wa |= uint32_t(p.sa[ga * kbs + kb0 + j]) << (8 * j);
-            if (gb < p.N) wb |= uint32_t(p.sb[gb * kbs + kb0 + j]) << (8 * j);
-          }
-        }
-      }
+      for (int j = 0; j < 4; ++j)
+        if (kk * 4 + j < kbs) w |= uint32_t(r[kk * 4 + j]) << (8 * j);
+      return w;
     };
     // min / max of a row's scale bytes other than 0xFF over all of K (min 255 > max 0: none)
     auto scan = [&](const uint8_t* row, uint32_t& mn, uint32_t& mx) {
+      if (!row) return;
       auto take = [&](uint32_t e) {
         if (e != 0xFFu) {
           mn = e < mn ? e : mn;
@@ -372,23 +425,37 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
         for (int kb = 0; kb < kbs; ++kb) take(row[kb]);
       }
     };
-    uint32_t wa0, wb0, wa1, wb1;
+    // The look-ahead: the scale words of the stage two ahead (unit u1, stage k1, rows ra1 / rb1).
     int u1 = blockIdx.x, k1 = 0;
-    load(u1, k1, wa0, wb0);
-    advance(u1, k1);
-    load(u1, k1, wa1, wb1);
-    advance(u1, k1);
+    const uint8_t *ra1, *rb1;
+    rows_of(u1, ra1, rb1);
+    auto ahead = [&](uint32_t& wa, uint32_t& wb) {
+      wa = u1 < total ? word(ra1, k1) : 0u;
+      wb = u1 < total ? word(rb1, k1) : 0u;
+      if (++k1 == ksteps) {
+        k1 = 0;
+        u1 += gridDim.x;
+        rows_of(u1, ra1, rb1);
+      }
+    };
+    uint32_t wa0, wb0, wa1, wb1;
+    ahead(wa0, wb0);
+    ahead(wa1, wb1);
     int s = 0, it = 0;
     uint32_t ph = 0;
     for (int u = blockIdx.x; u < total; u += gridDim.x, ++it) {
       const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
       const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
       const bool ina = m0 + pt < p.M, inb = n0 + pt < p.N;
-      // The tile's exponent shift: one t for all its stages (mx_widen.h choose_shift), from the
-      // min / max over the producer warpgroup of every scale of the tile's rows and columns.
+      // The tile's plan (mx_widen.h choose_plan): path and shifts from the min / max over the
+      // producer warpgroup of every scale of the tile's rows and columns.
       uint32_t mina = 255, maxa = 0, minb = 255, maxb = 0;
-      if (ina) scan(p.sa + int64_t(m0 + pt) * kbs, mina, maxa);
-      if (inb) scan(p.sb + int64_t(n0 + pt) * kbs, minb, maxb);
+      {
+        const uint8_t *ra, *rb;
+        rows_of(u, ra, rb);
+        scan(ra, mina, maxa);
+        scan(rb, minb, maxb);
+      }
       mina = __reduce_min_sync(0xFFFFFFFFu, mina);
       maxa = __reduce_max_sync(0xFFFFFFFFu, maxa);
       minb = __reduce_min_sync(0xFFFFFFFFu, minb);
@@ -408,13 +475,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
         minb = sc[w * 4 + 2] < minb ? sc[w * 4 + 2] : minb;
         maxb = sc[w * 4 + 3] > maxb ? sc[w * 4 + 3] : maxb;
       }
-      const Shift sh = choose_shift(int(mina), int(maxa), int(minb), int(maxb), fp4);
+      const Plan pl = choose_plan(int(mina), int(maxa), int(minb), int(maxb), fp4);
+      const bool f16 = pl.path == kF16;
       for (int ks = 0; ks < ksteps; ++ks) {
         const uint32_t wa = wa0, wb = wb0;
         wa0 = wa1;
         wb0 = wb1;
-        load(u1, k1, wa1, wb1);  // two stages ahead
-        advance(u1, k1);
+        ahead(wa1, wb1);  // two stages ahead
         sm90::mbar_wait(&empty[s], ph ^ 1);
         uint8_t* st = ring + s * kStage;
         if (pt == 0) {
@@ -423,21 +490,28 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
           sm90::tma_load_2d(st + kOffA, &p.tm_a, &full[s], kc, m0);
           sm90::tma_load_2d(st + kOffB, &p.tm_b, &full[s], kc, n0);
         }
-        float* fs = reinterpret_cast<float*>(st + kOffScale);
-        uint32_t* mul = reinterpret_cast<uint32_t*>(st + kOffMul);
+        if (pl.path != kScalar) {
+          uint32_t* mul = reinterpret_cast<uint32_t*>(st + kOffMul);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const bool kin = ks * 4 + j < kbs;
-          const uint32_t ea = (wa >> (8 * j)) & 0xFFu, eb = (wb >> (8 * j)) & 0xFFu;
-          if (sh.safe) {
-            mul[j * kRows + pt] = multiplier(ea, sh.t, ina && kin);
-            mul[j * kRows + kBM + pt] = multiplier(eb, -sh.t, inb && kin);
-          } else {
-            fs[j * kRows + pt] = ina && kin ? fly::mxe::e8m0_to_float(uint8_t(ea)) : 0.0f;
-            fs[j * kRows + kBM + pt] = inb && kin ? fly::mxe::e8m0_to_float(uint8_t(eb)) : 0.0f;
+          for (int j = 0; j < 4; ++j) {
+            const bool kin = ks * 4 + j < kbs;
+            mul[j * kRows + pt] = multiplier((wa >> (8 * j)) & 0xFFu, pl.ta, ina && kin, f16);
+            mul[j * kRows + kBM + pt] = multiplier((wb >> (8 * j)) & 0xFFu, pl.tb, inb && kin, f16);
+          }
+        } else {
+          float* fs = reinterpret_cast<float*>(st + kOffScale);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const bool kin = ks * 4 + j < kbs;
+            fs[j * kRows + pt] = ina && kin ? fly::mxe::e8m0_to_float(uint8_t(wa >> (8 * j))) : 0.0f;
+            fs[j * kRows + kBM + pt] = inb && kin ? fly::mxe::e8m0_to_float(uint8_t(wb >> (8 * j))) : 0.0f;
           }
         }
-        if (pt == 0) *reinterpret_cast<uint32_t*>(st + kOffFlag) = sh.safe ? 1u : 0u;
+        if (pt == 0) {
+          int* flag = reinterpret_cast<int*>(st + kOffFlag);
+          flag[0] = pl.path;
+          flag[1] = -(pl.ta + pl.tb);  // the epilogue's rescale exponent
+        }
         sm90::mbar_arrive(&full[s]);
         if (++s == kStages) {
           s = 0;
