@@ -26,12 +26,12 @@ constexpr int kStage = (kOffFlag + 16 + 1023) / 1024 * 1024;
 constexpr int kWHalf = kBN * 128;
 constexpr int kWBuf = 2 * kWHalf;
 constexpr int kStages = 3;
-// Dynamic shared memory: 1024 bytes of alignment slack, the ring, the widened B tiles, the
-// mbarriers (full / empty per stage, wfull / wempty per widened tile, scalar_done), the producer's
-// reduction scratch ([2 parities][4 warps][4 words]) and the NaN column flags ([4 tiles][kBN] words).
-constexpr int kBarBytes = (kStages * 2 + kWBufs * 2 + 1) * 8;
-constexpr int kColNanTiles = 4;
-constexpr int smem_bytes() { return 1024 + kStages * kStage + kWBufs * kWBuf + kBarBytes + 2 * 4 * 4 * 4 + kColNanTiles * kBN * 4; }
+// Dynamic shared memory: 1024 bytes of alignment slack, the ring, the widened B tiles, 2 mbarriers
+// per stage, the producer's reduction scratch ([2 parities][4 warps][4 words]), the consumers' NaN
+// column flags ([2 k64 halves][kBN] words).
+constexpr int smem_bytes() {
+  return 1024 + kStages * kStage + kWBufs * kWBuf + kStages * 2 * 8 + 2 * 4 * 4 * 4 + 2 * kBN * 4;
+}
 static_assert(smem_bytes() <= 232448, "fits the 227 KiB of dynamic shared memory");
 
 // The k permutation inside each 64-element k group. Thread t (lane % 4) of a quad holds, for k16

@@ -139,62 +139,72 @@ __device__ __forceinline__ float elem(const uint8_t* tile, bool fp4, int row, in
   return e4m3_to_float(fly::mxe::e2m1_to_e4m3(uint8_t((k & 1) ? pair >> 4 : pair & 0xF)));
 }
 
-// Register split (setmaxnreg): the producer warpgroup widens B too, so it gets more than the FP8
-// design's 56 (112 * 128 + 192 * 256 <= 168 * 384, the registers the launch holds; ptxas allocates each side within its count: consumers below ~180 serialize the wgmma, C7512).
-constexpr int kWProducerRegs = 112;
-constexpr int kWConsumerRegs = 192;
-
-// The shared-memory objects every warpgroup uses.
-struct Smem {
-  uint8_t* ring;       // kStages FP8 stages
-  uint8_t* wtiles;     // kWBufs widened B tiles
-  uint64_t* full;      // [kStages]: 128 producer arrivals (metadata written) + the TMA bytes
-  uint64_t* empty;     // [kStages]: 256 consumer arrivals (A read) + 128 producer arrivals (B read)
-  uint64_t* wfull;     // [kWBufs]: 128 producer arrivals (B widened, NaN flags written)
-  uint64_t* wempty;    // [kWBufs]: 256 consumer arrivals (the wgmma reading it retired)
-  uint64_t* sdone;     // 256 consumer arrivals at the end of a CUDA-core (scalar) tile
-  uint32_t* scratch;   // producer reduction [2][4][4]
-  uint32_t* colnan;    // [kColNanTiles][kBN]: B rows (output columns) that met an E4M3 NaN (BF16 path)
-};
-
-// The consumers' fixed per-thread offsets and their place in the rings (kept across tiles).
+// The consumers' fixed per-thread offsets and their place in the ring (kept across tiles).
 struct Cons {
-  int cw, ct, t, ra;
+  int cw, ct, t, ra, bn_row, bh;
   uint32_t ring_a, wt_a;        // shared-window addresses of the ring and the widened B tiles
+  uint32_t b_ld, b_st;          // B: the row's load offset (chunk_off) in a stage, store offset in a tile
   uint32_t a_ld0, a_ld1;        // A: rows ra, ra + 8 in a stage
-  uint32_t ma_off0;             // the multiplier of A row ra (block of (0, t))
-  int s, wi, tile;
-  uint32_t ph, wph;
+  uint32_t mb_off, ma_off0;     // the multipliers of the thread's B row (block 2 bh) and A row ra (block of (0, t))
+  int s, wi;
+  uint32_t ph;
+  __device__ __forceinline__ void next_stage() {
+    if (++s == kStages) {
+      s = 0;
+      ph ^= 1;
+    }
+  }
 };
 
-// One tile on the tensor core (path kF16 or kBf16): per stage widen A into register fragments,
-// release the FP8 stage, wait for the producer's widened B, issue 8 wgmma; the next stage's A is
-// widened while they run. Then the epilogue (NaN rows / columns on the BF16 path, the rescale).
+// One tile on the tensor core (path kF16 or kBf16): per stage widen B (this thread's row x k64)
+// into the rotating BF16/FP16 tile and A into register fragments, release the FP8 stage, meet the
+// other warpgroup, issue 8 wgmma; the next stage is widened while they run. Then the epilogue.
 template <bool FP4, bool F16>
-__device__ __forceinline__ void tile_mma(const Params& p, Cons& c, const Smem& m, int ksteps, int resc, int64_t row0,
-                                         int64_t col0) {
+__device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring, uint64_t* full, uint64_t* empty,
+                                         uint32_t* colnan, int ksteps, int resc, int64_t row0, int64_t col0) {
   using Mma = sm90::WgmmaRS<BN, 0, !F16>;  // B K-major
   static_assert(Mma::kRegs == ACC, "accumulator count");
   float acc[ACC];
-  uint32_t areg0[2][4][4], areg1[2][4][4];  // per stage parity: [k64 half][k16 step][fragment register]
-  uint32_t nan_a0 = 0, nan_a1 = 0;          // BF16: OR of the widened words (E4M3 NaN detection)
-  int prev_wi = -1;                         // the widened tile of the previous stage (its wgmma in flight)
+  uint32_t areg0[2][4][4], areg1[2][4][4];     // per stage parity: [k64 half][k16 step][fragment register]
+  uint32_t nan_a0 = 0, nan_a1 = 0, nan_b = 0;  // BF16: OR of the widened words (E4M3 NaN detection)
   auto stage = [&](auto par, int ks) {
     constexpr int P = decltype(par)::value;
     uint32_t(&ar)[2][4][4] = P == 0 ? areg0 : areg1;
-    sm90::mbar_wait(&m.full[c.s], c.ph);
+    sm90::mbar_wait(&full[c.s], c.ph);
     const uint32_t sb = c.ring_a + uint32_t(c.s * kStage);
+    const uint32_t wt = c.wt_a + uint32_t(c.wi * kWBuf);
+    // B: row bn_row, k64 half bh -> the widened tile in the permuted k order
+    {
+      const uint32_t mb0 = lds32(sb + c.mb_off), mb1 = lds32(sb + c.mb_off + 4u * kRows);
+      uint4 x[4];
+#pragma unroll
+      for (int g = 0; g < 4; ++g) x[g] = load16<FP4>(sb + chunk_off<FP4>(c.b_ld, FP4 ? g : 4 * c.bh + g));
+      const uint32_t dst = wt + c.b_st;
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) {
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          const uint32_t w = s4 == 0 ? x[g].x : s4 == 1 ? x[g].y : s4 == 2 ? x[g].z : x[g].w;
+          widen4<F16>(w, g < 2 ? mb0 : mb1, lo[g], hi[g]);
+          if (!F16) nan_b |= lo[g] | hi[g];
+        }
+        sts128(dst ^ (uint32_t(2 * s4) << 4), lo[0], lo[1], lo[2], lo[3]);
+        sts128(dst ^ (uint32_t(2 * s4 + 1) << 4), hi[0], hi[1], hi[2], hi[3]);
+      }
+    }
+    // A: rows ra, ra + 8, logical k 64 h + 16 t .. + 15 -> fragment registers
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const uint4 x = load16<FP4>(sb + chunk_off<FP4>(rr ? c.a_ld1 : c.a_ld0, 4 * h + c.t));
-        const uint32_t mu = lds32(sb + c.ma_off0 + 4u * uint32_t(2 * h * kRows + 8 * rr));
+        const uint32_t m = lds32(sb + c.ma_off0 + 4u * uint32_t(2 * h * kRows + 8 * rr));
 #pragma unroll
         for (int s4 = 0; s4 < 4; ++s4) {
           const uint32_t w = s4 == 0 ? x.x : s4 == 1 ? x.y : s4 == 2 ? x.z : x.w;
           uint32_t lo, hi;
-          widen4<F16>(w, mu, lo, hi);
+          widen4<F16>(w, m, lo, hi);
           ar[h][s4][rr] = lo;
           ar[h][s4][2 + rr] = hi;
           if (!F16) {
@@ -204,9 +214,9 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, const Smem& m
         }
       }
     }
-    sm90::mbar_arrive(&m.empty[c.s]);          // this thread's reads of the FP8 stage are done
-    sm90::mbar_wait(&m.wfull[c.wi], c.wph);   // the producer's widened B tile
-    const uint32_t wt = c.wt_a + uint32_t(c.wi * kWBuf);
+    sm90::mbar_arrive(&empty[c.s]);  // this thread's reads of the FP8 stage are done
+    sm90::fence_proxy_async_smem();  // the widened B tile is read by wgmma (async proxy)
+    bar_sync(2, 256);                // both halves of B widened (and wgmma i - 3 retired in both)
     sm90::wgmma_fence();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -215,17 +225,9 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, const Smem& m
       for (int s4 = 0; s4 < 4; ++s4) Mma::mma(acc, ar[h][s4], db + 2 * s4, (ks | h | s4) != 0 ? 1 : 0);
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<1>();  // wgmma i - 1 retired: its A registers and widened tile are free
-    if (prev_wi >= 0) sm90::mbar_arrive(&m.wempty[prev_wi]);
-    prev_wi = c.wi;
-    if (++c.s == kStages) {
-      c.s = 0;
-      c.ph ^= 1;
-    }
-    if (++c.wi == kWBufs) {
-      c.wi = 0;
-      c.wph ^= 1;
-    }
+    sm90::wgmma_wait<1>();  // wgmma i - 1 retired: its A registers are free, B tile i - 3 too
+    c.next_stage();
+    if (++c.wi == kWBufs) c.wi = 0;
   };
   for (int ks = 0;;) {
     stage(Par<0>{}, ks);
@@ -236,47 +238,50 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, const Smem& m
   sm90::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < ACC; ++i) sm90::reg_fence(acc[i]);
-  sm90::mbar_arrive(&m.wempty[prev_wi]);
   bool rn0 = false, rn1 = false;
   if (!F16) {
     // E4M3 NaN elements (BF16 path): a widened word with low mantissa bits set (mx_widen.h
-    // kNanBits). Rows: the quad's four threads hold their k ranges; columns: the producer's flags.
+    // kNanBits). Rows: the quad's four threads hold their k ranges; columns: through shared memory.
     rn0 = (nan_a0 & kNanBits) != 0u;
     rn1 = (nan_a1 & kNanBits) != 0u;
     rn0 = __shfl_xor_sync(0xFFFFFFFFu, rn0, 1) || rn0;
     rn0 = __shfl_xor_sync(0xFFFFFFFFu, rn0, 2) || rn0;
     rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 1) || rn1;
     rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 2) || rn1;
+    colnan[c.bh * BN + c.bn_row] = (nan_b & kNanBits) != 0u ? 1u : 0u;
+    bar_sync(2, 256);
   }
   const int ct = c.ct;
-  const uint32_t* cn = m.colnan + (c.tile % kColNanTiles) * BN;
   auto fix = [&](int i, float v) {
     if (!F16) {
-      if (cn[acc_col(ct, i)] != 0u || ((i & 2) ? rn1 : rn0)) return __uint_as_float(0x7FC00000u);
+      const int col = acc_col(ct, i);
+      if ((colnan[col] | colnan[BN + col]) != 0u || ((i & 2) ? rn1 : rn0)) return __uint_as_float(0x7FC00000u);
     }
     return resc != 0 ? rescale(v, resc) : v;
   };
   if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, acc, fix);
   else store_acc_tile<BN, __half>(p, row0, col0, ct, acc, fix);
+  if (!F16) bar_sync(2, 256);  // colnan read by both warpgroups before the next tile writes it
 }
 
 // Exact fallback for a tile whose scales no path holds: FP32 dot products per k32 block on the
 // CUDA cores, acc += dot * (sa * sb) as the FP8 design promotes, the accumulators in the widened-B
-// tiles' shared memory ([64][256 consumer threads] floats; the producer widens nothing until the
-// consumers arrive on sdone at the end), so the fast paths' registers stay as they are. Slow; real
-// data does not get here (the tests do). Takes and returns the ring position.
+// tiles' shared memory (unused by such a tile: [64][256 consumer threads] floats), so the fast
+// paths' registers stay as they are. Slow; real data does not get here (the tests do). Takes and
+// returns the ring position.
 template <bool FP4>
-__device__ __forceinline__ int2 tile_scalar(const Params& p, const Smem& m, int ksteps, int64_t row0, int64_t col0,
-                                            int ra, int ct, int s, uint32_t ph) {
+__device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full,
+                                            uint64_t* empty, int ksteps, int64_t row0, int64_t col0, int ra, int ct,
+                                            int s, uint32_t ph) {
   const int kbs = p.K / 32;
-  float* sacc = reinterpret_cast<float*>(m.wtiles) + (threadIdx.x - 128);
+  float* sacc = reinterpret_cast<float*>(wtiles) + (threadIdx.x - 128);
   bar_sync(2, 256);  // the other warpgroup's last wgmma (reading these tiles) has retired
 #pragma unroll 1
   for (int i = 0; i < ACC; ++i) sacc[i * 256] = 0.0f;
 #pragma unroll 1
   for (int ks = 0; ks < ksteps; ++ks) {
-    sm90::mbar_wait(&m.full[s], ph);
-    const uint8_t* st = m.ring + s * kStage;
+    sm90::mbar_wait(&full[s], ph);
+    const uint8_t* st = ring + s * kStage;
     const float* fs = reinterpret_cast<const float*>(st + kOffScale);
 #pragma unroll 1
     for (int j = 0; j < 4 && ks * 4 + j < kbs; ++j) {
@@ -290,7 +295,7 @@ __device__ __forceinline__ int2 tile_scalar(const Params& p, const Smem& m, int 
         sacc[i * 256] = fmaf(dot, fs[j * kRows + row] * fs[j * kRows + kBM + col], sacc[i * 256]);
       }
     }
-    sm90::mbar_arrive(&m.empty[s]);
+    sm90::mbar_arrive(&empty[s]);
     if (++s == kStages) {
       s = 0;
       ph ^= 1;
@@ -301,15 +306,15 @@ __device__ __forceinline__ int2 tile_scalar(const Params& p, const Smem& m, int 
   for (int i = 0; i < ACC; ++i) v[i] = sacc[i * 256];
   if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, v);
   else store_acc_tile<BN, __half>(p, row0, col0, ct, v);
-  bar_sync(2, 256);             // both warpgroups' accumulators read
-  sm90::mbar_arrive(m.sdone);   // the producer may widen into these tiles again
+  bar_sync(2, 256);  // both warpgroups' accumulators read before the next tile widens into these tiles
   return make_int2(s, int(ph));
 }
 
 // The consumer warpgroups (64 tile rows each), for one operand format: per tile the path the
 // producer chose (the first stage's flag words) and the epilogue's rescale.
 template <bool FP4>
-__device__ __forceinline__ void consume(const Params& p, const Smem& m) {
+__device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full, uint64_t* empty,
+                                        uint32_t* colnan) {
   const int total = p.tiles_m * p.tiles_n;
   const int ksteps = (p.K + kKStep - 1) / kKStep;
   Cons c;
@@ -317,225 +322,31 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& m) {
   c.ct = threadIdx.x % 128;
   c.t = c.ct & 3;
   c.ra = c.cw * 64 + acc_row(c.ct, 0);
-  c.ring_a = sm90::smem_u32(m.ring);
-  c.wt_a = sm90::smem_u32(m.wtiles);
+  c.bn_row = c.cw * 64 + (c.ct & 63);
+  c.bh = c.ct >> 6;
+  c.ring_a = sm90::smem_u32(ring);
+  c.wt_a = sm90::smem_u32(wtiles);
+  c.b_ld = uint32_t(kOffB) + row_off<FP4>(c.bn_row) + (FP4 ? 32u * c.bh : 0u);
+  c.b_st = uint32_t(c.bh * kWHalf) + row_off<false>(c.bn_row);
   c.a_ld0 = uint32_t(kOffA) + row_off<FP4>(c.ra);
   c.a_ld1 = uint32_t(kOffA) + row_off<FP4>(c.ra + 8);
+  c.mb_off = uint32_t(kOffMul) + 4u * uint32_t(2 * c.bh * kRows + kBM + c.bn_row);
   c.ma_off0 = uint32_t(kOffMul) + 4u * uint32_t(block_of(0, c.t) * kRows + c.ra);
   c.s = 0;
   c.wi = 0;
-  c.tile = 0;
   c.ph = 0;
-  c.wph = 0;
-  for (int u = blockIdx.x; u < total; u += gridDim.x, ++c.tile) {
+  for (int u = blockIdx.x; u < total; u += gridDim.x) {
     const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
     const int64_t row0 = int64_t(tl.tm) * kBM + c.cw * 64, col0 = int64_t(tl.tn) * BN;
-    sm90::mbar_wait(&m.full[c.s], c.ph);
-    const int* flag = reinterpret_cast<const int*>(m.ring + c.s * kStage + kOffFlag);
+    sm90::mbar_wait(&full[c.s], c.ph);
+    const int* flag = reinterpret_cast<const int*>(ring + c.s * kStage + kOffFlag);
     const int path = flag[0], resc = flag[1];  // the whole tile's
-    if (path == kF16) tile_mma<FP4, true>(p, c, m, ksteps, resc, row0, col0);
-    else if (path == kBf16) tile_mma<FP4, false>(p, c, m, ksteps, resc, row0, col0);
+    if (path == kF16) tile_mma<FP4, true>(p, c, ring, full, empty, colnan, ksteps, resc, row0, col0);
+    else if (path == kBf16) tile_mma<FP4, false>(p, c, ring, full, empty, colnan, ksteps, resc, row0, col0);
     else {
-      const int2 r = tile_scalar<FP4>(p, m, ksteps, row0, col0, c.ra, c.ct, c.s, c.ph);
+      const int2 r = tile_scalar<FP4>(p, ring, wtiles, full, empty, ksteps, row0, col0, c.ra, c.ct, c.s, c.ph);
       c.s = r.x;
       c.ph = uint32_t(r.y);
-    }
-  }
-}
-
-// The producer's B widening of one stage: this thread's B row (pt) over the stage's 128 k, into the
-// widened tile at shared address wt in the permuted k order; mul[j]: block j's multiplier.
-// Returns the OR of the widened words (E4M3 NaN detection on the BF16 path).
-template <bool FP4, bool F16>
-__device__ __forceinline__ uint32_t widen_b_row(uint32_t stage_a, uint32_t wt, int pt, const uint32_t (&mul)[4]) {
-  uint32_t nan = 0;
-  const uint32_t ld = uint32_t(kOffB) + row_off<FP4>(pt), st = row_off<false>(pt);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint4 x[4];
-#pragma unroll
-    for (int g = 0; g < 4; ++g) x[g] = load16<FP4>(stage_a + chunk_off<FP4>(ld + (FP4 ? 32u * h : 0u), FP4 ? g : 4 * h + g));
-    const uint32_t dst = wt + uint32_t(h * kWHalf) + st;
-#pragma unroll
-    for (int s4 = 0; s4 < 4; ++s4) {
-      uint32_t lo[4], hi[4];
-#pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        const uint32_t w = s4 == 0 ? x[g].x : s4 == 1 ? x[g].y : s4 == 2 ? x[g].z : x[g].w;
-        widen4<F16>(w, mul[2 * h + (g >> 1)], lo[g], hi[g]);
-        if (!F16) nan |= lo[g] | hi[g];
-      }
-      sts128(dst ^ (uint32_t(2 * s4) << 4), lo[0], lo[1], lo[2], lo[3]);
-      sts128(dst ^ (uint32_t(2 * s4 + 1) << 4), hi[0], hi[1], hi[2], hi[3]);
-    }
-  }
-  return nan;
-}
-
-// The producer warpgroup, for one operand format: per tile the plan (path and shifts, from every
-// scale of the tile's rows and columns); per stage the TMA loads (thread 0), the A multipliers or
-// the decoded scales, the flag words, then (tensor-core paths) this thread's B row widened into
-// the stage's widened tile.
-template <bool FP4>
-__device__ __forceinline__ void produce(const Params& p, const Smem& m) {
-  const int total = p.tiles_m * p.tiles_n;
-  const int kbs = p.K / 32;
-  const int ksteps = (p.K + kKStep - 1) / kKStep;
-  const int pt = threadIdx.x, warp = pt / 32;
-  const uintptr_t al = reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) | uintptr_t(kbs);
-  const bool words = (al & 3u) == 0, quads = (al & 15u) == 0;
-  // This thread's A row (pt) and B row (pt) of tile u: their scale rows, or null past M / N.
-  auto rows_of = [&](int u, const uint8_t*& ra, const uint8_t*& rb) {
-    ra = rb = nullptr;
-    if (u >= total) return;
-    const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
-    const int64_t ga = int64_t(tl.tm) * kBM + pt, gb = int64_t(tl.tn) * BN + pt;
-    if (ga < p.M) ra = p.sa + ga * kbs;
-    if (gb < p.N) rb = p.sb + gb * kbs;
-  };
-  // Scale bytes of stage kk from a row (byte j = block 4 kk + j; 0 past K or for a null row).
-  auto word = [&](const uint8_t* r, int kk) -> uint32_t {
-    if (!r) return 0u;
-    if (words) return *reinterpret_cast<const uint32_t*>(r + kk * 4);
-    uint32_t w = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (kk * 4 + j < kbs) w |= uint32_t(r[kk * 4 + j]) << (8 * j);
-    return w;
-  };
-  // min / max of a row's scale bytes other than 0xFF over all of K (min 255 > max 0: none)
-  auto scan = [&](const uint8_t* row, uint32_t& mn, uint32_t& mx) {
-    if (!row) return;
-    auto take = [&](uint32_t e) {
-      if (e != 0xFFu) {
-        mn = e < mn ? e : mn;
-        mx = e > mx ? e : mx;
-      }
-    };
-    if (quads) {
-#pragma unroll 2
-      for (int kb = 0; kb < kbs; kb += 16) {
-        const uint4 v = *reinterpret_cast<const uint4*>(row + kb);
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int q = 0; q < 16; ++q) take((w[q / 4] >> (8 * (q % 4))) & 0xFFu);
-      }
-    } else {
-#pragma unroll 4
-      for (int kb = 0; kb < kbs; ++kb) take(row[kb]);
-    }
-  };
-  // The look-ahead: the scale words of the stage two ahead (unit u1, stage k1, rows ra1 / rb1).
-  int u1 = blockIdx.x, k1 = 0;
-  const uint8_t *ra1, *rb1;
-  rows_of(u1, ra1, rb1);
-  auto ahead = [&](uint32_t& wa, uint32_t& wb) {
-    wa = u1 < total ? word(ra1, k1) : 0u;
-    wb = u1 < total ? word(rb1, k1) : 0u;
-    if (++k1 == ksteps) {
-      k1 = 0;
-      u1 += gridDim.x;
-      rows_of(u1, ra1, rb1);
-    }
-  };
-  uint32_t wa0, wb0, wa1, wb1;
-  ahead(wa0, wb0);
-  ahead(wa1, wb1);
-  const uint32_t ring_a = sm90::smem_u32(m.ring), wt_a = sm90::smem_u32(m.wtiles);
-  int s = 0, wi = 0, it = 0;
-  uint32_t ph = 0, wph = 0, sph = 0;
-  for (int u = blockIdx.x; u < total; u += gridDim.x, ++it) {
-    const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
-    const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
-    const bool ina = m0 + pt < p.M, inb = n0 + pt < p.N;
-    uint32_t mina = 255, maxa = 0, minb = 255, maxb = 0;
-    {
-      const uint8_t *ra, *rb;
-      rows_of(u, ra, rb);
-      scan(ra, mina, maxa);
-      scan(rb, minb, maxb);
-    }
-    mina = __reduce_min_sync(0xFFFFFFFFu, mina);
-    maxa = __reduce_max_sync(0xFFFFFFFFu, maxa);
-    minb = __reduce_min_sync(0xFFFFFFFFu, minb);
-    maxb = __reduce_max_sync(0xFFFFFFFFu, maxb);
-    uint32_t* sc = m.scratch + (it & 1) * 16;
-    if ((pt & 31) == 0) {
-      sc[warp * 4 + 0] = mina;
-      sc[warp * 4 + 1] = maxa;
-      sc[warp * 4 + 2] = minb;
-      sc[warp * 4 + 3] = maxb;
-    }
-    bar_sync(1, 128);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      mina = sc[w * 4 + 0] < mina ? sc[w * 4 + 0] : mina;
-      maxa = sc[w * 4 + 1] > maxa ? sc[w * 4 + 1] : maxa;
-      minb = sc[w * 4 + 2] < minb ? sc[w * 4 + 2] : minb;
-      maxb = sc[w * 4 + 3] > maxb ? sc[w * 4 + 3] : maxb;
-    }
-    const Plan pl = choose_plan(int(mina), int(maxa), int(minb), int(maxb), FP4);
-    const bool f16 = pl.path == kF16;
-    uint32_t nan_b = 0;
-    for (int ks = 0; ks < ksteps; ++ks) {
-      const uint32_t wa = wa0, wb = wb0;
-      wa0 = wa1;
-      wb0 = wb1;
-      ahead(wa1, wb1);  // two stages ahead
-      sm90::mbar_wait(&m.empty[s], ph ^ 1);
-      uint8_t* st = m.ring + s * kStage;
-      if (pt == 0) {
-        sm90::mbar_arrive_expect_tx(&m.full[s], uint32_t(FP4 ? (kBM + BN) * 64 : (kBM + BN) * 128));
-        const int kc = FP4 ? ks * (kKStep / 2) : ks * kKStep;
-        sm90::tma_load_2d(st + kOffA, &p.tm_a, &m.full[s], kc, m0);
-        sm90::tma_load_2d(st + kOffB, &p.tm_b, &m.full[s], kc, n0);
-      }
-      if (pl.path != kScalar) {
-        uint32_t* mul = reinterpret_cast<uint32_t*>(st + kOffMul);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          mul[j * kRows + pt] = multiplier((wa >> (8 * j)) & 0xFFu, pl.ta, ina && ks * 4 + j < kbs, f16);
-      } else {
-        float* fs = reinterpret_cast<float*>(st + kOffScale);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const bool kin = ks * 4 + j < kbs;
-          fs[j * kRows + pt] = ina && kin ? fly::mxe::e8m0_to_float(uint8_t(wa >> (8 * j))) : 0.0f;
-          fs[j * kRows + kBM + pt] = inb && kin ? fly::mxe::e8m0_to_float(uint8_t(wb >> (8 * j))) : 0.0f;
-        }
-      }
-      if (pt == 0) {
-        int* flag = reinterpret_cast<int*>(st + kOffFlag);
-        flag[0] = pl.path;
-        flag[1] = -(pl.ta + pl.tb);  // the epilogue's rescale exponent
-      }
-      sm90::mbar_arrive(&m.full[s]);
-      if (pl.path != kScalar) {
-        uint32_t mb[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) mb[j] = multiplier((wb >> (8 * j)) & 0xFFu, pl.tb, inb && ks * 4 + j < kbs, f16);
-        sm90::mbar_wait(&m.wempty[wi], wph ^ 1);  // the wgmma that read this widened tile retired
-        sm90::mbar_wait(&m.full[s], ph);          // the stage's bytes landed
-        const uint32_t wt = wt_a + uint32_t(wi * kWBuf), sa = ring_a + uint32_t(s * kStage);
-        if (f16) widen_b_row<FP4, true>(sa, wt, pt, mb);
-        else nan_b |= widen_b_row<FP4, false>(sa, wt, pt, mb);
-        if (!f16 && ks == ksteps - 1) m.colnan[(it % kColNanTiles) * BN + pt] = (nan_b & kNanBits) != 0u ? 1u : 0u;
-        sm90::fence_proxy_async_smem();  // the widened tile is read by wgmma (async proxy)
-        sm90::mbar_arrive(&m.wfull[wi]);
-        if (++wi == kWBufs) {
-          wi = 0;
-          wph ^= 1;
-        }
-      }
-      sm90::mbar_arrive(&m.empty[s]);  // this thread's read of B is done (none on the scalar path)
-      if (++s == kStages) {
-        s = 0;
-        ph ^= 1;
-      }
-    }
-    if (pl.path == kScalar) {
-      sm90::mbar_wait(m.sdone, sph);  // the consumers' accumulators leave the widened tiles
-      sph ^= 1;
     }
   }
 }
@@ -544,16 +355,11 @@ __device__ __forceinline__ void produce(const Params& p, const Smem& m) {
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
-  Smem m;
-  m.ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  m.wtiles = m.ring + kStages * kStage;
-  m.full = reinterpret_cast<uint64_t*>(m.wtiles + kWBufs * kWBuf);
-  m.empty = m.full + kStages;
-  m.wfull = m.empty + kStages;
-  m.wempty = m.wfull + kWBufs;
-  m.sdone = m.wempty + kWBufs;
-  m.scratch = reinterpret_cast<uint32_t*>(m.sdone + 1);
-  m.colnan = m.scratch + 2 * 16;
+  uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* wtiles = ring + kStages * kStage;
+  uint64_t* full = reinterpret_cast<uint64_t*>(wtiles + kWBufs * kWBuf);
+  uint64_t* empty = full + kStages;
+  uint32_t* scratch = reinterpret_cast<uint32_t*>(empty + kStages);  // [2][4 warps][4], then colnan
 
   const int wg = threadIdx.x / 128;
   const bool fp4 = p.fp4 != 0;
@@ -561,25 +367,162 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
     sm90::tma_prefetch_desc(&p.tm_a);
     sm90::tma_prefetch_desc(&p.tm_b);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(&m.full[s], 129);   // 128 producer threads + the TMA thread's expect_tx arrival
-      sm90::mbar_init(&m.empty[s], 384);  // 256 consumers (A read) + 128 producers (B read)
+      sm90::mbar_init(&full[s], 129);  // 128 producer threads + the TMA thread's expect_tx arrival
+      sm90::mbar_init(&empty[s], 256);
     }
-    for (int w = 0; w < kWBufs; ++w) {
-      sm90::mbar_init(&m.wfull[w], 128);
-      sm90::mbar_init(&m.wempty[w], 256);
-    }
-    sm90::mbar_init(m.sdone, 256);
     sm90::fence_barrier_init();
   }
   __syncthreads();
 
+  const int total = p.tiles_m * p.tiles_n;
+  const int kbs = p.K / 32;
+  const int ksteps = (p.K + kKStep - 1) / kKStep;
+
   if (wg == 0) {
-    sm90::setmaxnreg_dec<kWProducerRegs>();
-    if (fp4) produce<true>(p, m);
-    else produce<false>(p, m);
+    // ---------------- producer warpgroup ----------------
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    const int pt = threadIdx.x, warp = pt / 32;
+    const uintptr_t al = reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) | uintptr_t(kbs);
+    const bool words = (al & 3u) == 0, quads = (al & 15u) == 0;
+    // This thread's A row (pt) and B row (pt) of tile u: their scale rows, or null past M / N.
+    auto rows_of = [&](int u, const uint8_t*& ra, const uint8_t*& rb) {
+      ra = rb = nullptr;
+      if (u >= total) return;
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
+      const int64_t ga = int64_t(tl.tm) * kBM + pt, gb = int64_t(tl.tn) * BN + pt;
+      if (ga < p.M) ra = p.sa + ga * kbs;
+      if (gb < p.N) rb = p.sb + gb * kbs;
+    };
+    // Scale bytes of stage kk from a row (byte j = block 4 kk + j; 0 past K or for a null row).
+    auto word = [&](const uint8_t* r, int kk) -> uint32_t {
+      if (!r) return 0u;
+      if (words) return *reinterpret_cast<const uint32_t*>(r + kk * 4);
+      uint32_t w = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (kk * 4 + j < kbs) w |= uint32_t(r[kk * 4 + j]) << (8 * j);
+      return w;
+    };
+    // min / max of a row's scale bytes other than 0xFF over all of K (min 255 > max 0: none)
+    auto scan = [&](const uint8_t* row, uint32_t& mn, uint32_t& mx) {
+      if (!row) return;
+      auto take = [&](uint32_t e) {
+        if (e != 0xFFu) {
+          mn = e < mn ? e : mn;
+          mx = e > mx ? e : mx;
+        }
+      };
+      if (quads) {
+#pragma unroll 4
+        for (int kb = 0; kb < kbs; kb += 16) {
+          const uint4 v = *reinterpret_cast<const uint4*>(row + kb);
+          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int q = 0; q < 16; ++q) take((w[q / 4] >> (8 * (q % 4))) & 0xFFu);
+        }
+      } else {
+#pragma unroll 8
+        for (int kb = 0; kb < kbs; ++kb) take(row[kb]);
+      }
+    };
+    // The look-ahead: the scale words of the stage two ahead (unit u1, stage k1, rows ra1 / rb1).
+    int u1 = blockIdx.x, k1 = 0;
+    const uint8_t *ra1, *rb1;
+    rows_of(u1, ra1, rb1);
+    auto ahead = [&](uint32_t& wa, uint32_t& wb) {
+      wa = u1 < total ? word(ra1, k1) : 0u;
+      wb = u1 < total ? word(rb1, k1) : 0u;
+      if (++k1 == ksteps) {
+        k1 = 0;
+        u1 += gridDim.x;
+        rows_of(u1, ra1, rb1);
+      }
+    };
+    uint32_t wa0, wb0, wa1, wb1;
+    ahead(wa0, wb0);
+    ahead(wa1, wb1);
+    int s = 0, it = 0;
+    uint32_t ph = 0;
+    for (int u = blockIdx.x; u < total; u += gridDim.x, ++it) {
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
+      const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
+      const bool ina = m0 + pt < p.M, inb = n0 + pt < p.N;
+      // The tile's plan (mx_widen.h choose_plan): path and shifts from the min / max over the
+      // producer warpgroup of every scale of the tile's rows and columns.
+      uint32_t mina = 255, maxa = 0, minb = 255, maxb = 0;
+      {
+        const uint8_t *ra, *rb;
+        rows_of(u, ra, rb);
+        scan(ra, mina, maxa);
+        scan(rb, minb, maxb);
+      }
+      mina = __reduce_min_sync(0xFFFFFFFFu, mina);
+      maxa = __reduce_max_sync(0xFFFFFFFFu, maxa);
+      minb = __reduce_min_sync(0xFFFFFFFFu, minb);
+      maxb = __reduce_max_sync(0xFFFFFFFFu, maxb);
+      uint32_t* sc = scratch + (it & 1) * 16;
+      if ((pt & 31) == 0) {
+        sc[warp * 4 + 0] = mina;
+        sc[warp * 4 + 1] = maxa;
+        sc[warp * 4 + 2] = minb;
+        sc[warp * 4 + 3] = maxb;
+      }
+      bar_sync(1, 128);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        mina = sc[w * 4 + 0] < mina ? sc[w * 4 + 0] : mina;
+        maxa = sc[w * 4 + 1] > maxa ? sc[w * 4 + 1] : maxa;
+        minb = sc[w * 4 + 2] < minb ? sc[w * 4 + 2] : minb;
+        maxb = sc[w * 4 + 3] > maxb ? sc[w * 4 + 3] : maxb;
+      }
+      const Plan pl = choose_plan(int(mina), int(maxa), int(minb), int(maxb), fp4);
+      const bool f16 = pl.path == kF16;
+      for (int ks = 0; ks < ksteps; ++ks) {
+        const uint32_t wa = wa0, wb = wb0;
+        wa0 = wa1;
+        wb0 = wb1;
+        ahead(wa1, wb1);  // two stages ahead
+        sm90::mbar_wait(&empty[s], ph ^ 1);
+        uint8_t* st = ring + s * kStage;
+        if (pt == 0) {
+          sm90::mbar_arrive_expect_tx(&full[s], uint32_t(fp4 ? (kBM + BN) * 64 : (kBM + BN) * 128));
+          const int kc = fp4 ? ks * (kKStep / 2) : ks * kKStep;
+          sm90::tma_load_2d(st + kOffA, &p.tm_a, &full[s], kc, m0);
+          sm90::tma_load_2d(st + kOffB, &p.tm_b, &full[s], kc, n0);
+        }
+        if (pl.path != kScalar) {
+          uint32_t* mul = reinterpret_cast<uint32_t*>(st + kOffMul);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const bool kin = ks * 4 + j < kbs;
+            mul[j * kRows + pt] = multiplier((wa >> (8 * j)) & 0xFFu, pl.ta, ina && kin, f16);
+            mul[j * kRows + kBM + pt] = multiplier((wb >> (8 * j)) & 0xFFu, pl.tb, inb && kin, f16);
+          }
+        } else {
+          float* fs = reinterpret_cast<float*>(st + kOffScale);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const bool kin = ks * 4 + j < kbs;
+            fs[j * kRows + pt] = ina && kin ? fly::mxe::e8m0_to_float(uint8_t(wa >> (8 * j))) : 0.0f;
+            fs[j * kRows + kBM + pt] = inb && kin ? fly::mxe::e8m0_to_float(uint8_t(wb >> (8 * j))) : 0.0f;
+          }
+        }
+        if (pt == 0) {
+          int* flag = reinterpret_cast<int*>(st + kOffFlag);
+          flag[0] = pl.path;
+          flag[1] = -(pl.ta + pl.tb);  // the epilogue's rescale exponent
+        }
+        sm90::mbar_arrive(&full[s]);
+        if (++s == kStages) {
+          s = 0;
+          ph ^= 1;
+        }
+      }
+    }
   } else {
-    sm90::setmaxnreg_inc<kWConsumerRegs>();
-    if (fp4) consume<true>(p, m);
-    else consume<false>(p, m);
+    // ---------------- consumer warpgroups ----------------
+    sm90::setmaxnreg_inc<kConsumerRegs>();
+    if (fp4) consume<true>(p, ring, wtiles, full, empty, scratch + 2 * 16);
+    else consume<false>(p, ring, wtiles, full, empty, scratch + 2 * 16);
   }
 }
