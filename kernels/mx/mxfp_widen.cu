@@ -78,6 +78,16 @@ template <bool F16> __device__ __forceinline__ void widen4(uint32_t x, uint32_t 
   }
 }
 
+// Pins a register-A fragment set: its values must stay in their registers up to this point (a
+// wgmma reads A registers asynchronously until its wait_group, which the compiler cannot see).
+__device__ __forceinline__ void hold(uint32_t (&a)[2][4][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int s4 = 0; s4 < 4; ++s4)
+      asm volatile("" ::"r"(a[h][s4][0]), "r"(a[h][s4][1]), "r"(a[h][s4][2]), "r"(a[h][s4][3]) : "memory");
+}
+
 // acc * 2^s for the epilogue's rescale (|s| <= 3 * 126: three exact power-of-two steps, each
 // intermediate between acc and the result).
 __device__ __forceinline__ float rescale(float v, int s) {
@@ -226,6 +236,9 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<1>();  // wgmma i - 1 retired: its A registers are free, B tile i - 3 too
+    // Keep the other set's registers live up to here: wgmma i - 1 read them asynchronously until
+    // the wait above, so the allocator must not hand them to this stage's temporaries before.
+    hold(P == 0 ? areg1 : areg0);
     c.next_stage();
     if (++c.wi == kWBufs) c.wi = 0;
   };
@@ -238,6 +251,8 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
   sm90::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < ACC; ++i) sm90::reg_fence(acc[i]);
+  hold(areg0);
+  hold(areg1);
   bool rn0 = false, rn1 = false;
   if (!F16) {
     // E4M3 NaN elements (BF16 path): a widened word with low mantissa bits set (mx_widen.h
