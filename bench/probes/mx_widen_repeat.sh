@@ -6,15 +6,18 @@ set -uo pipefail
 out=${OUT:-./out-mxrep}; mkdir -p "$out"; n=${1:-8}; b=build-mxwiden
 t0=$(date +%s)
 bash tools/device_run.sh "$b" -DFLY_FAMILIES="mx_quantize;mxfp" -DFLY_ALL_VARIANTS=ON \
-  -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n(32|64|128)_f[01](_p[12])?(_s4)?|mxfp_widen_n128)$" >/dev/null 2>&1
+  -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n128_f0_p2|mxfp_widen_n128.*)$" >/dev/null 2>&1
 ninja -C "$b" -j16 flykernels fly_gpu_tests fly_gpu_subset flybench >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
-pass=0; fail=0
-for i in $(seq 1 "$n"); do
-  if FLY_TEST_VARIANTS='^mxfp_widen' timeout 60 "./$b/test/fly_gpu_tests" "[mx][gemm]" >"$out/run$i.log" 2>&1; then pass=$((pass+1)); rm -f "$out/run$i.log"
-  else fail=$((fail+1)); fi
+for v in '^mxfp_widen_n128$' '^mxfp_widen_n128_w1$'; do
+  pass=0; fail=0
+  for i in $(seq 1 "$n"); do
+    if FLY_TEST_VARIANTS="$v" timeout 60 "./$b/test/fly_gpu_tests" "[mx][gemm]" >"$out/run.log" 2>&1; then pass=$((pass+1))
+    else fail=$((fail+1)); cp "$out/run.log" "$out/fail-$fail.log"; fi
+  done
+  echo "[mx][gemm] $v forced x$n: $pass passed, $fail failed" | tee -a "$out/summary.txt"
 done
-echo "[mx][gemm] widen forced x$n: $pass passed, $fail failed" | tee -a "$out/summary.txt"
+rm -f "$out/run.log"
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for tool in memcheck racecheck synccheck; do
   timeout 60 "$cs" --tool $tool --error-exitcode 1 "./$b/test/fly_gpu_subset" topk --only mxfp_widen_n128 >"$out/$tool.log" 2>&1
