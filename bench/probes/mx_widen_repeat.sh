@@ -9,7 +9,7 @@ bash tools/device_run.sh "$b" -DFLY_FAMILIES="mx_quantize;mxfp" -DFLY_ALL_VARIAN
   -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n128_f0_p2|mxfp_widen_n128.*)$" >/dev/null 2>&1
 ninja -C "$b" -j16 flykernels fly_gpu_tests fly_gpu_subset flybench >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
-for v in '^mxfp_widen_n128$' '^mxfp_widen_n128_w1$'; do
+for v in '^mxfp_widen_n128$'; do
   pass=0; fail=0
   for i in $(seq 1 "$n"); do
     if FLY_TEST_VARIANTS="$v" timeout 60 "./$b/test/fly_gpu_tests" "[mx][gemm]" >"$out/run.log" 2>&1; then pass=$((pass+1))
