@@ -224,9 +224,14 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
         }
       }
     }
-    sm90::mbar_arrive(&empty[c.s]);  // this thread's reads of the FP8 stage are done
     sm90::fence_proxy_async_smem();  // the widened B tile is read by wgmma (async proxy)
     bar_sync(2, 256);                // both halves of B widened (and wgmma i - 3 retired in both)
+    // The FP8 stage is released only now: an arrive placed after the A widening in the source was
+    // hoisted by ptxas right behind the loads' issue (it has no data dependence on them), so the
+    // producer's TMA (the async proxy) could overwrite the stage while those loads were still in
+    // flight: the intermittent mismatch of the overlapped form. ptxas keeps it behind the barrier,
+    // and every widened value is computed before the barrier.
+    sm90::mbar_arrive(&empty[c.s]);
     sm90::wgmma_fence();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -317,6 +322,7 @@ __device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint
         sacc[i * 256] = fmaf(dot, fs[j * kRows + row] * fs[j * kRows + kBM + col], sacc[i * 256]);
       }
     }
+    bar_sync(2, 256);  // keeps the arrive behind this stage's loads (see tile_mma)
     sm90::mbar_arrive(&empty[s]);
     if (++s == kStages) {
       s = 0;
