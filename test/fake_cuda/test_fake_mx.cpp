@@ -12,6 +12,7 @@
 #include "flykernels/flykernels.h"
 #include "mx/mx_params.h"
 #include "mx/mx_wgmma_params.h"
+#include "mx/mx_widen.h"
 #include "test_tensors.hpp"
 
 namespace {
@@ -236,6 +237,44 @@ TEST_CASE("scaled_gemm: the wgmma variants' launch, maps and parameters", "[fake
       }
   }
   if (!seen) WARN("no mxfp_wgmma variant in this build");
+}
+
+// The BF16-widening variant (kernels/mx/mxfp_widen.cu), forced: its own kernel and shared-memory
+// plan, the wgmma design's parameters and TMA maps (B boxes of 128 rows), one CTA per tile up to
+// the SMs, no split launch and no workspace use.
+TEST_CASE("scaled_gemm: the widening variant's launch, maps and parameters", "[fake][mx]") {
+  const char* name = "mxfp_widen_n128";
+  if (!fly::find_variant(name)) {
+    WARN("no " << name << " in this build");
+    return;
+  }
+  void* s = fake_cuda_stream_create(0);
+  struct Shape { int64_t M, N, K; };
+  for (Shape sh : {Shape{1, 4096, 4096}, Shape{200, 320, 4096}, Shape{1030, 2570, 1056}})
+    for (int fp4 = 0; fp4 < 2; ++fp4) {
+      MxOperands o(sh.M, sh.N, sh.K, fp4 != 0, FLY_F16);
+      REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+      const fly_status st = o.run(s, false);
+      fly_force_variant(nullptr);
+      INFO(name << " M " << o.M << " N " << o.N << " K " << o.K << " fp4 " << fp4 << " " << fly_get_last_error() << " "
+                << fake_cuda_last_refusal());
+      REQUIRE(st == FLY_SUCCESS);
+      REQUIRE(fake_cuda_launch_count() == 1);
+      const fake_cuda_launch* L = mx_last_launch();
+      CHECK(std::string(L->kernel) == "mxfp_widen");
+      CHECK(L->block[0] == unsigned(fly::mxw::kThreads));
+      CHECK(L->smem == unsigned(fly::mxw::widen::smem_bytes()));
+      const int64_t tiles = ((o.M + 127) / 128) * ((o.N + 127) / 128);
+      CHECK(L->grid[0] == unsigned(std::min<int64_t>(tiles, 132)));
+      const auto p = mx_params_of<fly::mxw::Params>(L);
+      o.check_common(p);
+      CHECK(p.fp4 == fp4);
+      CHECK(p.out_bf16 == 0);
+      const fake_cuda_tensor_map* mb = fake_cuda_get_tensor_map(fake_cuda_tensor_map_index(&p.tm_b));
+      REQUIRE(mb != nullptr);
+      CHECK(mb->box[1] == unsigned(fly::mxw::widen::kBN));
+      CHECK(mb->box[0] == (fp4 ? 64u : 128u));
+    }
 }
 
 // Split-K variants (FLY_ALL_VARIANTS builds): the workspace query's formula, the split launch
