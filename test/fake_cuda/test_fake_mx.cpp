@@ -254,7 +254,7 @@ TEST_CASE("scaled_gemm: the widening variant's launch, maps and parameters", "[f
     for (int fp4 = 0; fp4 < 2; ++fp4) {
       MxOperands o(sh.M, sh.N, sh.K, fp4 != 0, FLY_F16);
       REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
-      const fly_status st = o.run(s, false);
+      const fly_status st = o.run(s, true);
       fly_force_variant(nullptr);
       INFO(name << " M " << o.M << " N " << o.N << " K " << o.K << " fp4 " << fp4 << " " << fly_get_last_error() << " "
                 << fake_cuda_last_refusal());
