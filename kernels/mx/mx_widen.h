@@ -1,7 +1,8 @@
-// The BF16-widening MX GEMM (kernels/mx/mxfp_widen.cu, docs/mxfp.md "BF16-widening design"): its
+// The widening MX GEMM (kernels/mx/mxfp_widen.cu, docs/mxfp.md "BF16-widening design"): its
 // shared-memory plan, the k permutation that lets one 16-byte load feed a thread's A fragment, the
-// exact E4M3 -> BF16 widening with the block scale, and the per-stage exponent shift that keeps
-// every widened value a normal BF16. Host and device, plain integer arithmetic (test/cpu checks it).
+// per-tile plan (FP16 / BF16 path, per-operand exponent shifts that keep every widened value a
+// normal number), the multipliers and the exact FP16 -> BF16 re-bias. Host and device, plain
+// integer arithmetic (test/cpu/test_mx_widen.cpp checks it).
 #pragma once
 #include <stdint.h>
 
@@ -15,7 +16,7 @@ constexpr int kWBufs = 3;       // widened B tiles in flight (written at stage i
 
 // One ring stage: the FP8 tiles [rows][128 B] (128B-swizzled, as TMA lands them) or MXFP4's packed
 // tiles [rows][64 B] (unswizzled) at the same offsets; the decoded scales (float [4][kRows], for the
-// rare exact fallback); the widening multipliers (bf16x2 words [4][kRows]); the stage's flag.
+// rare exact fallback); the widening multipliers (16-bit pairs [4][kRows]); the tile's path and rescale.
 constexpr int kOffA = 0;
 constexpr int kOffB = kBM * 128;
 constexpr int kOffScale = kOffB + kBN * 128;

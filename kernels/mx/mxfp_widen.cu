@@ -1,33 +1,33 @@
-// MX block-scaled GEMM on BF16 wgmma, the BF16-widening design (MXFP8 / MXFP4, NT; docs/mxfp.md
+// MX block-scaled GEMM on 16-bit wgmma, the widening design (MXFP8 / MXFP4, NT; docs/mxfp.md
 // "BF16-widening design"):
 //   C[M,N] = sum over k32 blocks kb of sa[m,kb] * sb[n,kb] * (A[m, 32kb..+32] . B[n, 32kb..+32]) (+ bias[n])
-// Each element is widened to BF16 with its block's scale folded in, q * 2^E exactly (E4M3 and E2M1
-// values times a power of two are BF16 values while the exponent stays in range), so the tensor
-// core accumulates the scaled products in FP32 and no per-k32 promotion is needed: the FP32 work
-// per k step is O(rows + columns) of widening instead of O(rows x columns) of promotion.
+// Each element is widened to FP16 or BF16 with its block's scale folded in, q * 2^E exactly (E4M3
+// and E2M1 values times a power of two are FP16 / BF16 values while the exponent stays in range),
+// so the tensor core accumulates the scaled products in FP32 and no per-k32 promotion is needed: the
+// FP32 work per k step is O(rows + columns) of widening instead of O(rows x columns) of promotion.
 //
-// Persistent, warp-specialized, CTA tile 128 x 128, ring of kStages stages of 128 k elements:
-// - producer warpgroup: one thread TMA-loads the stage's A and B tiles as they are stored (MXFP8:
-//   128B-swizzled E4M3; MXFP4: packed bytes); all 128 threads read the stage's E8M0 scales (two
-//   stages ahead, in registers), store them decoded (for the fallback) and choose the stage's
-//   exponent shift t (mx_widen.h choose_shift: A's exponents + t, B's - t, so every widened value
-//   is a normal BF16; a min/max over the producer warpgroup); then store the widening multipliers
-//   2^(E + 112) as bf16x2 and the stage's flag.
+// Persistent, warp-specialized, CTA tile 128 x 128, a ring of kStages stages of 128 k elements:
+// - producer warpgroup: per tile, every scale of the tile's rows and columns (a min / max over the
+//   warpgroup) picks the tile's plan (mx_widen.h choose_plan): the FP16 path when each operand's
+//   exponents fit FP16's window, else BF16, else the CUDA-core fallback, with independent exponent
+//   shifts for A and B that the epilogue undoes. Per stage one thread TMA-loads A and B as stored
+//   (MXFP8: 128B-swizzled E4M3; MXFP4: packed bytes); all 128 threads store the multipliers
+//   (16-bit pairs, scale words read two stages ahead) or, for the fallback, the decoded scales, and
+//   the tile's path / rescale.
 // - consumer warpgroups (64 rows each): per stage each thread widens its A fragment straight into
 //   registers (one 16-byte load per row and k64: the k order inside each k64 group is permuted so
 //   that 16 consecutive bytes are exactly one thread's fragment slots, mx_widen.h slot_of_logical)
-//   and one row x k64 of B into a BF16 tile in shared memory, written in the same permuted order
-//   (128B-swizzled, the wgmma B operand; three such tiles rotate). The FP8 stage is released, the
-//   two warpgroups meet at a named barrier (B complete), and 8 wgmma m64n128k16 (A from registers)
-//   accumulate; the next stage is widened while they run (wait_group 1; A registers alternate by
-//   stage parity).
-// - a stage whose scales no shift fits (exponents more than ~130 binades apart, e.g. 0x00 beside
-//   0xFE with nonzero elements) widens to zeros and adds its exact contribution with FP32 CUDA-core
-//   dot products per k32 block (acc += dot * (sa * sb), as the FP8 design promotes). Real data
-//   never gets there (zero blocks' 0x00 scales fit by the shift); the tests do.
-// - E4M3 NaN elements: the widening maps them to finite values whose low mantissa bits are set
+//   and one row x k64 of B into a 16-bit tile in shared memory, written in the same permuted order
+//   (128B-swizzled, the wgmma B operand; three such tiles rotate). A proxy fence, a named barrier
+//   between the two warpgroups (B complete), the FP8 stage's release (after the barrier: see
+//   tile_mma), 8 wgmma m64n128k16 with A from registers. The shipped form retires each stage's
+//   wgmma before the next is widened; `_ov1` (FLY_OVERLAP) keeps one in flight.
+// - the fallback (an operand whose exponents span more than BF16 holds, e.g. 0x00 beside 0xFE with
+//   nonzero elements; real data does not get there, the tests do): FP32 dot products per k32 block
+//   on the CUDA cores, acc += dot * (sa * sb), as the FP8 design promotes.
+// - E4M3 NaN elements: the BF16 re-bias maps them to finite values whose low mantissa bits are set
 //   (every other widened value has them clear), so the rows / columns that met one are tracked and
-//   their outputs set to NaN in the epilogue. A NaN scale (0xFF) widens to NaN itself.
+//   their outputs set to NaN in the epilogue; the FP16 path keeps the NaN. A NaN scale widens to NaN.
 // - epilogue from the accumulators (mx_store.cuh), the next tile's stages already loading.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -78,8 +78,10 @@ template <bool F16> __device__ __forceinline__ void widen4(uint32_t x, uint32_t 
   }
 }
 
-// Pins a register-A fragment set: its values must stay in their registers up to this point (a
-// wgmma reads A registers asynchronously until its wait_group, which the compiler cannot see).
+// Keeps a register-A fragment set live in the front end's view up to this point (a wgmma reads its
+// A registers until the wait_group that retires it). Defensive: ptxas tracks wgmma operands itself,
+// and the 2026-12-06 mismatch turned out to be the stage release (tile_mma); kept because the GPU
+// runs of that day had it.
 __device__ __forceinline__ void hold(uint32_t (&a)[2][4][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h)
