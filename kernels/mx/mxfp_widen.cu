@@ -169,8 +169,9 @@ struct Cons {
 };
 
 // One tile on the tensor core (path kF16 or kBf16): per stage widen B (this thread's row x k64)
-// into the rotating BF16/FP16 tile and A into register fragments, release the FP8 stage, meet the
-// other warpgroup, issue 8 wgmma; the next stage is widened while they run. Then the epilogue.
+// into the rotating BF16/FP16 tile and A into register fragments, meet the other warpgroup, release
+// the FP8 stage, issue 8 wgmma (retired before the next stage; `_ov1`: while it is widened). Then
+// the epilogue.
 template <bool FP4, bool F16>
 __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring, uint64_t* full, uint64_t* empty,
                                          uint32_t* colnan, int ksteps, int resc, int64_t row0, int64_t col0) {
@@ -231,8 +232,8 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
     // The FP8 stage is released only now: an arrive placed after the A widening in the source was
     // hoisted by ptxas right behind the loads' issue (it has no data dependence on them), so the
     // producer's TMA (the async proxy) could overwrite the stage while those loads were still in
-    // flight: the intermittent mismatch of the overlapped form. ptxas keeps it behind the barrier,
-    // and every widened value is computed before the barrier.
+    // flight: the intermittent mismatch of the overlapped form. Here the proxy fence (a MEMBAR)
+    // orders every load of the stage before the release (bench/probes/sass_arrive_check.py).
     sm90::mbar_arrive(&empty[c.s]);
     sm90::wgmma_fence();
 #pragma unroll
@@ -244,8 +245,8 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
     sm90::wgmma_commit();
 #if defined(FLY_OVERLAP) && FLY_OVERLAP
     // probe variant `_ov1`: wgmma i left in flight while stage i + 1 is widened (wgmma i - 1 retired:
-    // its A registers are free, B tile i - 3 too). Intermittently wrong on the H100 (2 of 6 runs of
-    // the GPU tests, the 32-stage BF16-path case; never with the wait below): not shipped.
+    // its A registers are free, B tile i - 3 too). Before the release fix above it was intermittently
+    // wrong on the H100 (2 of 6 runs of the GPU tests); not re-run since (bench/probes/mx_widen_repeat.sh).
     sm90::wgmma_wait<1>();
 #else
     sm90::wgmma_wait<0>();  // this stage's wgmma retired before the next stage is widened
