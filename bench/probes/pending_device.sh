@@ -19,6 +19,12 @@
 #   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family
 #   bash bench/probes/pending_device.sh mxprof   # ncu of the MX decode shape (M 32, N = K = 4096), split and unsplit
 #   bash bench/probes/pending_device.sh bench    # TopK long rows after the DB change, compiled GEMM from suite shape 5
+# First in the next session (2026-12-06, second session: issue 26's widening design after the
+# stage-release fix, which has not run on a GPU; docs/mxfp.md "The hazard"):
+#   OUT=... bash bench/probes/mx_widen_repeat.sh 8   # mxfp_widen_n128 and _ov1: tests x8, sanitizers, timings
+# then, if both pass every repeat, the faster form in the rows it wins (git show 49a9e8c has the row
+# update: re-time with bash bench/probes/mx_widen_device.sh) and `tests` below (the default build
+# now bundles mxfp_widen_n128, so ctest forces it).
 # Logs under $OUT (at most 8 files come back: the stages tar their logs).
 set -uo pipefail
 stage=${1:-tests}
