@@ -33,8 +33,11 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common/convert.cuh"
 #include "common/sm90.h"
+#include "common/vec.cuh"  // fly::named_barrier
 #include "common/wgmma_ops.h"
 #include "mx/mx_encode.h"
 #include "mx/mx_store.cuh"
@@ -51,13 +54,7 @@ namespace sm90 = fly::sm90;
 constexpr int BN = kBN;
 constexpr int ACC = BN / 2;
 
-template <int P> struct Par {
-  static constexpr int value = P;
-};
-
-__device__ __forceinline__ void bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
+template <int P> using Par = std::integral_constant<int, P>;  // a stage body's register set
 
 // Four E4M3 bytes -> two 16-bit pairs (bytes 0,1 -> lo; 2,3 -> hi), each q * 2^E' exactly (E'
 // inside the path's window, mx_widen.h). FP16: the cvt and one FP16 multiply by mul = 2^E'. BF16:
@@ -228,7 +225,7 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
       }
     }
     sm90::fence_proxy_async_smem();  // the widened B tile is read by wgmma (async proxy)
-    bar_sync(2, 256);                // both halves of B widened (and wgmma i - 3 retired in both)
+    fly::named_barrier(2, 256);                // both halves of B widened (and wgmma i - 3 retired in both)
     // The FP8 stage is released only now: an arrive placed after the A widening in the source was
     // hoisted by ptxas right behind the loads' issue (it has no data dependence on them), so the
     // producer's TMA (the async proxy) could overwrite the stage while those loads were still in
@@ -279,7 +276,7 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
     rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 1) || rn1;
     rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 2) || rn1;
     colnan[c.bh * BN + c.bn_row] = (nan_b & kNanBits) != 0u ? 1u : 0u;
-    bar_sync(2, 256);
+    fly::named_barrier(2, 256);
   }
   const int ct = c.ct;
   auto fix = [&](int i, float v) {
@@ -291,7 +288,7 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
   };
   if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, acc, fix);
   else store_acc_tile<BN, __half>(p, row0, col0, ct, acc, fix);
-  if (!F16) bar_sync(2, 256);  // colnan read by both warpgroups before the next tile writes it
+  if (!F16) fly::named_barrier(2, 256);  // colnan read by both warpgroups before the next tile writes it
 }
 
 // Exact fallback for a tile whose scales no path holds: FP32 dot products per k32 block on the
@@ -305,7 +302,7 @@ __device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint
                                             int s, uint32_t ph) {
   const int kbs = p.K / 32;
   float* sacc = reinterpret_cast<float*>(wtiles) + (threadIdx.x - 128);
-  bar_sync(2, 256);  // the other warpgroup's last wgmma (reading these tiles) has retired
+  fly::named_barrier(2, 256);  // the other warpgroup's last wgmma (reading these tiles) has retired
 #pragma unroll 1
   for (int i = 0; i < ACC; ++i) sacc[i * 256] = 0.0f;
 #pragma unroll 1
@@ -325,7 +322,7 @@ __device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint
         sacc[i * 256] = fmaf(dot, fs[j * kRows + row] * fs[j * kRows + kBM + col], sacc[i * 256]);
       }
     }
-    bar_sync(2, 256);  // keeps the arrive behind this stage's loads (see tile_mma)
+    fly::named_barrier(2, 256);  // keeps the arrive behind this stage's loads (see tile_mma)
     sm90::mbar_arrive(&empty[s]);
     if (++s == kStages) {
       s = 0;
@@ -337,7 +334,7 @@ __device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint
   for (int i = 0; i < ACC; ++i) v[i] = sacc[i * 256];
   if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, v);
   else store_acc_tile<BN, __half>(p, row0, col0, ct, v);
-  bar_sync(2, 256);  // both warpgroups' accumulators read before the next tile widens into these tiles
+  fly::named_barrier(2, 256);  // both warpgroups' accumulators read before the next tile widens into these tiles
   return make_int2(s, int(ph));
 }
 
@@ -498,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
         sc[warp * 4 + 2] = minb;
         sc[warp * 4 + 3] = maxb;
       }
-      bar_sync(1, 128);
+      fly::named_barrier(1, 128);
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         mina = sc[w * 4 + 0] < mina ? sc[w * 4 + 0] : mina;
