@@ -20,10 +20,10 @@ for v in '^mxfp_widen_n128$' '^mxfp_widen_n128_ov1$'; do
 done
 rm -f "$out/run.log"
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-for tool in memcheck racecheck synccheck; do
-  timeout 60 "$cs" --tool $tool --error-exitcode 1 "./$b/test/fly_gpu_subset" topk --only mxfp_widen_n128 >"$out/$tool.log" 2>&1
-  echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | head -1)" | tee -a "$out/summary.txt"; rm -f "$out/$tool.log"
-done
+for v in mxfp_widen_n128 mxfp_widen_n128_ov1; do for tool in memcheck racecheck synccheck; do
+  timeout 60 "$cs" --tool $tool --error-exitcode 1 "./$b/test/fly_gpu_subset" --only $v >"$out/$tool.log" 2>&1
+  echo "$v $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | head -1)" | tee -a "$out/summary.txt"; rm -f "$out/$tool.log"
+done; done
 echo '{"cases": [{"M": 4096, "N": 4096, "K": 4096}, {"M": 2048, "N": 14336, "K": 4096}]}' >/tmp/two.json
 for v in mxfp_widen_n128 mxfp_widen_n128_ov1 mxfp_wgmma_n128_f0_p2; do
   timeout 60 "./$b/flybench" mxfp --suite /tmp/two.json --variant $v 2>&1 | grep -E '^mxfp' | tee -a "$out/summary.txt"
