@@ -37,7 +37,7 @@ phase() {  # phase <name> <timeout> <log> <cmd...>
 }
 
 bash tools/device_run.sh "$b" -DFLY_FAMILIES="mx_quantize;mxfp" -DFLY_ALL_VARIANTS=ON \
-  -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n(32|64|128)_f[01](_p[12])?(_s4)?|mxfp_widen_n128)$" \
+  -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n(32|64|128)_f[01](_p[12])?(_s4)?|mxfp_widen_n128(_ov0)?)$" \
   >"$out/more/cfg.log" 2>&1
 ninja -C "$b" -j16 flykernels fly_gpu_tests fly_gpu_subset flybench >"$out/more/build.log" 2>&1
 rc=$?
