@@ -95,6 +95,40 @@ FLY_MXE_HD uint8_t encode_e2m1(float x) {
   else c = 7;
   return uint8_t(sign | c);
 }
+// Branch-free E2M1 encoding for the quantizer (kernels/mx/mx_quantize.cu, the `_hw` variants),
+// the same codes as encode_e2m1. The scaled magnitude a = |x| * 2^(127 - s) is mapped to
+// a * 2^-126, where FP32's gradual underflow makes bit 22 of the representation mean 0.5 in a for
+// every a < 8 (subnormal a < 1 and normal a alike): E2M1's grid. Nearest-even at that bit is one
+// integer add, and (bits >> 22) is the code (0.5 -> 1, 1 -> 2, ..., 6 -> 7), with a clamped to 6
+// first for saturation. The code is returned at bits 28..30 and x's sign at bit 31.
+// e2m1_top16: x with at most 11 significant bits (a BF16 or FP16 source) times msub = 2^(1 - s),
+// from e2m1_sub_scale, in one rounding: exact wherever the code can be nonzero (a >= 2^-13 has
+// an ulp of at least 2^-23, the subnormal grid), and anything smaller stays below 0.25.
+// e2m1_top32: any finite x (an FP32 source) with inv = 2^(127 - s): a is exact, a * 2^-126 too for
+// a >= 1, and a < 1 takes the two comparisons of its grid (0.25 -> 0, 0.75 -> 1 by nearest-even).
+// test/cpu/test_mx_args.cpp checks both against the reference for every BF16 and FP16 value at
+// every scale byte.
+FLY_MXE_HD uint32_t e2m1_round_top(float asub, uint32_t sign) {
+  const uint32_t b = f2u(asub);
+  const uint32_t r = b + 0x1FFFFFu + ((b >> 22) & 1u);
+  return ((r << 6) & 0x70000000u) | sign;
+}
+// Pre-scale and multiplier for e2m1_top16: pre * msub = 2^(1 - s); pre = 1 unless s > 150, where
+// 2^(1 - s) is below FP32's range (x * 2^-104 is exact for every x whose code can be nonzero).
+FLY_MXE_HD void e2m1_sub_scale(uint8_t s, float& pre, float& msub) {
+  pre = s > 150 ? pow2f(-104) : 1.0f;
+  msub = pow2f(s > 150 ? 105 - int(s) : 1 - int(s));
+}
+FLY_MXE_HD uint32_t e2m1_top16(float x, float msub) {
+  const float lim = u2f(0x01C00000u);  // 6 * 2^-126
+  return e2m1_round_top(std::fmin(std::fabs(x * msub), lim), f2u(x) & 0x80000000u);
+}
+FLY_MXE_HD uint32_t e2m1_top32(float x, float inv) {
+  const float a = std::fabs(x * inv);
+  const uint32_t big = e2m1_round_top(std::fmin(a, 6.0f) * pow2f(-126), f2u(x) & 0x80000000u);
+  const uint32_t small = (uint32_t(a > 0.25f) + uint32_t(a >= 0.75f)) << 28 | (f2u(x) & 0x80000000u);
+  return a < 1.0f ? small : big;
+}
 // E4M3 byte of an E2M1 code (exact: every E2M1 value is an E4M3 value).
 FLY_MXE_HD uint8_t e2m1_to_e4m3(uint8_t n) {
   // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as E4M3 codes

@@ -8,7 +8,8 @@
 // (the same correctly rounded value as the division: x / 2^e and x * 2^-e are one real number,
 // and 2^-e is an FP32 value for every scale byte) and, on the GPU, E4M3 codes come from
 // `cvt.rn.satfinite.e4m3x2.f32` (nearest-even, saturating to +-448: the encoder's rules for the
-// finite values it gets). The host emulation runs the software encoder there.
+// finite values it gets; the host emulation runs the software encoder there) and E2M1 codes from
+// the branch-free integer rounding of mx_encode.h (e2m1_top16 / e2m1_top32, host and GPU alike).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -74,14 +75,13 @@ extern "C" __global__ void __launch_bounds__(FLY_THREADS) mx_quantize(MxQuantize
     const int64_t row = b / kb_per_row, kb = b - row * kb_per_row;
     float v[32];
     load_block(p, row, kb * 32, v);
-    float amax = 0.0f;
-    bool bad = false;  // NaN or Inf in the block
+    // amax as the largest magnitude's bits: for non-negative floats the integer order is the
+    // numeric one, and NaN / Inf are the patterns from 0x7F800000 up.
+    uint32_t umax = 0;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float a = fabsf(v[i]);
-      bad |= !(a <= 3.402823466e38f);
-      amax = fmaxf(amax, a);
-    }
+    for (int i = 0; i < 32; ++i) umax = umax > (fly::mxe::f2u(v[i]) & 0x7FFFFFFFu) ? umax : (fly::mxe::f2u(v[i]) & 0x7FFFFFFFu);
+    const bool bad = umax >= 0x7F800000u;  // NaN or Inf in the block
+    const float amax = fly::mxe::u2f(umax);
     const uint8_t s = bad ? uint8_t(0xFF)
                           : fly::mxe::scale_byte(amax, p.rceil != 0, p.fp4 ? 2 : 8, p.fp4 ? 6.0f : 448.0f);
     p.scales[b] = s;
@@ -95,11 +95,31 @@ extern "C" __global__ void __launch_bounds__(FLY_THREADS) mx_quantize(MxQuantize
 #endif
     if (p.fp4) {
       uint32_t w[4] = {0, 0, 0, 0};
+#if defined(FLY_HW_CVT) && FLY_HW_CVT
+      // branch-free encoders (mx_encode.h e2m1_top16 / e2m1_top32): code and sign at bits 28..31
+      if (s == 0xFF) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = 0x77777777u;
+      } else if (p.src != 2) {
+        float pre, msub;
+        fly::mxe::e2m1_sub_scale(s, pre, msub);
+        if (pre != 1.0f) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) v[i] *= pre;
+        }
+#pragma unroll
+        for (int i = 0; i < 32; ++i) w[i / 8] |= fly::mxe::e2m1_top16(v[i], msub) >> (28 - 4 * (i % 8));
+      } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) w[i / 8] |= fly::mxe::e2m1_top32(v[i], inv) >> (28 - 4 * (i % 8));
+      }
+#else
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const uint8_t c = s == 0xFF ? uint8_t(0x7) : fly::mxe::encode_e2m1(FLY_MXQ_SCALED(v[i]));
         w[i / 8] |= uint32_t(c) << ((i % 8) * 4);
       }
+#endif
       uint8_t* q = static_cast<uint8_t*>(p.q) + row * (p.K / 2) + kb * 16;
       if (p.vec_q) {
         *reinterpret_cast<uint4*>(q) = make_uint4(w[0], w[1], w[2], w[3]);

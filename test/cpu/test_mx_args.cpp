@@ -30,6 +30,11 @@ void* const kC = reinterpret_cast<void*>(0x500000);
 void* const kBias = reinterpret_cast<void*>(0x600000);
 
 float bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+float half_bits_to_float(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const float mag = e == 0x1F ? (m ? NAN : INFINITY) : e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(m | 0x400), e - 25);
+  return h & 0x8000 ? -mag : mag;
+}
 
 // Valid input gets past validation: NO_DEVICE without a GPU; with one, the fake pointers fail the
 // device-pointer check, which names no argument problem of shape/dtype.
@@ -83,6 +88,54 @@ TEST_CASE("mx fast encoders equal the reference quantizer bit for bit", "[mx][en
   // e8m0 decode, every byte
   for (int b = 0; b < 255; ++b) CHECK(mxe::e8m0_to_float(uint8_t(b)) == mx::decode_e8m0(uint8_t(b)));
   CHECK(std::isnan(mxe::e8m0_to_float(0xFF)));
+}
+
+TEST_CASE("branch-free E2M1 encoders equal the reference for every BF16 and FP16 value at every scale", "[mx][encode]") {
+  using namespace fly;
+  // the reference: x / 2^(s - 127) rounded to FP32, then nearest-even E2M1 with saturation
+  auto ref = [](float x, uint8_t s) { return uint32_t(mx::encode_e2m1(x / mx::decode_e8m0(s))); };
+  auto code = [](uint32_t top, int) { return top >> 28; };  // sign and code, as encode_e2m1
+  size_t bad16 = 0, bad32 = 0, n = 0;
+  for (int s = 0; s < 255; ++s) {
+    float pre, msub;
+    mxe::e2m1_sub_scale(uint8_t(s), pre, msub);
+    const float inv = mxe::e8m0_to_float(uint8_t(254 - s));
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+      const float xb = bits(h << 16);  // BF16
+      if (std::isfinite(xb)) {
+        bad16 += code(mxe::e2m1_top16(xb * pre, msub), s) != ref(xb, uint8_t(s));
+        bad32 += code(mxe::e2m1_top32(xb, inv), s) != ref(xb, uint8_t(s));
+        ++n;
+      }
+      const float xh = half_bits_to_float(uint16_t(h));  // FP16
+      if (std::isfinite(xh)) {
+        bad16 += code(mxe::e2m1_top16(xh * pre, msub), s) != ref(xh, uint8_t(s));
+        ++n;
+      }
+    }
+  }
+  // FP32 sources: E2M1 values, midpoints and their FP32 neighbours, and random patterns, scaled
+  std::mt19937 rng(126);
+  std::vector<float> mags;
+  for (float v : {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f})
+    for (float w : {v, std::nextafter(v, 0.0f), std::nextafter(v, 100.0f)}) { mags.push_back(w); mags.push_back(-w); }
+  for (int i = 0; i < 2000; ++i) mags.push_back(bits(0x3E000000u + uint32_t(rng() % 0x2000000u)) * (rng() & 1 ? 1.0f : -1.0f));
+  for (int s = 0; s < 255; ++s) {
+    const float inv = mxe::e8m0_to_float(uint8_t(254 - s));
+    for (float m : mags) {
+      const float x = std::ldexp(m, s - 127);
+      if (!std::isfinite(x)) continue;
+      bad32 += code(mxe::e2m1_top32(x, inv), s) != ref(x, uint8_t(s));
+      ++n;
+    }
+    for (int i = 0; i < 2000; ++i) {
+      const float x = bits(uint32_t(rng()));
+      if (std::isfinite(x)) { bad32 += code(mxe::e2m1_top32(x, inv), s) != ref(x, uint8_t(s)); ++n; }
+    }
+  }
+  CHECK(n > 33000000);
+  CHECK(bad16 == 0);
+  CHECK(bad32 == 0);
 }
 
 TEST_CASE("mx fast scale rule equals the reference for FLOOR and RCEIL", "[mx][encode]") {
