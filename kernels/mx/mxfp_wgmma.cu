@@ -159,85 +159,18 @@ __device__ __forceinline__ void store_tile(const Params& p, int64_t row0, int64_
   store_acc_tile<BN, T>(p, row0, col0, ct, acc);
 }
 
-// Split-K: the unit's FP32 partial (no bias, no rounding) to ws[q][M][N], rows / columns clipped,
-// 8-byte pairs where aligned.
+// Split-K: the unit's FP32 partial to ws[q][M][N] (mx_store.cuh).
 __device__ __forceinline__ void store_partial(const KParams& p, int q, int64_t row0, int64_t col0, int ct,
                                               const float (&acc)[ACC]) {
 #if defined(FLY_SPLIT) && FLY_SPLIT > 1
-  {
-    float* ws = p.ws + int64_t(q) * p.M * p.N;
-    const int64_t r0 = row0 + acc_row(ct, 0);
-#pragma unroll
-    for (int c8 = 0; c8 < BN / 8; ++c8) {
-      const int64_t col = col0 + acc_col(ct, 4 * c8);
-      if (col >= p.N) continue;
-      const bool two = col + 1 < p.N;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = r0 + 8 * h;
-        if (row >= p.M) continue;
-        float* dst = ws + row * p.N + col;
-        if (two && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-          *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * c8 + 2 * h], acc[4 * c8 + 2 * h + 1]);
-        } else {
-          dst[0] = acc[4 * c8 + 2 * h];
-          if (two) dst[1] = acc[4 * c8 + 2 * h + 1];
-        }
-      }
-    }
-  }
+  store_partial_tile<BN>(p, q, row0, col0, ct, acc);
 #else
   (void)p, (void)q, (void)row0, (void)col0, (void)ct, (void)acc;
 #endif
 }
 
-template <class T>
-__device__ __forceinline__ void reduce_pair(const SplitReduceParams& r, int64_t i, int64_t ppr) {
-  const int64_t row = i / ppr, col = 2 * (i - row * ppr);
-  const bool two = col + 1 < r.N;
-  const int64_t plane = int64_t(r.M) * r.N;
-  const float* src = r.ws + row * r.N + col;
-  const bool vec = two && (reinterpret_cast<uintptr_t>(src) & 7) == 0 && (plane & 1) == 0;
-  float v0 = 0.0f, v1 = 0.0f;
-  for (int q = 0; q < r.splits; ++q) {  // split order: the same sums on every run
-    const float* sq = src + q * plane;
-    if (vec) {
-      const float2 x = *reinterpret_cast<const float2*>(sq);
-      v0 += x.x;
-      v1 += x.y;
-    } else {
-      v0 += sq[0];
-      if (two) v1 += sq[1];
-    }
-  }
-  const T* bias = static_cast<const T*>(r.bias);
-  if (bias) {
-    v0 += to_float<T>(bias[col]);
-    if (two) v1 += to_float<T>(bias[col + 1]);
-  }
-  T* dst = static_cast<T*>(r.c) + row * r.ldc + col;
-  if (two && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
-    struct alignas(4) Pair { T x, y; };
-    *reinterpret_cast<Pair*>(dst) = Pair{from_float<T>(v0), from_float<T>(v1)};
-  } else {
-    dst[0] = from_float<T>(v0);
-    if (two) dst[1] = from_float<T>(v1);
-  }
-}
-
 }  // namespace
 
-#if defined(FLY_SPLIT) && FLY_SPLIT > 1
-// Split-K reduction: c[m, n] = round(sum over q = 0 .. splits - 1 of ws[q][m][n] (+ bias[n])),
-// one column pair per thread, grid-stride.
-extern "C" __global__ void __launch_bounds__(kReduceThreads) mxfp_splitk_reduce(const __grid_constant__ SplitReduceParams r) {
-  const int64_t ppr = (int64_t(r.N) + 1) / 2, total = int64_t(r.M) * ppr;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    if (r.out_bf16) reduce_pair<__nv_bfloat16>(r, i, ppr);
-    else reduce_pair<__half>(r, i, ppr);
-  }
-}
-#endif
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __grid_constant__ KParams p) {
 #if defined(FLY_MX_HOST_EMU)

@@ -53,6 +53,42 @@ namespace sm90 = fly::sm90;
 
 constexpr int BN = kBN;
 constexpr int ACC = BN / 2;
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+using KParams = SplitParams;  // split-K (`_s<split>`): work units (tile, k range), FP32 partials, mxfp_splitk_reduce
+#else
+using KParams = Params;
+#endif
+
+// One work unit: tile t, split q, stages [ks0, ks1) (mx_wgmma_params.h, SplitParams; split_count
+// keeps splits <= stages, so no range is empty). Unsplit variants: the tile and all its stages.
+struct Unit {
+  int t, q, ks0, ks1;
+};
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+__device__ __forceinline__ int splits_of(const KParams& p) { return p.splits; }
+__device__ __forceinline__ Unit unit_of(const KParams& p, int u, int ksteps) {
+  const int sp = p.splits, t = u / sp, q = u - t * sp;
+  return Unit{t, q, int(int64_t(q) * ksteps / sp), int(int64_t(q + 1) * ksteps / sp)};
+}
+#else
+__device__ __forceinline__ int splits_of(const KParams&) { return 1; }
+__device__ __forceinline__ Unit unit_of(const KParams&, int u, int ksteps) { return Unit{u, 0, 0, ksteps}; }
+#endif
+// The tile's output: rounded with the bias into c, or (a split unit) its FP32 partial into ws.
+template <class Fix = KeepAcc>
+__device__ __forceinline__ void store_unit(const KParams& p, int q, int64_t row0, int64_t col0, int ct,
+                                           const float (&acc)[ACC], Fix fix = Fix()) {
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+  if (p.splits > 1) {
+    store_partial_tile<BN>(p, q, row0, col0, ct, acc, fix);
+    return;
+  }
+#else
+  (void)q;
+#endif
+  if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, acc, fix);
+  else store_acc_tile<BN, __half>(p, row0, col0, ct, acc, fix);
+}
 
 template <int P> using Par = std::integral_constant<int, P>;  // a stage body's register set
 
@@ -170,8 +206,8 @@ struct Cons {
 // the FP8 stage, issue 8 wgmma (left in flight while the next stage is widened; `_ov0`: retired first). Then
 // the epilogue.
 template <bool FP4, bool F16>
-__device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring, uint64_t* full, uint64_t* empty,
-                                         uint32_t* colnan, int ksteps, int resc, int64_t row0, int64_t col0) {
+__device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* ring, uint64_t* full, uint64_t* empty,
+                                         uint32_t* colnan, int ksteps, int resc, int q, int64_t row0, int64_t col0) {
   using Mma = sm90::WgmmaRS<BN, 0, !F16>;  // B K-major
   static_assert(Mma::kRegs == ACC, "accumulator count");
   float acc[ACC];
@@ -286,8 +322,7 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
     }
     return resc != 0 ? rescale(v, resc) : v;
   };
-  if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, acc, fix);
-  else store_acc_tile<BN, __half>(p, row0, col0, ct, acc, fix);
+  store_unit(p, q, row0, col0, ct, acc, fix);
   if (!F16) fly::named_barrier(2, 256);  // colnan read by both warpgroups before the next tile writes it
 }
 
@@ -297,16 +332,16 @@ __device__ __forceinline__ void tile_mma(const Params& p, Cons& c, uint8_t* ring
 // paths' registers stay as they are. Slow; real data does not get here (the tests do). Takes and
 // returns the ring position.
 template <bool FP4>
-__device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full,
-                                            uint64_t* empty, int ksteps, int64_t row0, int64_t col0, int ra, int ct,
-                                            int s, uint32_t ph) {
+__device__ __forceinline__ int2 tile_scalar(const KParams& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full,
+                                            uint64_t* empty, int ks0, int ks1, int q, int64_t row0, int64_t col0,
+                                            int ra, int ct, int s, uint32_t ph) {
   const int kbs = p.K / 32;
   float* sacc = reinterpret_cast<float*>(wtiles) + (threadIdx.x - 128);
   fly::named_barrier(2, 256);  // the other warpgroup's last wgmma (reading these tiles) has retired
 #pragma unroll 1
   for (int i = 0; i < ACC; ++i) sacc[i * 256] = 0.0f;
 #pragma unroll 1
-  for (int ks = 0; ks < ksteps; ++ks) {
+  for (int ks = ks0; ks < ks1; ++ks) {
     sm90::mbar_wait(&full[s], ph);
     const uint8_t* st = ring + s * kStage;
     const float* fs = reinterpret_cast<const float*>(st + kOffScale);
@@ -332,8 +367,7 @@ __device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint
   float v[ACC];
 #pragma unroll
   for (int i = 0; i < ACC; ++i) v[i] = sacc[i * 256];
-  if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, v);
-  else store_acc_tile<BN, __half>(p, row0, col0, ct, v);
+  store_unit(p, q, row0, col0, ct, v);
   fly::named_barrier(2, 256);  // both warpgroups' accumulators read before the next tile widens into these tiles
   return make_int2(s, int(ph));
 }
@@ -341,9 +375,9 @@ __device__ __forceinline__ int2 tile_scalar(const Params& p, uint8_t* ring, uint
 // The consumer warpgroups (64 tile rows each), for one operand format: per tile the path the
 // producer chose (the first stage's flag words) and the epilogue's rescale.
 template <bool FP4>
-__device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full, uint64_t* empty,
+__device__ __forceinline__ void consume(const KParams& p, uint8_t* ring, uint8_t* wtiles, uint64_t* full, uint64_t* empty,
                                         uint32_t* colnan) {
-  const int total = p.tiles_m * p.tiles_n;
+  const int total = p.tiles_m * p.tiles_n * splits_of(p);
   const int ksteps = (p.K + kKStep - 1) / kKStep;
   Cons c;
   c.cw = threadIdx.x / 128 - 1;
@@ -364,15 +398,18 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
   c.wi = 0;
   c.ph = 0;
   for (int u = blockIdx.x; u < total; u += gridDim.x) {
-    const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
+    const Unit un = unit_of(p, u, ksteps);
+    const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, un.t);
     const int64_t row0 = int64_t(tl.tm) * kBM + c.cw * 64, col0 = int64_t(tl.tn) * BN;
     sm90::mbar_wait(&full[c.s], c.ph);
     const int* flag = reinterpret_cast<const int*>(ring + c.s * kStage + kOffFlag);
-    const int path = flag[0], resc = flag[1];  // the whole tile's
-    if (path == kF16) tile_mma<FP4, true>(p, c, ring, full, empty, colnan, ksteps, resc, row0, col0);
-    else if (path == kBf16) tile_mma<FP4, false>(p, c, ring, full, empty, colnan, ksteps, resc, row0, col0);
+    const int path = flag[0], resc = flag[1];  // the whole unit's
+    const int n = un.ks1 - un.ks0;
+    if (path == kF16) tile_mma<FP4, true>(p, c, ring, full, empty, colnan, n, resc, un.q, row0, col0);
+    else if (path == kBf16) tile_mma<FP4, false>(p, c, ring, full, empty, colnan, n, resc, un.q, row0, col0);
     else {
-      const int2 r = tile_scalar<FP4>(p, ring, wtiles, full, empty, ksteps, row0, col0, c.ra, c.ct, c.s, c.ph);
+      const int2 r =
+          tile_scalar<FP4>(p, ring, wtiles, full, empty, un.ks0, un.ks1, un.q, row0, col0, c.ra, c.ct, c.s, c.ph);
       c.s = r.x;
       c.ph = uint32_t(r.y);
     }
@@ -381,7 +418,7 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __grid_constant__ Params p) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __grid_constant__ KParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* wtiles = ring + kStages * kStage;
@@ -402,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
   }
   __syncthreads();
 
-  const int total = p.tiles_m * p.tiles_n;
+  const int total = p.tiles_m * p.tiles_n * splits_of(p);  // work units
   const int kbs = p.K / 32;
   const int ksteps = (p.K + kKStep - 1) / kKStep;
 
@@ -412,11 +449,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
     const int pt = threadIdx.x, warp = pt / 32;
     const uintptr_t al = reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) | uintptr_t(kbs);
     const bool words = (al & 3u) == 0, quads = (al & 15u) == 0;
-    // This thread's A row (pt) and B row (pt) of tile u: their scale rows, or null past M / N.
+    // This thread's A row (pt) and B row (pt) of unit u's tile: their scale rows, or null past M / N.
     auto rows_of = [&](int u, const uint8_t*& ra, const uint8_t*& rb) {
       ra = rb = nullptr;
       if (u >= total) return;
-      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, unit_of(p, u, ksteps).t);
       const int64_t ga = int64_t(tl.tm) * kBM + pt, gb = int64_t(tl.tn) * BN + pt;
       if (ga < p.M) ra = p.sa + ga * kbs;
       if (gb < p.N) rb = p.sb + gb * kbs;
@@ -431,8 +468,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
         if (kk * 4 + j < kbs) w |= uint32_t(r[kk * 4 + j]) << (8 * j);
       return w;
     };
-    // min / max of a row's scale bytes other than 0xFF over all of K (min 255 > max 0: none)
-    auto scan = [&](const uint8_t* row, uint32_t& mn, uint32_t& mx) {
+    // min / max of a row's scale bytes other than 0xFF over blocks [kb0, kb1) (min 255 > max 0: none)
+    auto scan = [&](const uint8_t* row, int kb0, int kb1, uint32_t& mn, uint32_t& mx) {
       if (!row) return;
       auto take = [&](uint32_t e) {
         if (e != 0xFFu) {
@@ -440,9 +477,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
           mx = e > mx ? e : mx;
         }
       };
-      if (quads) {
+      if (quads && kb0 % 16 == 0 && (kb1 % 16 == 0 || kb1 == kbs)) {  // kbs is a multiple of 16 here
 #pragma unroll 4
-        for (int kb = 0; kb < kbs; kb += 16) {
+        for (int kb = kb0; kb < kb1; kb += 16) {
           const uint4 v = *reinterpret_cast<const uint4*>(row + kb);
           const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -450,20 +487,27 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
         }
       } else {
 #pragma unroll 8
-        for (int kb = 0; kb < kbs; ++kb) take(row[kb]);
+        for (int kb = kb0; kb < kb1; ++kb) take(row[kb]);
       }
     };
-    // The look-ahead: the scale words of the stage two ahead (unit u1, stage k1, rows ra1 / rb1).
-    int u1 = blockIdx.x, k1 = 0;
+    // The look-ahead: the scale words of the stage two ahead (unit u1, stage k1 of [k1, e1), rows ra1 / rb1).
+    int u1 = blockIdx.x, k1 = 0, e1 = 0;
     const uint8_t *ra1, *rb1;
-    rows_of(u1, ra1, rb1);
+    auto enter = [&]() {
+      rows_of(u1, ra1, rb1);
+      if (u1 < total) {
+        const Unit n1 = unit_of(p, u1, ksteps);
+        k1 = n1.ks0;
+        e1 = n1.ks1;
+      }
+    };
+    enter();
     auto ahead = [&](uint32_t& wa, uint32_t& wb) {
       wa = u1 < total ? word(ra1, k1) : 0u;
       wb = u1 < total ? word(rb1, k1) : 0u;
-      if (++k1 == ksteps) {
-        k1 = 0;
+      if (++k1 >= e1) {
         u1 += gridDim.x;
-        rows_of(u1, ra1, rb1);
+        enter();
       }
     };
     uint32_t wa0, wb0, wa1, wb1;
@@ -472,7 +516,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
     int s = 0, it = 0;
     uint32_t ph = 0;
     for (int u = blockIdx.x; u < total; u += gridDim.x, ++it) {
-      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, u);
+      const Unit un = unit_of(p, u, ksteps);
+      const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, un.t);
       const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
       const bool ina = m0 + pt < p.M, inb = n0 + pt < p.N;
       // The tile's plan (mx_widen.h choose_plan): path and shifts from the min / max over the
@@ -481,8 +526,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
       {
         const uint8_t *ra, *rb;
         rows_of(u, ra, rb);
-        scan(ra, mina, maxa);
-        scan(rb, minb, maxb);
+        const int kb0 = 4 * un.ks0, kb1 = 4 * un.ks1 < kbs ? 4 * un.ks1 : kbs;  // the unit's k32 blocks
+        scan(ra, kb0, kb1, mina, maxa);
+        scan(rb, kb0, kb1, minb, maxb);
       }
       mina = __reduce_min_sync(0xFFFFFFFFu, mina);
       maxa = __reduce_max_sync(0xFFFFFFFFu, maxa);
@@ -505,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
       }
       const Plan pl = choose_plan(int(mina), int(maxa), int(minb), int(maxb), fp4);
       const bool f16 = pl.path == kF16;
-      for (int ks = 0; ks < ksteps; ++ks) {
+      for (int ks = un.ks0; ks < un.ks1; ++ks) {
         const uint32_t wa = wa0, wb = wb0;
         wa0 = wa1;
         wb0 = wb1;

@@ -157,25 +157,26 @@ TEST_CASE("scaled_gemm: launch configuration and parameters", "[fake][mx]") {
 // The shipped rows (db/sm_90a.sql, op scaled_gemm): a suite shape runs its row's variant, a shape
 // far from every row the nearest row's, and the launch is that variant's (384 threads: wgmma).
 TEST_CASE("scaled_gemm: the database picks the variant", "[fake][mx]") {
-  for (const char* v : {"mxfp_wgmma_n128_f0_p2", "mxfp_wgmma_n64_f0", "mxfp_wgmma_n32_f0"})
+  for (const char* v : {"mxfp_widen_n128", "mxfp_wgmma_n32_f0"})
     if (!fly::find_variant(v)) {
       WARN("the DB's mxfp variants are not in this build");
       return;
     }
   void* s = fake_cuda_stream_create(0);
   struct Case { int64_t M, N, K; int fp4; const char* want; };
-  // rows: mxfp8 2048 x 14336 x 4096 -> n128_f0_p2; mxfp4 64 x 8192 x 8192 -> n64_f0;
-  // mxfp8 128 x 4096 x 4096 -> n32_f0; mxfp8 3000 x 5000 x 6016 (no row) -> the nearest, n128_f0_p2
-  for (Case cs : {Case{2048, 14336, 4096, 0, "mxfp_wgmma_n128_f0_p2"}, Case{64, 8192, 8192, 1, "mxfp_wgmma_n64_f0"},
-                  Case{128, 4096, 4096, 0, "mxfp_wgmma_n32_f0"}, Case{3000, 5000, 6016, 0, "mxfp_wgmma_n128_f0_p2"}}) {
+  // rows: mxfp8 2048 x 14336 x 4096 -> widen_n128; mxfp4 64 x 8192 x 8192 -> widen_n128;
+  // mxfp8 128 x 4096 x 4096 -> n32_f0; mxfp8 3000 x 5000 x 6016 (no row) -> the nearest, widen_n128
+  for (Case cs : {Case{2048, 14336, 4096, 0, "mxfp_widen_n128"}, Case{64, 8192, 8192, 1, "mxfp_widen_n128"},
+                  Case{128, 4096, 4096, 0, "mxfp_wgmma_n32_f0"}, Case{3000, 5000, 6016, 0, "mxfp_widen_n128"}}) {
     MxOperands o(cs.M, cs.N, cs.K, cs.fp4 != 0, FLY_BF16);
     const fly_status st = o.run(s, false);
     INFO("M " << cs.M << " N " << cs.N << " K " << cs.K << " fp4 " << cs.fp4 << " " << fly_get_last_error());
     REQUIRE(st == FLY_SUCCESS);
     CHECK(std::string(fly_last_variant()) == cs.want);
     REQUIRE(fake_cuda_launch_count() == 1);
-    const bool wgmma = std::string(cs.want).rfind("mxfp_wgmma", 0) == 0;
+    const bool wgmma = std::string(cs.want).rfind("mxfp_wgmma", 0) == 0 || std::string(cs.want).rfind("mxfp_widen", 0) == 0;
     CHECK(mx_last_launch()->block[0] == (wgmma ? 384u : 128u));
+    CHECK(std::string(mx_last_launch()->kernel) == (std::string(cs.want).rfind("mxfp_widen", 0) == 0 ? "mxfp_widen" : "mxfp_wgmma"));
   }
 }
 
@@ -280,8 +281,11 @@ TEST_CASE("scaled_gemm: the widening variant's launch, maps and parameters", "[f
 // Split-K variants (FLY_ALL_VARIANTS builds): the workspace query's formula, the split launch
 // (GEMM with splits and ws, then mxfp_splitk_reduce) and the NULL / too-small workspace fallback.
 TEST_CASE("scaled_gemm: split-K variants' workspace, launches and fallback", "[fake][mx][splitk]") {
-  const char* name = "mxfp_wgmma_n128_f0_p2_s4";
-  if (!fly::find_variant(name)) { WARN("no split-K variant in this build"); return; }
+  // the FP8 design's and the widening design's split variants: the same launch protocol
+  for (const char* name : {"mxfp_wgmma_n128_f0_p2_s4", "mxfp_widen_n128_s4"}) {
+  const bool widen = std::string(name).rfind("mxfp_widen", 0) == 0;
+  if (!fly::find_variant(name)) { WARN("no split-K variant " << name << " in this build"); continue; }
+  INFO(name);
   void* s = fake_cuda_stream_create(0);
   MxOperands o(32, 4096, 4096, false, FLY_BF16);
   size_t need = 0;
@@ -296,8 +300,9 @@ TEST_CASE("scaled_gemm: split-K variants' workspace, launches and fallback", "[f
   CHECK(st == FLY_SUCCESS);
   REQUIRE(fake_cuda_launch_count() == 2);
   const fake_cuda_launch* G = fake_cuda_get_launch(0);
-  CHECK(std::string(G->kernel) == "mxfp_wgmma");
+  CHECK(std::string(G->kernel) == (widen ? "mxfp_widen" : "mxfp_wgmma"));
   CHECK(G->grid[0] == 128u);
+  if (widen) CHECK(G->smem == unsigned(fly::mxw::widen::smem_bytes()));
   const auto p = mx_params_of<fly::mxw::SplitParams>(G);
   CHECK(p.splits == 4);
   CHECK(static_cast<void*>(p.ws) == ws);
@@ -316,6 +321,7 @@ TEST_CASE("scaled_gemm: split-K variants' workspace, launches and fallback", "[f
     CHECK(mx_last_launch()->grid[0] == 32u);
   }
   fly_force_variant(nullptr);
+  }
 }
 
 // The shipped dispatch at a decode key whose DB row names a split-K winner (db/sm_90a.sql: mxfp8
