@@ -789,16 +789,16 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',14336,
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',14336,4096,512,0,'mxfp_widen_n128',224.992,'mxfp_wgmma_n128_f1',433.792,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',28672,8192,256,0,'mxfp_widen_n128',410.016,'mxfp_wgmma_n128_f0_p2',850.496,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',28672,8192,4096,0,'mxfp_widen_n128',5278.688,'mxfp_wgmma_n128_f0_p2',11019.264,'NVIDIA H100 80GB HBM3','2026-12-06');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,14336,128,0,'mxfp_widen_n128',191.328,'mxfp_wgmma_n32_f0_p2',257.056,'NVIDIA H100 80GB HBM3','2026-12-06');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,14336,128,0,'mxfp_widen_n128_s4',85.152,'mxfp_widen_n128',190.720,'NVIDIA H200','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,14336,2048,0,'mxfp_widen_n128',682.016,'mxfp_wgmma_n128_f0_p2',1449.248,'NVIDIA H100 80GB HBM3','2026-12-06');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,14336,32,0,'mxfp_wgmma_n128_f0_p2_s4',100.830,'mxfp_wgmma_n32_f0',225.020,'NVIDIA H200','2026-12-02');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,14336,32,0,'mxfp_widen_n128_s4',77.696,'mxfp_wgmma_n32_f0',225.020,'NVIDIA H200','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,4096,128,0,'mxfp_wgmma_n128_f0_p2_s4',41.020,'mxfp_wgmma_n32_f0',75.070,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,4096,16384,0,'mxfp_widen_n128',1583.552,'mxfp_wgmma_n128_f0_p2',3292.832,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,4096,32,0,'mxfp_wgmma_n128_f0_p2_s4',37.920,'mxfp_wgmma_n32_f0',73.600,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,4096,4096,0,'mxfp_widen_n128',420.640,'mxfp_wgmma_n128_f0_p2',846.720,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',4096,4096,512,0,'mxfp_widen_n128',74.560,'mxfp_wgmma_n128_f1',115.712,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',8192,8192,1024,0,'mxfp_widen_n128',402.048,'mxfp_wgmma_n128_f0_p2',858.016,'NVIDIA H100 80GB HBM3','2026-12-06');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',8192,8192,64,0,'mxfp_widen_n128',116.064,'mxfp_wgmma_n64_f0',163.744,'NVIDIA H100 80GB HBM3','2026-12-06');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',8192,8192,64,0,'mxfp_widen_n128_s2',82.496,'mxfp_widen_n128',115.744,'NVIDIA H200','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp4','nt',8192,8192,8192,0,'mxfp_widen_n128',3078.656,'mxfp_wgmma_n128_f0_p2',6435.680,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',14336,4096,128,0,'mxfp_wgmma_n128_f0_p2',66.048,'mxfp_wgmma_n128_f0',79.904,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',14336,4096,2048,0,'mxfp_widen_n128',656.000,'mxfp_wgmma_n128_f0_p2',822.528,'NVIDIA H100 80GB HBM3','2026-12-06');
@@ -806,7 +806,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',14336,
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',14336,4096,512,0,'mxfp_widen_n128',201.504,'mxfp_wgmma_n128_f0_p2',240.224,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',28672,8192,256,0,'mxfp_widen_n128',372.032,'mxfp_wgmma_n128_f0_p2',464.896,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',28672,8192,4096,0,'mxfp_widen_n128',4782.272,'mxfp_wgmma_n128_f0_p2',6220.608,'NVIDIA H100 80GB HBM3','2026-12-06');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',4096,14336,128,0,'mxfp_wgmma_n32_f0_p2',146.752,'mxfp_wgmma_n64_f0_p2',167.712,'NVIDIA H200','2026-12-02');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',4096,14336,128,0,'mxfp_widen_n128_s4',73.024,'mxfp_wgmma_n32_f0_p2',147.008,'NVIDIA H200','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',4096,14336,2048,0,'mxfp_widen_n128',620.992,'mxfp_wgmma_n128_f0_p2',792.416,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',4096,14336,32,0,'mxfp_wgmma_n128_f0_p2_s4',61.250,'mxfp_wgmma_n32_f0',129.790,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',4096,4096,128,0,'mxfp_wgmma_n128_f0_p2_s4',29.060,'mxfp_wgmma_n32_f0',46.080,'NVIDIA H200','2026-12-02');
@@ -815,7 +815,7 @@ INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',4096,4
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',4096,4096,4096,0,'mxfp_widen_n128',383.680,'mxfp_wgmma_n128_f0_p2',473.984,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',4096,4096,512,0,'mxfp_wgmma_n128_f0_p2',66.336,'mxfp_wgmma_n128_f0',78.240,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',8192,8192,1024,0,'mxfp_widen_n128',369.312,'mxfp_wgmma_n128_f0_p2',465.152,'NVIDIA H100 80GB HBM3','2026-12-06');
-INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',8192,8192,64,0,'mxfp_wgmma_n64_f0',97.056,'mxfp_wgmma_n64_f0_p2',98.720,'NVIDIA H200','2026-12-02');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',8192,8192,64,0,'mxfp_widen_n128_s2',69.728,'mxfp_wgmma_n64_f0',97.216,'NVIDIA H200','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','scaled_gemm','mxfp8','nt',8192,8192,8192,0,'mxfp_widen_n128',2800.928,'mxfp_wgmma_n128_f0_p2',3619.872,'NVIDIA H100 80GB HBM3','2026-12-06');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','topk','fp32','row',1024,16,8192,0,'topk_small_fp32_t256_w8_k16',65.312,'topk_small_fp32_t128_w8_k16',67.168,'NVIDIA H200','2026-11-29');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','topk','fp32','row',1048576,1,1,0,'topk_split_fp32_t256_c32768',50.016,'topk_split_fp32_t256_c16384',50.240,'NVIDIA H200','2026-12-02');
