@@ -15,6 +15,7 @@ bash tools/device_run.sh bd -DFLY_FAMILIES=attention >"$out/cfg.log" 2>&1
 cmake --build bd -j16 --target flybench >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
 case_json() { echo "{\"op\":\"attention\",\"dtype\":[\"bf16\"],\"cases\":[{\"B\":$1,\"Hq\":$2,\"Hkv\":$3,\"Sq\":$4,\"Sk\":$5,\"D\":$6,\"causal\":false}]}"; }
+M0=gpu__time_duration.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,dram__bytes_read.sum
 M=gpu__time_duration.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__inst_executed_pipe_xu.sum,sm__inst_executed_pipe_fma.sum,sm__inst_executed_pipe_alu.sum,launch__registers_per_thread,launch__grid_size,launch__block_size,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__cycles_elapsed.avg.per_second
 cat >/tmp/sdpa_case.py <<'PY'
 import sys, torch, torch.nn.functional as F
@@ -33,7 +34,9 @@ for c in "4 16 16 4096 4096 128 d128" "4 16 16 4096 4096 64 d64" "8 32 8 1 8192 
   case_json $1 $2 $3 $4 $5 $6 >/tmp/case.json
   timeout 150 ncu --clock-control none -k regex:fly_attn_fwd -s 4 -c 2 --metrics $M --section WarpStateStats --csv \
     ./bd/flybench attention --suite /tmp/case.json --reps 3 --no-decode --no-flush >"$out/ncu-fly-$7.csv" 2>"$out/ncu-fly-$7.err"
-  echo "ncu fly $7 rc=$?" | tee -a "$out/summary.txt"
+  rc=$?; echo "ncu fly $7 rc=$rc" | tee -a "$out/summary.txt"
+  [ $rc -ne 0 ] && { M=$M0; timeout 150 ncu --clock-control none -k regex:fly_attn_fwd -s 4 -c 2 --metrics $M --section WarpStateStats --csv \
+    ./bd/flybench attention --suite /tmp/case.json --reps 3 --no-decode --no-flush >"$out/ncu-fly-$7.csv" 2>>"$out/ncu-fly-$7.err"; echo "ncu fly $7 (fewer metrics) rc=$?" | tee -a "$out/summary.txt"; }
   timeout 150 ncu --clock-control none -k regex:'sdpa|fprop|flash|fmha' -s 2 -c 2 --metrics $M --section WarpStateStats --csv \
     python3 /tmp/sdpa_case.py $1 $2 $3 $4 $5 $6 >"$out/ncu-cudnn-$7.csv" 2>"$out/ncu-cudnn-$7.err"
   echo "ncu cudnn $7 rc=$?" | tee -a "$out/summary.txt"
