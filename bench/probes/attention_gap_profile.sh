@@ -11,8 +11,8 @@ set -uo pipefail
 out=${OUT:-./out-attgap}; mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 t0=$(date +%s)
-bash tools/device_run.sh bd -DFLY_FAMILIES=attention >"$out/cfg.log" 2>&1
-cmake --build bd -j16 --target flybench >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
+bash tools/device_run.sh build-attgap -DFLY_FAMILIES=attention >"$out/cfg.log" 2>&1
+cmake --build build-attgap -j16 --target flybench >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
 case_json() { echo "{\"op\":\"attention\",\"dtype\":[\"bf16\"],\"cases\":[{\"B\":$1,\"Hq\":$2,\"Hkv\":$3,\"Sq\":$4,\"Sk\":$5,\"D\":$6,\"causal\":false}]}"; }
 M0=gpu__time_duration.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,dram__bytes_read.sum
@@ -33,12 +33,16 @@ for c in "4 16 16 4096 4096 128 d128" "4 16 16 4096 4096 64 d64" "8 32 8 1 8192 
   set -- $c
   case_json $1 $2 $3 $4 $5 $6 >/tmp/case.json
   timeout 150 ncu --clock-control none -k regex:fly_attn_fwd -s 4 -c 2 --metrics $M --section WarpStateStats --csv \
-    ./bd/flybench attention --suite /tmp/case.json --reps 3 --no-decode --no-flush >"$out/ncu-fly-$7.csv" 2>"$out/ncu-fly-$7.err"
+    ./build-attgap/flybench attention --suite /tmp/case.json --reps 3 --no-decode --no-flush >"$out/ncu-fly-$7.csv" 2>"$out/ncu-fly-$7.err"
   rc=$?; echo "ncu fly $7 rc=$rc" | tee -a "$out/summary.txt"
   [ $rc -ne 0 ] && { M=$M0; timeout 150 ncu --clock-control none -k regex:fly_attn_fwd -s 4 -c 2 --metrics $M --section WarpStateStats --csv \
-    ./bd/flybench attention --suite /tmp/case.json --reps 3 --no-decode --no-flush >"$out/ncu-fly-$7.csv" 2>>"$out/ncu-fly-$7.err"; echo "ncu fly $7 (fewer metrics) rc=$?" | tee -a "$out/summary.txt"; }
+    ./build-attgap/flybench attention --suite /tmp/case.json --reps 3 --no-decode --no-flush >"$out/ncu-fly-$7.csv" 2>>"$out/ncu-fly-$7.err"; echo "ncu fly $7 (fewer metrics) rc=$?" | tee -a "$out/summary.txt"; }
   timeout 150 ncu --clock-control none -k regex:'sdpa|fprop|flash|fmha' -s 2 -c 2 --metrics $M --section WarpStateStats --csv \
     python3 /tmp/sdpa_case.py $1 $2 $3 $4 $5 $6 >"$out/ncu-cudnn-$7.csv" 2>"$out/ncu-cudnn-$7.err"
   echo "ncu cudnn $7 rc=$?" | tee -a "$out/summary.txt"
 done
+# one file back (the device returns a few files only)
+for f in "$out"/ncu-*.csv; do echo "=== $(basename "$f")"; grep -v '^==PROF==' "$f"; done >"$out/ncu-all.txt"
+for f in "$out"/ncu-*.err; do echo "=== $(basename "$f")"; tail -5 "$f"; done >>"$out/ncu-all.txt"
+rm -f "$out"/ncu-*.csv "$out"/ncu-*.err
 echo "done $(( $(date +%s) - t0 ))s" | tee -a "$out/summary.txt"
