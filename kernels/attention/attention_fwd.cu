@@ -167,6 +167,77 @@ __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileC
   }
 }
 
+// Split keys (splits > 1), fused merge: after a tile's consumers stored their partials, the CTA
+// counts its arrival on the tile's counter (ws_cnt, zeroed by the launcher before the kernel); the
+// last split of the tile to arrive merges every split's partial O and LSE of the tile's rows into o
+// and lse, one warp per row, in split order (the same sums whichever CTA merges), weights
+// exp(LSE_s - max); rows whose splits all saw nothing get O = 0, LSE = -inf. Classic
+// last-block reduction: each thread's stores are fenced (gpu scope) before the CTA's arrival, the
+// merging CTA fences after it and reads the partials through L2 (ld.global.cg).
+// ctid / nthreads: the consumer thread's index and the consumer thread count (named barrier 5);
+// flag: a word of the CTA's barrier area used to broadcast the arrival's result.
+constexpr int kMergeBar = 5;
+// The flag's word: 8-byte slot 30 of the 256-byte barrier area (attn_smem_bytes), past every ring's
+// mbarriers (at most 2 + 3 kST of them).
+constexpr int kMergeFlagBar = 30;
+static_assert(2 + 3 * Cfg::kST <= kMergeFlagBar, "the merge flag is clear of the mbarriers");
+__device__ __forceinline__ void merge_splits_if_last(const AttnFwdParams& p, const TileCoord& t, uint32_t* flag,
+                                                     int ctid, int nthreads) {
+  __threadfence();
+  named_bar_sync(kMergeBar, nthreads);
+  const int heads_y = p.pack_gqa ? p.Hkv : p.Hq;
+  const int mb = t.m0 / Cfg::BM;
+  if (ctid == 0) {
+    uint32_t* cnt = p.ws_cnt + (int64_t(t.batch) * heads_y + t.head_y) * p.m_blocks + mb;
+    const uint32_t before = atomicAdd(cnt, 1u);
+    const uint32_t last = before == uint32_t(p.splits - 1) ? 1u : 0u;
+    if (last) *cnt = 0u;  // every split has arrived: ready for the next launch on this workspace
+    *flag = last;
+  }
+  named_bar_sync(kMergeBar, nthreads);
+  const bool last = *flag != 0u;
+  named_bar_sync(kMergeBar, nthreads);  // flag read by all before a later tile rewrites it
+  if (!last) return;
+  __threadfence();
+  const int64_t rows = int64_t(p.B) * p.Hq * p.Sq;
+  const int lane = ctid % 32;
+  for (int r = ctid / 32; r < Cfg::BM; r += nthreads / 32) {
+    const int v = t.m0 + r;
+    int head, pos;
+    if (p.pack_gqa) {
+      const int g = v / p.Sq;
+      if (g >= p.group) break;  // rows grow with r: the rest are past the group too
+      pos = v - g * p.Sq;
+      head = t.kv_head * p.group + g;
+    } else {
+      if (v >= p.Sq) break;
+      pos = v;
+      head = t.head_y;
+    }
+    const int64_t row = (int64_t(t.batch) * p.Hq + head) * p.Sq + pos;
+    const float part = lane < p.splits ? __ldcg(p.ws_lse + lane * rows + row) : -INFINITY;
+    float mx = part;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float w = mx == -INFINITY ? 0.f : __expf(part - mx);
+    float sum = w;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float wn = sum > 0.f ? w / sum : 0.f;
+    Elem* dst = static_cast<Elem*>(p.o) + t.batch * p.o_sb + head * p.o_sh + pos * p.o_ss;
+    for (int c0 = 0; c0 < p.D; c0 += 32) {  // whole-warp steps: the shuffles need every lane
+      const int col = c0 + lane;
+      float acc = 0.f;
+      for (int sp = 0; sp < p.splits; ++sp) {
+        const float ws = __shfl_sync(0xffffffffu, wn, sp);
+        if (ws != 0.f && col < p.D) acc += ws * __ldcg(p.ws_o + (sp * rows + row) * Cfg::kHD + col);
+      }
+      if (col < p.D) dst[col] = Elem(acc);
+    }
+    if (lane == 0 && p.lse) p.lse[t.batch * p.lse_sb + head * p.lse_sh + pos * p.lse_ss] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+  }
+}
+
 #if FLY_HD <= 256
 // g0 as in producer; qph: the parity of this tile's q_full phase (the CTA's tile count & 1).
 __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord& t, uint8_t* smem, const Ring& r,
@@ -517,6 +588,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
   } else {
     fly::sm90::setmaxnreg_inc<240>();
     consumer_wide(p, t, smem, r, cl, wg - 1);
+    if (p.splits > 1) merge_splits_if_last(p, t, reinterpret_cast<uint32_t*>(bars + kMergeFlagBar), threadIdx.x - 128, 256);
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if (clustered) fly::sm90::cluster_sync();
@@ -561,6 +633,8 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
       const TileCoord t = persistent_tile<Cfg::BM, Cfg::kBN>(p, L);
       if constexpr (FLY_OV != 0) consumer_overlap(p, t, smem, r, wg - 1, g, uint32_t(k) & 1);
       else consumer(p, t, smem, r, wg - 1, g, uint32_t(k) & 1);
+      if (p.splits > 1)
+        merge_splits_if_last(p, t, reinterpret_cast<uint32_t*>(bars + kMergeFlagBar), threadIdx.x - 128, 128 * Cfg::kNWG);
       g += t.n_end - t.n_begin;
     }
   }
@@ -574,43 +648,13 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
     fly::sm90::setmaxnreg_inc<Cfg::kNWG == 2 ? 240 : 256>();
     if constexpr (FLY_OV != 0) consumer_overlap(p, t, smem, r, wg - 1);
     else consumer(p, t, smem, r, wg - 1);
+    if (p.splits > 1)
+      merge_splits_if_last(p, t, reinterpret_cast<uint32_t*>(bars + kMergeFlagBar), threadIdx.x - 128, 128 * Cfg::kNWG);
   }
 #endif
 }
 
 #endif  // FLY_HD > 256
-
-// Merges split partials: one warp per query row. Weights exp(LSE_s - max) over the splits; rows
-// whose splits all saw nothing get O = 0, LSE = -inf.
-extern "C" __global__ void __launch_bounds__(256) fly_attn_fwd_combine(const __grid_constant__ AttnFwdParams p) {
-  const int64_t rows = int64_t(p.B) * p.Hq * p.Sq;
-  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float part = lane < p.splits ? p.ws_lse[lane * rows + row] : -INFINITY;
-  float mx = part;
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  const float w = mx == -INFINITY ? 0.f : __expf(part - mx);
-  float sum = w;
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float wn = sum > 0.f ? w / sum : 0.f;
-  const int s = int(row % p.Sq);
-  const int h = int((row / p.Sq) % p.Hq);
-  const int b = int(row / (int64_t(p.Sq) * p.Hq));
-  Elem* dst = static_cast<Elem*>(p.o) + b * p.o_sb + h * p.o_sh + s * p.o_ss;
-  for (int c0 = 0; c0 < p.D; c0 += 32) {  // whole-warp steps: the shuffles need every lane
-    const int col = c0 + lane;
-    float acc = 0.f;
-    for (int sp = 0; sp < p.splits; ++sp) {
-      const float ws = __shfl_sync(0xffffffffu, wn, sp);
-      if (ws != 0.f && col < p.D) acc += ws * p.ws_o[(sp * rows + row) * Cfg::kHD + col];
-    }
-    if (col < p.D) dst[col] = Elem(acc);
-  }
-  if (lane == 0 && p.lse) p.lse[b * p.lse_sb + h * p.lse_sh + s * p.lse_ss] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
-}
 
 // The packed path's copy (src/ops/attention.cpp: Q, K or V whose strides or base TMA cannot take,
 // copied to 16-byte lines in the workspace before the attention kernel): the shared line-packing

@@ -22,9 +22,11 @@ struct AttnFwdParams {
   int64_t o_sb, o_sh, o_ss;        // elements
   int64_t lse_sb, lse_sh, lse_ss;  // elements
   // Split keys (splits > 1): each split writes its softmax-normalized O (fp32, D_pad wide) and LSE
-  // here, indexed [split][b][h][s]; attn_fwd_combine merges them into o and lse.
+  // here, indexed [split][b][h][s]; the last split of a tile to finish (ws_cnt: one arrival counter
+  // per tile, zeroed by the launcher before the kernel) merges them into o and lse.
   float* ws_o;
   float* ws_lse;
+  uint32_t* ws_cnt;
   int32_t B, Hq, Hkv, Sq, Sk, D;
   int32_t group;      // Hq / Hkv
   int32_t m_blocks;   // tiles along the virtual rows
@@ -39,12 +41,16 @@ struct AttnFwdParams {
   int32_t cluster;
 };
 
-// Workspace of a split launch: partial O (fp32, dpad wide) and LSE per (split, row), 256-aligned.
+// Workspace of a split launch: partial O (fp32, dpad wide) and LSE per (split, row), then the
+// tiles' arrival counters, each part 256-aligned.
 inline int64_t attn_ws_o_bytes(int64_t splits, int64_t rows, int64_t dpad) {
   return (splits * rows * dpad * 4 + 255) / 256 * 256;
 }
+inline int64_t attn_ws_lse_bytes(int64_t splits, int64_t rows) { return (splits * rows * 4 + 255) / 256 * 256; }
+// The tiles' arrival counters: one uint32 per tile; rows (B Hq Sq) bounds the tile count.
+inline int64_t attn_ws_cnt_bytes(int64_t rows) { return (rows * 4 + 255) / 256 * 256; }
 inline int64_t attn_ws_bytes(int64_t splits, int64_t rows, int64_t dpad) {
-  return attn_ws_o_bytes(splits, rows, dpad) + (splits * rows * 4 + 255) / 256 * 256;
+  return attn_ws_o_bytes(splits, rows, dpad) + attn_ws_lse_bytes(splits, rows) + attn_ws_cnt_bytes(rows);
 }
 
 }  // namespace fly::attn

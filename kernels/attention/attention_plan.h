@@ -13,7 +13,7 @@ namespace fly::attn {
 constexpr int kCompiledHeadDims[] = {64, 128, 192, 256, 512};  // tuning/attention.json "hd"
 constexpr int kWideHeadDim = 512;  // the wide-head schedule (D split over two consumer warpgroups)
 constexpr int kMaxHeadDim = 512;                          // the C entry's documented range
-constexpr int kMaxSplits = 32;                            // fly_attn_fwd_combine: one lane per split
+constexpr int kMaxSplits = 32;                            // the fused merge: one lane per split
 constexpr int kMaxSms = 144;                              // workspace sizes are device independent
 constexpr int kMaxBM = 128;
 

@@ -276,6 +276,7 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
     const int64_t rows = s.B * s.Hq * s.Sq;
     p.ws_o = static_cast<float*>(params->workspace);
     p.ws_lse = reinterpret_cast<float*>(static_cast<char*>(params->workspace) + attn::attn_ws_o_bytes(splits, rows, hd));
+    p.ws_cnt = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(p.ws_lse) + attn::attn_ws_lse_bytes(splits, rows));
   }
   const unsigned smem = unsigned(attn::attn_smem_bytes(hd, bm, bn, st));
   if (int64_t(smem) > dc->max_smem_optin)
@@ -301,12 +302,11 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   }
   cfg.block[0] = unsigned(attn::attn_threads(hd, bm));
   cfg.smem = smem;
-  FLY_TRY(launch1(rk.f, cfg, stream, p));
-  if (splits == 1) return FLY_SUCCESS;
-  CUfunction comb = nullptr;
-  FLY_TRY(get_function(*dc, *v, "fly_attn_fwd_combine", &comb));
-  LaunchConfig cc2;
-  cc2.grid[0] = unsigned((s.B * s.Hq * s.Sq + 7) / 8);
-  cc2.block[0] = 256;
-  return launch1(comb, cc2, stream, p);
+  if (splits > 1) {
+    // the tiles' arrival counters start at zero (the last split of each tile merges, then re-zeroes it)
+    const int64_t tiles = g.m_blocks * g.heads_y * s.B;
+    FLY_CU(d->cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p.ws_cnt), 0, size_t(tiles) * 4, static_cast<CUstream>(stream)),
+           "cuMemsetD8Async");
+  }
+  return launch1(rk.f, cfg, stream, p);
 }

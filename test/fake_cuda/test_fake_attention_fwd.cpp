@@ -124,3 +124,43 @@ TEST_CASE("attention_fwd: rows TMA cannot take are copied to 16-byte rows first"
     CHECK(std::string(fake_cuda_get_launch(0)->kernel) == "fly_attn_fwd");
   }
 }
+
+// Split keys (flash-decoding): one kernel launch, no separate combine. The launcher zeroes the
+// tiles' arrival counters (one memset inside the workspace, after the partial O and LSE), and the
+// last split of each tile merges in the kernel. Without a workspace the call runs unsplit.
+TEST_CASE("attention_fwd: split keys launch one kernel after zeroing the tiles' counters", "[fake][attention]") {
+  void* s = fake_cuda_stream_create(0);
+  FwdOperands f(8, 32, 8, 1, 8192, 128, 128, FLY_BF16);  // the suite's decode shape
+  size_t need = 0;
+  REQUIRE(fly_attention_fwd_workspace_size(&f.p, &need) == FLY_SUCCESS);
+  REQUIRE(need > 0);
+  char* ws = static_cast<char*>(fake_cuda_malloc(need));
+  f.p.workspace = ws;
+  f.p.workspace_bytes = need;
+  fake_cuda_clear_records();
+  const fly_status st = fly_attention_fwd(&f.p, s);
+  INFO(fly_get_last_error() << " " << fake_cuda_last_refusal());
+  REQUIRE(st == FLY_SUCCESS);
+  REQUIRE(fake_cuda_launch_count() == 1);
+  CHECK(fake_cuda_memset_count() == 1);
+  const fake_cuda_launch* A = fake_cuda_get_launch(0);
+  CHECK(std::string(A->kernel) == "fly_attn_fwd");
+  fly::attn::AttnFwdParams ap;
+  REQUIRE(A->param_bytes >= sizeof(ap));
+  std::memcpy(&ap, A->params, sizeof(ap));
+  REQUIRE(ap.splits > 1);
+  const int64_t rows = 8 * 32 * 1;
+  CHECK(reinterpret_cast<char*>(ap.ws_o) == ws);
+  CHECK(reinterpret_cast<char*>(ap.ws_lse) == ws + fly::attn::attn_ws_o_bytes(ap.splits, rows, 128));
+  CHECK(reinterpret_cast<char*>(ap.ws_cnt) == reinterpret_cast<char*>(ap.ws_lse) + fly::attn::attn_ws_lse_bytes(ap.splits, rows));
+  CHECK(reinterpret_cast<char*>(ap.ws_cnt) + fly::attn::attn_ws_cnt_bytes(rows) <= ws + need);
+  // no workspace: unsplit, nothing to zero
+  f.p.workspace = nullptr;
+  f.p.workspace_bytes = 0;
+  fake_cuda_clear_records();
+  REQUIRE(fly_attention_fwd(&f.p, s) == FLY_SUCCESS);
+  REQUIRE(fake_cuda_launch_count() == 1);
+  CHECK(fake_cuda_memset_count() == 0);
+  std::memcpy(&ap, fake_cuda_get_launch(0)->params, sizeof(ap));
+  CHECK(ap.splits == 1);
+}
