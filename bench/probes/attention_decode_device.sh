@@ -16,7 +16,7 @@ sum "build $(( $(date +%s) - t0 ))s"
 timeout 200 build-attdec/test/fly_gpu_tests "[attention]" >"$out/gpu.log" 2>&1
 sum "gpu tests [attention] rc=$? $(grep -E 'test cases|All tests passed' "$out/gpu.log" | tail -1)"
 grep -E "FAILED|with expansion" "$out/gpu.log" | head -20 >>"$out/summary.txt"
-split_tests='attention_fwd: one query*,attention_fwd: persistent*,attention_fwd: wide head dims, small*'
+split_tests='attention_fwd: one query*,attention_fwd: persistent*,[attention_wide_small]'  # Catch2: a comma separates patterns
 for tool in memcheck racecheck; do
   timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 build-attdec/test/fly_gpu_tests "$split_tests" >"$out/$tool.log" 2>&1
   sum "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.log" | head -1) $(grep -E 'test cases' "$out/$tool.log" | tail -1)"
