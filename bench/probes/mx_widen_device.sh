@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call (<= 540 s) for the BF16-widening MX GEMM (kernels/mx/mxfp_widen.cu, variants
-# mxfp_widen_n128, its split-K _s2 / _s4 and the _ov0 probe; docs/mxfp.md "BF16-widening design"):
+# mxfp_widen_n128, its split-K _s2 / _s4, the swapped decode _t1 variants and the _ov0 probe;
+# docs/mxfp.md "BF16-widening design"):
 #   1. build the MX families with the widening variants beside every variant the DB names;
 #   2. smoke: fly_gpu_subset mx (every mx variant once); a hang (rc 124) stops the script;
 #   3. GPU tests [mx][gemm] with the widening variants and the FP8 design's n128 split variant forced
@@ -11,14 +12,14 @@
 #      dequantize + cuBLAS, cuBLAS BF16 and cuBLAS FP8 rowwise, in the same run, on suites/mxfp.json.
 # Logs under $OUT (default ./out-mxwiden): summary.txt, gpu.log, memcheck.log, racecheck.log,
 # torch.log, torch.json, logs.tgz (the rest). BUDGET_S (default 540); VARIANTS (default
-# "mxfp_widen_n128 mxfp_widen_n128_s4 mxfp_widen_n128_s2") the variants sanitized and timed forced.
+# the swapped decode variants) the variants sanitized and timed forced.
 #   bash bench/probes/mx_widen_device.sh   (from the repository root; carry .devdeps)
 set -uo pipefail
 out=${OUT:-./out-mxwiden}
 mkdir -p "$out/more"
 b=build-mxwiden
 budget=${BUDGET_S:-540}
-variants=${VARIANTS:-mxfp_widen_n128 mxfp_widen_n128_s4 mxfp_widen_n128_s2}
+variants=${VARIANTS:-mxfp_widen_n32_t1_s1 mxfp_widen_n32_t1_s2 mxfp_widen_n32_t1_s4 mxfp_widen_n64_t1_s1 mxfp_widen_n64_t1_s2 mxfp_widen_n64_t1_s4}
 t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }
 sum() { echo "$*" | tee -a "$out/summary.txt"; }
@@ -40,7 +41,7 @@ phase() {  # phase <name> <timeout> <log> <cmd...>
 }
 
 bash tools/device_run.sh "$b" -DFLY_FAMILIES="mx_quantize;mxfp" -DFLY_ALL_VARIANTS=ON \
-  -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n(32|64|128)_f[01](_p[12])?(_s4)?|mxfp_widen_n128(_ov0|_s[24])?)$" \
+  -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n(32|64|128)_f[01](_p[12])?(_s4)?|mxfp_widen_n.*)$" \
   >"$out/more/cfg.log" 2>&1
 ninja -C "$b" -j16 flykernels fly_gpu_tests fly_gpu_subset flybench >"$out/more/build.log" 2>&1
 rc=$?

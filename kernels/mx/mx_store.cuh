@@ -16,7 +16,9 @@ namespace fly::mxw {
 struct KeepAcc {
   __device__ __forceinline__ float operator()(int, float v) const { return v; }
 };
-template <int BN, class T, class Fix = KeepAcc>
+// TRANS (the widening kernel's swapped decode variants): the kernel's rows are C's columns and its
+// columns C's rows, so element (row, col) goes to c[col][row] and the bias is indexed by row.
+template <int BN, class T, class Fix = KeepAcc, bool TRANS = false>
 __device__ __forceinline__ void store_acc_tile(const Params& p, int64_t row0, int64_t col0, int ct,
                                                const float (&acc)[BN / 2], Fix fix = Fix()) {
   using fly::from_float;
@@ -24,6 +26,24 @@ __device__ __forceinline__ void store_acc_tile(const Params& p, int64_t row0, in
   T* c = static_cast<T*>(p.c);
   const T* bias = static_cast<const T*>(p.bias);
   const int64_t r0 = row0 + acc_row(ct, 0);
+  if constexpr (TRANS) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = r0 + 8 * h;
+      if (row >= p.M) continue;
+      const float b = bias ? to_float<T>(bias[row]) : 0.0f;
+#pragma unroll
+      for (int c8 = 0; c8 < BN / 8; ++c8) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t col = col0 + acc_col(ct, 4 * c8) + e;
+          const int i = 4 * c8 + 2 * h + e;
+          if (col < p.N) c[col * p.ldc + row] = from_float<T>(fix(i, acc[i]) + b);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int c8 = 0; c8 < BN / 8; ++c8) {
     const int64_t col = col0 + acc_col(ct, 4 * c8);
@@ -55,11 +75,29 @@ __device__ __forceinline__ void store_acc_tile(const Params& p, int64_t row0, in
 
 // Split-K: the unit's FP32 partial (no bias, no rounding) to ws[q][M][N], rows / columns clipped,
 // 8-byte pairs where aligned.
-template <int BN, class Fix = KeepAcc>
+// TRANS: as store_acc_tile's, ws[q] stays in C's orientation ([p.N][p.M] then).
+template <int BN, class Fix = KeepAcc, bool TRANS = false>
 __device__ __forceinline__ void store_partial_tile(const SplitParams& p, int q, int64_t row0, int64_t col0, int ct,
                                                    const float (&acc)[BN / 2], Fix fix = Fix()) {
   float* ws = p.ws + int64_t(q) * p.M * p.N;
   const int64_t r0 = row0 + acc_row(ct, 0);
+  if constexpr (TRANS) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = r0 + 8 * h;
+      if (row >= p.M) continue;
+#pragma unroll
+      for (int c8 = 0; c8 < BN / 8; ++c8) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t col = col0 + acc_col(ct, 4 * c8) + e;
+          const int i = 4 * c8 + 2 * h + e;
+          if (col < p.N) ws[col * p.M + row] = fix(i, acc[i]);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int c8 = 0; c8 < BN / 8; ++c8) {
     const int64_t col = col0 + acc_col(ct, 4 * c8);

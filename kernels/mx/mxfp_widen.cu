@@ -51,8 +51,26 @@ using namespace fly::mxw;
 using namespace fly::mxw::widen;
 namespace sm90 = fly::sm90;
 
+// The tile's N width: 128, or 64 / 32 for the swapped decode variants (`_t1`: the weights as A,
+// the few tokens as B). The shared-memory plan is always the 128-wide one (mx_widen.h); a
+// narrower tile uses the first BN rows of its B parts.
+#if defined(FLY_BN)
+constexpr int BN = FLY_BN;
+#else
 constexpr int BN = kBN;
+#endif
+static_assert(BN == 32 || BN == 64 || BN == 128, "BN");
 constexpr int ACC = BN / 2;
+// B's widening per stage: BN rows x 2 k64 halves over the 256 consumer threads, each taking
+// kS4 of a half's four 16-byte column groups (BN 128: all four; 64: two; 32: one).
+constexpr int kS4 = BN / 32;
+// Swapped operands (FLY_SWAP, `_t1`): the launcher passes B (N x K) as the kernel's A and A as its
+// B, so the kernel computes C^T; the epilogue stores it transposed (mx_store.cuh, TRANS).
+#if defined(FLY_SWAP) && FLY_SWAP
+constexpr bool TRANS = true;
+#else
+constexpr bool TRANS = false;
+#endif
 #if defined(FLY_SPLIT) && FLY_SPLIT > 1
 using KParams = SplitParams;  // split-K (`_s<split>`): work units (tile, k range), FP32 partials, mxfp_splitk_reduce
 #else
@@ -80,14 +98,14 @@ __device__ __forceinline__ void store_unit(const KParams& p, int q, int64_t row0
                                            const float (&acc)[ACC], Fix fix = Fix()) {
 #if defined(FLY_SPLIT) && FLY_SPLIT > 1
   if (p.splits > 1) {
-    store_partial_tile<BN>(p, q, row0, col0, ct, acc, fix);
+    store_partial_tile<BN, Fix, TRANS>(p, q, row0, col0, ct, acc, fix);
     return;
   }
 #else
   (void)q;
 #endif
-  if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16>(p, row0, col0, ct, acc, fix);
-  else store_acc_tile<BN, __half>(p, row0, col0, ct, acc, fix);
+  if (p.out_bf16) store_acc_tile<BN, __nv_bfloat16, Fix, TRANS>(p, row0, col0, ct, acc, fix);
+  else store_acc_tile<BN, __half, Fix, TRANS>(p, row0, col0, ct, acc, fix);
 }
 
 template <int P> using Par = std::integral_constant<int, P>;  // a stage body's register set
@@ -186,7 +204,7 @@ __device__ __forceinline__ float elem(const uint8_t* tile, bool fp4, int row, in
 
 // The consumers' fixed per-thread offsets and their place in the ring (kept across tiles).
 struct Cons {
-  int cw, ct, t, ra, bn_row, bh;
+  int cw, ct, t, ra, bn_row, bh, part;  // part: which kS4 column groups of B's half (BN < 128)
   uint32_t ring_a, wt_a;        // shared-window addresses of the ring and the widened B tiles
   uint32_t b_ld, b_st;          // B: the row's load offset (chunk_off) in a stage, store offset in a tile
   uint32_t a_ld0, a_ld1;        // A: rows ra, ra + 8 in a stage
@@ -228,6 +246,7 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
       const uint32_t dst = wt + c.b_st;
 #pragma unroll
       for (int s4 = 0; s4 < 4; ++s4) {
+        if (kS4 < 4 && s4 / kS4 != c.part) continue;  // warp-uniform: a warp's rows share the part
         uint32_t lo[4], hi[4];
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
@@ -311,14 +330,17 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
     rn0 = __shfl_xor_sync(0xFFFFFFFFu, rn0, 2) || rn0;
     rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 1) || rn1;
     rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 2) || rn1;
-    colnan[c.bh * BN + c.bn_row] = (nan_b & kNanBits) != 0u ? 1u : 0u;
+    colnan[(c.part * 2 + c.bh) * BN + c.bn_row] = (nan_b & kNanBits) != 0u ? 1u : 0u;  // [4 / kS4][2][BN]
     fly::named_barrier(2, 256);
   }
   const int ct = c.ct;
   auto fix = [&](int i, float v) {
     if (!F16) {
       const int col = acc_col(ct, i);
-      if ((colnan[col] | colnan[BN + col]) != 0u || ((i & 2) ? rn1 : rn0)) return __uint_as_float(0x7FC00000u);
+      uint32_t cn = 0u;
+#pragma unroll
+      for (int k = 0; k < 8 / kS4; ++k) cn |= colnan[k * BN + col];
+      if (cn != 0u || ((i & 2) ? rn1 : rn0)) return __uint_as_float(0x7FC00000u);
     }
     return resc != 0 ? rescale(v, resc) : v;
   };
@@ -384,8 +406,16 @@ __device__ __forceinline__ void consume(const KParams& p, uint8_t* ring, uint8_t
   c.ct = threadIdx.x % 128;
   c.t = c.ct & 3;
   c.ra = c.cw * 64 + acc_row(c.ct, 0);
-  c.bn_row = c.cw * 64 + (c.ct & 63);
-  c.bh = c.ct >> 6;
+  if constexpr (BN == 128) {
+    c.bn_row = c.cw * 64 + (c.ct & 63);
+    c.bh = c.ct >> 6;
+    c.part = 0;
+  } else {  // consumer thread i: row i % BN, half (i / BN) % 2, part i / (2 BN)
+    const int i = threadIdx.x - 128;
+    c.bn_row = i % BN;
+    c.bh = (i / BN) & 1;
+    c.part = i / (2 * BN);
+  }
   c.ring_a = sm90::smem_u32(ring);
   c.wt_a = sm90::smem_u32(wtiles);
   c.b_ld = uint32_t(kOffB) + row_off<FP4>(c.bn_row) + (FP4 ? 32u * c.bh : 0u);
@@ -456,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
       const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, unit_of(p, u, ksteps).t);
       const int64_t ga = int64_t(tl.tm) * kBM + pt, gb = int64_t(tl.tn) * BN + pt;
       if (ga < p.M) ra = p.sa + ga * kbs;
-      if (gb < p.N) rb = p.sb + gb * kbs;
+      if (pt < BN && gb < p.N) rb = p.sb + gb * kbs;
     };
     // Scale bytes of stage kk from a row (byte j = block 4 kk + j; 0 past K or for a null row).
     auto word = [&](const uint8_t* r, int kk) -> uint32_t {
@@ -519,7 +549,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
       const Unit un = unit_of(p, u, ksteps);
       const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, un.t);
       const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
-      const bool ina = m0 + pt < p.M, inb = n0 + pt < p.N;
+      const bool ina = m0 + pt < p.M, inb = pt < BN && n0 + pt < p.N;
       // The tile's plan (mx_widen.h choose_plan): path and shifts from the min / max over the
       // producer warpgroup of every scale of the tile's rows and columns.
       uint32_t mina = 255, maxa = 0, minb = 255, maxb = 0;

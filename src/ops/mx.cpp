@@ -41,8 +41,10 @@ int64_t row_stride(const fly_tensor& t) { return t.sizes[0] > 1 ? t.strides[0] :
 // mxw::split_count(split, tiles, ceil(K / 128), min(SMs, kSplitMaxSms)); the query assumes
 // kSplitMaxSms, so a workspace it sized is always large enough.
 constexpr int64_t kSplitMaxSms = 132;
+// Swapped variants (the widening design's `_t1`, swap = 1) tile N x M: the kernel's rows are N.
 int split_of_launch(const Variant& v, int64_t M, int64_t N, int64_t K, int64_t sms) {
-  return mxw::launch_splits(int(v.get_int("split", 0)), int(v.get_int("bn", 128)), M, N, K,
+  const bool swap = v.get_int("swap", 0) == 1;
+  return mxw::launch_splits(int(v.get_int("split", 0)), int(v.get_int("bn", 128)), swap ? N : M, swap ? M : N, K,
                             sms < kSplitMaxSms ? sms : kSplitMaxSms);
 }
 
@@ -51,16 +53,15 @@ int split_of_launch(const Variant& v, int64_t M, int64_t N, int64_t K, int64_t s
 // Per call (fly_scaled_gemm's cache tag): the bundled split variants' (split, bn), read from the
 // registry once (it is fixed at build time).
 int64_t split_ws_need(int64_t M, int64_t N, int64_t K, int64_t sms) {
-  static const std::vector<std::pair<int, int>> split_bn = [] {
-    std::vector<std::pair<int, int>> r;
+  static const std::vector<const Variant*> split_variants = [] {
+    std::vector<const Variant*> r;
     for (const Variant* v : variants_of("mxfp"))
-      if (v->get_int("split", 0) >= 2) r.emplace_back(int(v->get_int("split", 0)), int(v->get_int("bn", 128)));
+      if (v->get_int("split", 0) >= 2) r.push_back(v);
     return r;
   }();
   int64_t need = 0;
-  for (const auto& [split, bn] : split_bn)
-    need = std::max(need, mxw::split_ws_bytes(mxw::launch_splits(split, bn, M, N, K, std::min<int64_t>(sms, kSplitMaxSms)),
-                                              M, N));
+  for (const Variant* v : split_variants)
+    need = std::max(need, mxw::split_ws_bytes(split_of_launch(*v, M, N, K, sms), M, N));
   return need;
 }
 
@@ -70,12 +71,15 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
                         size_t workspace_bytes, void* stream) {
   const int bn = int(v.get_int("bn", 128));
   const bool fold = v.get_int("fold", 0) != 0;
-  // The BF16-widening design (kernels/mx/mxfp_widen.cu, variants mxfp_widen_n128): the same
-  // parameters and TMA maps, its own kernel and shared-memory plan, no split axis.
+  // The BF16-widening design (kernels/mx/mxfp_widen.cu, variants mxfp_widen_n<bn>[_t1][_s<split>]):
+  // the same parameters and TMA maps, its own kernel and shared-memory plan. Swapped variants
+  // (`_t1`, decode shapes): B is the kernel's A operand and A its B (the kernel tiles N x M and
+  // stores C transposed), so the weights fill the 128-row side and the few tokens a BN-wide tile.
   const bool widen = v.name.rfind("mxfp_widen", 0) == 0;
+  const bool swap = widen && v.get_int("swap", 0) == 1;
   if (bn != 32 && bn != 64 && bn != 128) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
-  if (widen && bn != mxw::widen::kBN) return fail(FLY_ERROR_INTERNAL, "variant %s: bn = %d", v.name.c_str(), bn);
-  const int64_t tiles_m = (M + mxw::kBM - 1) / mxw::kBM, tiles_n = (N + bn - 1) / bn;
+  const int64_t Mk = swap ? N : M, Nk = swap ? M : N;  // the kernel's rows and columns
+  const int64_t tiles_m = (Mk + mxw::kBM - 1) / mxw::kBM, tiles_n = (Nk + bn - 1) / bn;
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || tiles_m * tiles_n > INT32_MAX)
     return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 ", N = %" PRId64 ", K = %" PRId64
                 " exceed the wgmma MX kernel's 32-bit tile indices", M, N, K);
@@ -110,15 +114,15 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
            "cuTensorMapEncodeTiled");
     return FLY_SUCCESS;
   };
-  FLY_TRY(encode(&p.tm_a, a, M, lda, mxw::kBM));
-  FLY_TRY(encode(&p.tm_b, b, N, ldb, bn));
-  p.sa = static_cast<const uint8_t*>(sa.data);
-  p.sb = static_cast<const uint8_t*>(sb.data);
+  FLY_TRY(encode(&p.tm_a, swap ? b : a, Mk, swap ? ldb : lda, mxw::kBM));
+  FLY_TRY(encode(&p.tm_b, swap ? a : b, Nk, swap ? lda : ldb, bn));
+  p.sa = static_cast<const uint8_t*>((swap ? sb : sa).data);
+  p.sb = static_cast<const uint8_t*>((swap ? sa : sb).data);
   p.bias = bias ? bias->data : nullptr;
   p.c = c.data;
   p.ldc = row_stride(c);
-  p.M = int32_t(M);
-  p.N = int32_t(N);
+  p.M = int32_t(Mk);
+  p.N = int32_t(Nk);
   p.K = int32_t(K);
   p.tiles_m = int32_t(tiles_m);
   p.tiles_n = int32_t(tiles_n);
@@ -143,8 +147,8 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   r.bias = p.bias;
   r.c = p.c;
   r.ldc = p.ldc;
-  r.M = p.M;
-  r.N = p.N;
+  r.M = int32_t(M);  // C's own shape (the partials are stored in C's orientation, swapped or not)
+  r.N = int32_t(N);
   r.splits = splits;
   r.out_bf16 = p.out_bf16;
   const int64_t pairs = M * ((N + 1) / 2), per = mxw::kReduceThreads;

@@ -464,3 +464,56 @@ TEST_CASE("scaled_gemm: workspace outside device memory rejected; split count pe
       CHECK(r.out_bf16 == (out == FLY_BF16 ? 1 : 0));
     }
 }
+
+// The widening design's swapped decode variants (`_t1`): B is the kernel's A (TMA map over N rows,
+// 128-row boxes, B's scales), A its B (M rows, BN-row boxes), the kernel's M / N are N / M, the grid
+// covers N / 128 x ceil(M / BN) tiles times the splits, and the reduction gets C's own shape.
+TEST_CASE("scaled_gemm: swapped widening variants tile N x M and reduce into C's shape", "[fake][mx][splitk]") {
+  for (const char* name : {"mxfp_widen_n32_t1_s4", "mxfp_widen_n64_t1_s1"}) {
+    if (!fly::find_variant(name)) { WARN("no " << name << " in this build"); continue; }
+    INFO(name);
+    const bool split = std::string(name).find("_s4") != std::string::npos;
+    const int bn = std::string(name).find("_n32") != std::string::npos ? 32 : 64;
+    void* s = fake_cuda_stream_create(0);
+    for (int fp4 = 0; fp4 < 2; ++fp4) {
+      MxOperands o(32, 4096, 4096, fp4 != 0, FLY_BF16);
+      size_t need = 0;
+      REQUIRE(fly_scaled_gemm_workspace_size(&o.a, &o.b, &o.c, &need) == FLY_SUCCESS);
+      void* ws = need ? fake_cuda_malloc(need) : nullptr;
+      REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+      fake_cuda_clear_records();
+      const fly_status st = fly_scaled_gemm(&o.a, &o.sa, &o.b, &o.sb, &o.bias, &o.c, ws, need, s);
+      fly_force_variant(nullptr);
+      INFO(fly_get_last_error() << " " << fake_cuda_last_refusal());
+      REQUIRE(st == FLY_SUCCESS);
+      REQUIRE(fake_cuda_launch_count() == (split ? 2 : 1));
+      const fake_cuda_launch* G = fake_cuda_get_launch(0);
+      CHECK(std::string(G->kernel) == "mxfp_widen");
+      CHECK(G->smem == unsigned(fly::mxw::widen::smem_bytes()));
+      CHECK(G->grid[0] == (split ? 128u : 32u));  // 4096 / 128 tiles of N, one of M, x 4 splits
+      const auto p = mx_params_of<fly::mxw::Params>(G);
+      CHECK(p.M == 4096);
+      CHECK(p.N == 32);
+      CHECK(p.sa == o.sbd);
+      CHECK(p.sb == o.sad);
+      CHECK(p.c == o.cd);
+      CHECK(p.ldc == 4096);
+      CHECK(p.bias == o.biasd);
+      const fake_cuda_tensor_map* ma = fake_cuda_get_tensor_map(fake_cuda_tensor_map_index(&p.tm_a));
+      const fake_cuda_tensor_map* mb = fake_cuda_get_tensor_map(fake_cuda_tensor_map_index(&p.tm_b));
+      REQUIRE(ma != nullptr);
+      REQUIRE(mb != nullptr);
+      CHECK(ma->address == reinterpret_cast<uint64_t>(o.bd));
+      CHECK(mb->address == reinterpret_cast<uint64_t>(o.ad));
+      CHECK(ma->box[1] == 128u);
+      CHECK(mb->box[1] == unsigned(bn));
+      if (split) {
+        CHECK(mx_params_of<fly::mxw::SplitParams>(G).splits == 4);
+        const auto r = mx_params_of<fly::mxw::SplitReduceParams>(fake_cuda_get_launch(1));
+        CHECK(r.M == 32);
+        CHECK(r.N == 4096);
+        CHECK(r.c == o.cd);
+      }
+    }
+  }
+}
