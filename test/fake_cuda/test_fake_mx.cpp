@@ -324,19 +324,19 @@ TEST_CASE("scaled_gemm: split-K variants' workspace, launches and fallback", "[f
   }
 }
 
-// The shipped dispatch at a decode key whose DB row names a split-K winner (db/sm_90a.sql: mxfp8
-// N = K = 4096, M = 32 -> mxfp_wgmma_n128_f0_p2_s4, runner-up mxfp_wgmma_n32_f0): with the queried
-// workspace the split launch and its reduction; with none or too little, the row's runner-up
-// (unsplit, one launch), not the split variant run unsplit.
+// The shipped dispatch at a decode key whose DB row names a split-K winner (db/sm_90a.sql:
+// N = K = 4096, M = 32: mxfp8 -> mxfp_wgmma_n128_f0_p2_s4, mxfp4 -> mxfp_widen_n32_t1_s4, both with
+// the runner-up mxfp_wgmma_n32_f0): with the queried workspace the split launch and its reduction;
+// with none or too little, the row's runner-up (unsplit, one launch), not the split variant run unsplit.
 TEST_CASE("scaled_gemm: a split-K row without its workspace runs the row's runner-up", "[fake][mx][splitk]") {
-  const char* split = "mxfp_wgmma_n128_f0_p2_s4";
   const char* unsplit = "mxfp_wgmma_n32_f0";
-  if (!fly::find_variant(split) || !fly::find_variant(unsplit)) {
-    WARN("the decode rows' variants are not both bundled in this build");
-    return;
-  }
   void* s = fake_cuda_stream_create(0);
   for (bool fp4 : {false, true}) {
+    const char* split = fp4 ? "mxfp_widen_n32_t1_s4" : "mxfp_wgmma_n128_f0_p2_s4";
+    if (!fly::find_variant(split) || !fly::find_variant(unsplit)) {
+      WARN("the decode rows' variants are not both bundled in this build");
+      continue;
+    }
     MxOperands o(32, 4096, 4096, fp4, FLY_BF16);
     size_t need = 0;
     REQUIRE(fly_scaled_gemm_workspace_size(&o.a, &o.b, &o.c, &need) == FLY_SUCCESS);
