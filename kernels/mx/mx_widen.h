@@ -14,26 +14,46 @@ constexpr int kBN = 128;        // CTA tile 128 x 128: two consumer warpgroups o
 constexpr int kRows = kBM + kBN;  // scale rows of a stage: A's 128, then B's 128
 constexpr int kWBufs = 3;       // widened B tiles in flight (written at stage i, read by wgmma i)
 
+// The shared-memory plan of a tile bn columns wide (128; 64 / 32 for the swapped decode variants,
+// whose smaller B parts leave room for more ring stages).
 // One ring stage: the FP8 tiles [rows][128 B] (128B-swizzled, as TMA lands them) or MXFP4's packed
 // tiles [rows][64 B] (unswizzled) at the same offsets; the decoded scales (float [4][kRows], for the
 // rare exact fallback); the widening multipliers (16-bit pairs [4][kRows]); the tile's path and rescale.
-constexpr int kOffA = 0;
-constexpr int kOffB = kBM * 128;
-constexpr int kOffScale = kOffB + kBN * 128;
-constexpr int kOffMul = kOffScale + 4 * kRows * 4;
-constexpr int kOffFlag = kOffMul + 4 * kRows * 4;
-constexpr int kStage = (kOffFlag + 16 + 1023) / 1024 * 1024;
-// A widened B tile: two k64 halves [kBN][128 B] (BF16, 128B-swizzled, the wgmma B operand).
-constexpr int kWHalf = kBN * 128;
-constexpr int kWBuf = 2 * kWHalf;
-constexpr int kStages = 3;
+// A widened B tile: two k64 halves [bn][128 B] (BF16, 128B-swizzled, the wgmma B operand).
 // Dynamic shared memory: 1024 bytes of alignment slack, the ring, the widened B tiles, 2 mbarriers
 // per stage, the producer's reduction scratch ([2 parities][4 warps][4 words]), the consumers' NaN
-// column flags ([2 k64 halves][kBN] words).
-constexpr int smem_bytes() {
-  return 1024 + kStages * kStage + kWBufs * kWBuf + kStages * 2 * 8 + 2 * 4 * 4 * 4 + 2 * kBN * 4;
+// column flags (256 words).
+template <int BN>
+struct Layout {
+  static constexpr int kOffA = 0;
+  static constexpr int kOffB = kBM * 128;
+  static constexpr int kOffScale = kOffB + BN * 128;
+  static constexpr int kOffMul = kOffScale + 4 * kRows * 4;
+  static constexpr int kOffFlag = kOffMul + 4 * kRows * 4;
+  static constexpr int kStage = (kOffFlag + 16 + 1023) / 1024 * 1024;
+  static constexpr int kWHalf = BN * 128;
+  static constexpr int kWBuf = 2 * kWHalf;
+  static constexpr int kStages = BN == 128 ? 3 : BN == 64 ? 5 : 6;
+  static constexpr int smem_bytes() {
+    return 1024 + kStages * kStage + kWBufs * kWBuf + kStages * 2 * 8 + 2 * 4 * 4 * 4 + 2 * kBN * 4;
+  }
+  static_assert(smem_bytes() <= 232448, "fits the 227 KiB of dynamic shared memory");
+};
+// The 128-wide plan under its old names (the launcher's and the tests' default).
+constexpr int kOffA = Layout<kBN>::kOffA;
+constexpr int kOffB = Layout<kBN>::kOffB;
+constexpr int kOffScale = Layout<kBN>::kOffScale;
+constexpr int kOffMul = Layout<kBN>::kOffMul;
+constexpr int kOffFlag = Layout<kBN>::kOffFlag;
+constexpr int kStage = Layout<kBN>::kStage;
+constexpr int kWHalf = Layout<kBN>::kWHalf;
+constexpr int kWBuf = Layout<kBN>::kWBuf;
+constexpr int kStages = Layout<kBN>::kStages;
+constexpr int smem_bytes() { return Layout<kBN>::smem_bytes(); }
+// The plan's dynamic shared memory for a variant's bn (0 for a width the kernel does not build).
+constexpr int smem_bytes_for(int bn) {
+  return bn == 128 ? Layout<128>::smem_bytes() : bn == 64 ? Layout<64>::smem_bytes() : bn == 32 ? Layout<32>::smem_bytes() : 0;
 }
-static_assert(smem_bytes() <= 232448, "fits the 227 KiB of dynamic shared memory");
 
 // The k permutation inside each 64-element k group. Thread t (lane % 4) of a quad holds, for k16
 // step s (0..3), the A fragment slots {2t, 2t + 1} (a0 / a1) and {2t + 8, 2t + 9} (a2 / a3); it fills

@@ -71,6 +71,7 @@ constexpr bool TRANS = true;
 #else
 constexpr bool TRANS = false;
 #endif
+using W = Layout<BN>;  // this width's shared-memory plan (mx_widen.h)
 #if defined(FLY_SPLIT) && FLY_SPLIT > 1
 using KParams = SplitParams;  // split-K (`_s<split>`): work units (tile, k range), FP32 partials, mxfp_splitk_reduce
 #else
@@ -212,7 +213,7 @@ struct Cons {
   int s, wi;
   uint32_t ph;
   __device__ __forceinline__ void next_stage() {
-    if (++s == kStages) {
+    if (++s == W::kStages) {
       s = 0;
       ph ^= 1;
     }
@@ -235,8 +236,8 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
     constexpr int P = decltype(par)::value;
     uint32_t(&ar)[2][4][4] = P == 0 ? areg0 : areg1;
     sm90::mbar_wait(&full[c.s], c.ph);
-    const uint32_t sb = c.ring_a + uint32_t(c.s * kStage);
-    const uint32_t wt = c.wt_a + uint32_t(c.wi * kWBuf);
+    const uint32_t sb = c.ring_a + uint32_t(c.s * W::kStage);
+    const uint32_t wt = c.wt_a + uint32_t(c.wi * W::kWBuf);
     // B: row bn_row, k64 half bh -> the widened tile in the permuted k order
     {
       const uint32_t mb0 = lds32(sb + c.mb_off), mb1 = lds32(sb + c.mb_off + 4u * kRows);
@@ -290,7 +291,7 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
     sm90::wgmma_fence();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint64_t db = sm90::make_desc_sw128(wt + uint32_t(h * kWHalf), 16, 1024);
+      const uint64_t db = sm90::make_desc_sw128(wt + uint32_t(h * W::kWHalf), 16, 1024);
 #pragma unroll
       for (int s4 = 0; s4 < 4; ++s4) Mma::mma(acc, ar[h][s4], db + 2 * s4, (ks | h | s4) != 0 ? 1 : 0);
     }
@@ -365,8 +366,8 @@ __device__ __forceinline__ int2 tile_scalar(const KParams& p, uint8_t* ring, uin
 #pragma unroll 1
   for (int ks = ks0; ks < ks1; ++ks) {
     sm90::mbar_wait(&full[s], ph);
-    const uint8_t* st = ring + s * kStage;
-    const float* fs = reinterpret_cast<const float*>(st + kOffScale);
+    const uint8_t* st = ring + s * W::kStage;
+    const float* fs = reinterpret_cast<const float*>(st + W::kOffScale);
 #pragma unroll 1
     for (int j = 0; j < 4 && ks * 4 + j < kbs; ++j) {
 #pragma unroll 1
@@ -375,13 +376,13 @@ __device__ __forceinline__ int2 tile_scalar(const KParams& p, uint8_t* ring, uin
         float dot = 0.0f;
 #pragma unroll 1
         for (int k = 32 * j; k < 32 * j + 32; ++k)
-          dot = fmaf(elem(st + kOffA, FP4, row, k), elem(st + kOffB, FP4, col, k), dot);
+          dot = fmaf(elem(st + W::kOffA, FP4, row, k), elem(st + W::kOffB, FP4, col, k), dot);
         sacc[i * 256] = fmaf(dot, fs[j * kRows + row] * fs[j * kRows + kBM + col], sacc[i * 256]);
       }
     }
     fly::named_barrier(2, 256);  // keeps the arrive behind this stage's loads (see tile_mma)
     sm90::mbar_arrive(&empty[s]);
-    if (++s == kStages) {
+    if (++s == W::kStages) {
       s = 0;
       ph ^= 1;
     }
@@ -418,12 +419,12 @@ __device__ __forceinline__ void consume(const KParams& p, uint8_t* ring, uint8_t
   }
   c.ring_a = sm90::smem_u32(ring);
   c.wt_a = sm90::smem_u32(wtiles);
-  c.b_ld = uint32_t(kOffB) + row_off<FP4>(c.bn_row) + (FP4 ? 32u * c.bh : 0u);
-  c.b_st = uint32_t(c.bh * kWHalf) + row_off<false>(c.bn_row);
-  c.a_ld0 = uint32_t(kOffA) + row_off<FP4>(c.ra);
-  c.a_ld1 = uint32_t(kOffA) + row_off<FP4>(c.ra + 8);
-  c.mb_off = uint32_t(kOffMul) + 4u * uint32_t(2 * c.bh * kRows + kBM + c.bn_row);
-  c.ma_off0 = uint32_t(kOffMul) + 4u * uint32_t(block_of(0, c.t) * kRows + c.ra);
+  c.b_ld = uint32_t(W::kOffB) + row_off<FP4>(c.bn_row) + (FP4 ? 32u * c.bh : 0u);
+  c.b_st = uint32_t(c.bh * W::kWHalf) + row_off<false>(c.bn_row);
+  c.a_ld0 = uint32_t(W::kOffA) + row_off<FP4>(c.ra);
+  c.a_ld1 = uint32_t(W::kOffA) + row_off<FP4>(c.ra + 8);
+  c.mb_off = uint32_t(W::kOffMul) + 4u * uint32_t(2 * c.bh * kRows + kBM + c.bn_row);
+  c.ma_off0 = uint32_t(W::kOffMul) + 4u * uint32_t(block_of(0, c.t) * kRows + c.ra);
   c.s = 0;
   c.wi = 0;
   c.ph = 0;
@@ -432,7 +433,7 @@ __device__ __forceinline__ void consume(const KParams& p, uint8_t* ring, uint8_t
     const Tile tl = tile_of(p.tiles_m, p.tiles_n, p.strip_m, un.t);
     const int64_t row0 = int64_t(tl.tm) * kBM + c.cw * 64, col0 = int64_t(tl.tn) * BN;
     sm90::mbar_wait(&full[c.s], c.ph);
-    const int* flag = reinterpret_cast<const int*>(ring + c.s * kStage + kOffFlag);
+    const int* flag = reinterpret_cast<const int*>(ring + c.s * W::kStage + W::kOffFlag);
     const int path = flag[0], resc = flag[1];  // the whole unit's
     const int n = un.ks1 - un.ks0;
     if (path == kF16) tile_mma<FP4, true>(p, c, ring, full, empty, colnan, n, resc, un.q, row0, col0);
@@ -451,17 +452,17 @@ __device__ __forceinline__ void consume(const KParams& p, uint8_t* ring, uint8_t
 extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __grid_constant__ KParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* wtiles = ring + kStages * kStage;
-  uint64_t* full = reinterpret_cast<uint64_t*>(wtiles + kWBufs * kWBuf);
-  uint64_t* empty = full + kStages;
-  uint32_t* scratch = reinterpret_cast<uint32_t*>(empty + kStages);  // [2][4 warps][4], then colnan
+  uint8_t* wtiles = ring + W::kStages * W::kStage;
+  uint64_t* full = reinterpret_cast<uint64_t*>(wtiles + kWBufs * W::kWBuf);
+  uint64_t* empty = full + W::kStages;
+  uint32_t* scratch = reinterpret_cast<uint32_t*>(empty + W::kStages);  // [2][4 warps][4], then colnan
 
   const int wg = threadIdx.x / 128;
   const bool fp4 = p.fp4 != 0;
   if (threadIdx.x == 0) {
     sm90::tma_prefetch_desc(&p.tm_a);
     sm90::tma_prefetch_desc(&p.tm_b);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < W::kStages; ++s) {
       sm90::mbar_init(&full[s], 129);  // 128 producer threads + the TMA thread's expect_tx arrival
       sm90::mbar_init(&empty[s], 256);
     }
@@ -587,15 +588,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
         wb0 = wb1;
         ahead(wa1, wb1);  // two stages ahead
         sm90::mbar_wait(&empty[s], ph ^ 1);
-        uint8_t* st = ring + s * kStage;
+        uint8_t* st = ring + s * W::kStage;
         if (pt == 0) {
           sm90::mbar_arrive_expect_tx(&full[s], uint32_t(fp4 ? (kBM + BN) * 64 : (kBM + BN) * 128));
           const int kc = fp4 ? ks * (kKStep / 2) : ks * kKStep;
-          sm90::tma_load_2d(st + kOffA, &p.tm_a, &full[s], kc, m0);
-          sm90::tma_load_2d(st + kOffB, &p.tm_b, &full[s], kc, n0);
+          sm90::tma_load_2d(st + W::kOffA, &p.tm_a, &full[s], kc, m0);
+          sm90::tma_load_2d(st + W::kOffB, &p.tm_b, &full[s], kc, n0);
         }
         if (pl.path != kScalar) {
-          uint32_t* mul = reinterpret_cast<uint32_t*>(st + kOffMul);
+          uint32_t* mul = reinterpret_cast<uint32_t*>(st + W::kOffMul);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const bool kin = ks * 4 + j < kbs;
@@ -603,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
             mul[j * kRows + kBM + pt] = multiplier((wb >> (8 * j)) & 0xFFu, pl.tb, inb && kin, f16);
           }
         } else {
-          float* fs = reinterpret_cast<float*>(st + kOffScale);
+          float* fs = reinterpret_cast<float*>(st + W::kOffScale);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const bool kin = ks * 4 + j < kbs;
@@ -612,12 +613,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
           }
         }
         if (pt == 0) {
-          int* flag = reinterpret_cast<int*>(st + kOffFlag);
+          int* flag = reinterpret_cast<int*>(st + W::kOffFlag);
           flag[0] = pl.path;
           flag[1] = -(pl.ta + pl.tb);  // the epilogue's rescale exponent
         }
         sm90::mbar_arrive(&full[s]);
-        if (++s == kStages) {
+        if (++s == W::kStages) {
           s = 0;
           ph ^= 1;
         }

@@ -133,7 +133,7 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   const int64_t units = tiles_m * tiles_n * splits;
   cfg.grid[0] = unsigned(units < sms ? units : sms);
   cfg.block[0] = mxw::kThreads;
-  cfg.smem = unsigned(widen ? mxw::widen::smem_bytes() : mxw::smem_bytes(bn, fold, v.get_int("pipe", 0) >= 2));
+  cfg.smem = unsigned(widen ? mxw::widen::smem_bytes_for(bn) : mxw::smem_bytes(bn, fold, v.get_int("pipe", 0) >= 2));
   if (!split_variant) return launch1(f, cfg, stream, static_cast<const mxw::Params&>(p));
   p.ws = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   p.splits = splits;

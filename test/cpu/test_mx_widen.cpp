@@ -170,12 +170,32 @@ TEST_CASE("mx widen: the tile's plan holds every scale inside its path's window,
   CHECK(paths[2] > 100);
 }
 
+template <int BN>
+void check_layout() {
+  using L = w::Layout<BN>;
+  INFO("bn " << BN);
+  CHECK(L::smem_bytes() <= 232448);
+  CHECK(w::smem_bytes_for(BN) == L::smem_bytes());
+  CHECK(L::kStage % 1024 == 0);
+  CHECK(L::kOffB % 1024 == 0);  // TMA's 128B-swizzled destination
+  CHECK(L::kOffScale >= L::kOffB + BN * 128);
+  CHECK(L::kWBuf % 1024 == 0);
+  CHECK(L::kWHalf == BN * 128);
+  CHECK(L::kWHalf % 1024 == 0);  // each widened half starts on a swizzle atom (the wgmma descriptor)
+  CHECK(L::kOffFlag + 16 <= L::kStage);
+  CHECK(L::kStages >= 3);
+  // the exact fallback's accumulators ([BN / 2][256] floats) fit in the widened tiles
+  CHECK(BN / 2 * 256 * 4 <= w::kWBufs * L::kWBuf);
+}
+
 TEST_CASE("mx widen: the shared-memory plan fits and keeps the swizzle atoms aligned", "[mx][widen]") {
-  CHECK(w::smem_bytes() <= 232448);
-  CHECK(w::kStage % 1024 == 0);
-  CHECK(w::kOffB % 1024 == 0);
-  CHECK(w::kWBuf % 1024 == 0);
-  CHECK(w::kWHalf == w::kBN * 128);
-  CHECK(w::kOffFlag + 4 <= w::kStage);
-  CHECK(w::kStages >= 3);
+  check_layout<128>();
+  check_layout<64>();
+  check_layout<32>();
+  CHECK(w::smem_bytes() == w::Layout<128>::smem_bytes());
+  CHECK(w::kStage == w::Layout<128>::kStage);
+  CHECK(w::smem_bytes_for(96) == 0);
+  // the narrow plans buy ring stages with their smaller B parts
+  CHECK(w::Layout<64>::kStages > w::Layout<128>::kStages);
+  CHECK(w::Layout<32>::kStages > w::Layout<64>::kStages);
 }

@@ -489,7 +489,7 @@ TEST_CASE("scaled_gemm: swapped widening variants tile N x M and reduce into C's
       REQUIRE(fake_cuda_launch_count() == (split ? 2 : 1));
       const fake_cuda_launch* G = fake_cuda_get_launch(0);
       CHECK(std::string(G->kernel) == "mxfp_widen");
-      CHECK(G->smem == unsigned(fly::mxw::widen::smem_bytes()));
+      CHECK(G->smem == unsigned(fly::mxw::widen::smem_bytes_for(bn)));
       CHECK(G->grid[0] == (split ? 128u : 32u));  // 4096 / 128 tiles of N, one of M, x 4 splits
       const auto p = mx_params_of<fly::mxw::Params>(G);
       CHECK(p.M == 4096);
