@@ -11,5 +11,5 @@ ninja -C "$b" -j16 flybench >"$out/build.log" 2>&1 || { tail -20 "$out/build.log
 echo '{"cases": [{"M": 4096, "N": 4096, "K": 4096}]}' >/tmp/q.json
 M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,smsp__issue_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread
 timeout 200 ncu --clock-control none -k regex:mx_quantize -s 2 -c 4 --metrics $M --section WarpStateStats --csv \
-  "./$b/flybench" mxfp --suite /tmp/q.json --reps 2 2>&1 | grep -v '^==PROF==' >"$out/ncu-quant.txt"
+  "./$b/flybench" mxfp --suite /tmp/q.json 2>&1 | grep -v '^==PROF==' >"$out/ncu-quant.txt"
 echo "ncu rc=$?"; wc -l "$out/ncu-quant.txt"
