@@ -68,7 +68,12 @@ __device__ __forceinline__ uint32_t e4m3x2(float x0, float x1) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(FLY_THREADS) mx_quantize(MxQuantizeParams p) {
+// FLY_MINB (variants `_o<minb>`): CTAs per SM the register allocation must allow (occupancy; the
+// loop is latency-bound at 64 registers a thread: ncu in bench/RESULTS.md).
+#if !defined(FLY_MINB)
+#define FLY_MINB 1
+#endif
+extern "C" __global__ void __launch_bounds__(FLY_THREADS, FLY_MINB) mx_quantize(MxQuantizeParams p) {
   const int64_t kb_per_row = p.K / 32;
   const int64_t blocks = p.M * kb_per_row;
   for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x) {
