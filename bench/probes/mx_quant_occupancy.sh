@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quantizer's occupancy probe: mx_quantize_t256_hw1 beside _o6 / _o8 (__launch_bounds__ min
+# The quantizer probes beside mx_quantize_t256_hw1: QVARIANTS (default the look-ahead _pf1; _o6 / _o8: __launch_bounds__ min
 # blocks 6 / 8: 40 / 32 registers, with spills) on three suite shapes, flybench mxfp --quant-variant.
 #   OUT=... bash bench/probes/mx_quant_occupancy.sh   (carry .devdeps)
 set -uo pipefail
@@ -8,7 +8,7 @@ bash tools/device_run.sh "$b" -DFLY_FAMILIES="mx_quantize;mxfp" -DFLY_ALL_VARIAN
   -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1.*|mxfp_widen_n128)$" >/dev/null 2>&1
 ninja -C "$b" -j16 flybench fly_gpu_tests >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
 echo '{"cases": [{"M": 4096, "N": 4096, "K": 4096}, {"M": 2048, "N": 14336, "K": 4096}, {"M": 4096, "N": 28672, "K": 8192}]}' >/tmp/q3.json
-for v in mx_quantize_t256_hw1 mx_quantize_t256_hw1_o6 mx_quantize_t256_hw1_o8; do
+for v in ${QVARIANTS:-mx_quantize_t256_hw1 mx_quantize_t256_hw1_pf1}; do
   echo "== $v"; timeout 60 "./$b/flybench" mxfp --suite /tmp/q3.json --quant-variant $v 2>&1 | grep -E "^mxfp" | awk '{print $1,$2,$3,$4,$8,$9}'
 done | tee "$out/quant.txt"
 FLY_TEST_VARIANTS='^mx_quantize' timeout 100 "./$b/test/fly_gpu_tests" "[mx][quantize]" 2>&1 | tail -2 | tee -a "$out/quant.txt"

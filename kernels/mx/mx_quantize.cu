@@ -57,6 +57,31 @@ __device__ __forceinline__ void load_block(const MxQuantizeParams& p, int64_t ro
   }
 }
 
+// The 16-bit vector path in two steps (variants `_pf1`): the block's 64 bytes as raw words (issued
+// one block ahead), then widened to floats as load_block does.
+__device__ __forceinline__ void load_raw16(const MxQuantizeParams& p, int64_t row, int64_t k0, uint4 (&r)[4]) {
+  const uint4* x = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + row * p.ldx + k0);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r[i] = x[i];
+}
+__device__ __forceinline__ void raw16_to_float(const MxQuantizeParams& p, const uint4 (&r)[4], float (&v)[32]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t w[4] = {r[i].x, r[i].y, r[i].z, r[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint16_t lo = uint16_t(w[j] & 0xFFFF), hi = uint16_t(w[j] >> 16);
+      if (p.src == 1) {
+        v[8 * i + 2 * j] = __uint_as_float(uint32_t(lo) << 16);
+        v[8 * i + 2 * j + 1] = __uint_as_float(uint32_t(hi) << 16);
+      } else {
+        v[8 * i + 2 * j] = __half2float(__ushort_as_half(lo));
+        v[8 * i + 2 * j + 1] = __half2float(__ushort_as_half(hi));
+      }
+    }
+  }
+}
+
 #if defined(FLY_HW_CVT) && FLY_HW_CVT && !defined(FLY_MX_HOST_EMU)
 // Two E4M3 codes of the finite x0 (low byte) and x1 (high byte), nearest-even, saturating.
 __device__ __forceinline__ uint32_t e4m3x2(float x0, float x1) {
@@ -70,16 +95,43 @@ __device__ __forceinline__ uint32_t e4m3x2(float x0, float x1) {
 
 // FLY_MINB (variants `_o<minb>`): CTAs per SM the register allocation must allow (occupancy; the
 // loop is latency-bound at 64 registers a thread: ncu in bench/RESULTS.md).
-#if !defined(FLY_MINB)
-#define FLY_MINB 1
+// Without it the launch bounds name the block size only (ptxas then picks 64 registers; an
+// explicit minimum of 1 block lets it take 111).
+#if defined(FLY_MINB)
+#define FLY_MXQ_BOUNDS __launch_bounds__(FLY_THREADS, FLY_MINB)
+#else
+#define FLY_MXQ_BOUNDS __launch_bounds__(FLY_THREADS)
 #endif
-extern "C" __global__ void __launch_bounds__(FLY_THREADS, FLY_MINB) mx_quantize(MxQuantizeParams p) {
+// FLY_PREFETCH (variants `_pf1`): with 16-bit sources and vector loads, each thread's next block is
+// loaded while the current one is encoded (the loop waits on its loads otherwise).
+extern "C" __global__ void FLY_MXQ_BOUNDS mx_quantize(MxQuantizeParams p) {
   const int64_t kb_per_row = p.K / 32;
   const int64_t blocks = p.M * kb_per_row;
+#if defined(FLY_PREFETCH) && FLY_PREFETCH
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t b0 = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool ahead = p.src != 2 && p.vec_x;
+  uint4 next[4];
+  if (ahead && b0 < blocks) load_raw16(p, b0 / kb_per_row, (b0 % kb_per_row) * 32, next);
+  for (int64_t b = b0; b < blocks; b += stride) {
+    const int64_t row = b / kb_per_row, kb = b - row * kb_per_row;
+    float v[32];
+    if (ahead) {
+      uint4 cur[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cur[i] = next[i];
+      const int64_t bn = b + stride;
+      if (bn < blocks) load_raw16(p, bn / kb_per_row, (bn % kb_per_row) * 32, next);
+      raw16_to_float(p, cur, v);
+    } else {
+      load_block(p, row, kb * 32, v);
+    }
+#else
   for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = b / kb_per_row, kb = b - row * kb_per_row;
     float v[32];
     load_block(p, row, kb * 32, v);
+#endif
     // amax as the largest magnitude's bits: for non-negative floats the integer order is the
     // numeric one, and NaN / Inf are the patterns from 0x7F800000 up.
     uint32_t umax = 0;
@@ -162,3 +214,4 @@ extern "C" __global__ void __launch_bounds__(FLY_THREADS, FLY_MINB) mx_quantize(
   }
 }
 #undef FLY_MXQ_SCALED
+#undef FLY_MXQ_BOUNDS

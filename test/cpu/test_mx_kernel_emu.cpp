@@ -83,6 +83,16 @@ namespace mxq_hw {
 #undef mx_quantize
 #undef FLY_HW_CVT
 }  // namespace mxq_hw
+// The `_pf1` probe's source (each thread's next block loaded while the current one is encoded).
+namespace mxq_pf {
+#define FLY_HW_CVT 1
+#define FLY_PREFETCH 1
+#define mx_quantize mx_quantize_pf
+#include "mx/mx_quantize.cu"
+#undef mx_quantize
+#undef FLY_PREFETCH
+#undef FLY_HW_CVT
+}  // namespace mxq_pf
 
 namespace {  // the kernel file declares it in its anonymous namespace
 void fly_mx_emu_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -213,11 +223,11 @@ TEST_CASE("mx_quantize kernel source, run on the host, equals the reference bit 
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_int_distribution<int> ue(-140, 120);
-  for (int hw = 0; hw < 2; ++hw)
+  for (int hw = 0; hw < 3; ++hw)  // 0: t256, 1: _hw1, 2: _hw1_pf1 (more blocks than threads: the look-ahead runs)
   for (int src = 0; src < 3; ++src)
     for (int fp4 = 0; fp4 < 2; ++fp4)
       for (int vec = 0; vec < 2; ++vec) {
-        const int64_t M = 3, K = 160, ldx = vec ? K : K + 3;
+        const int64_t M = hw == 2 ? 20 : 3, K = hw == 2 ? 512 : 160, ldx = vec ? K : K + 3;
         std::vector<float> xv(size_t(M * K));
         std::vector<uint8_t> hx(size_t(M * ldx) * 4);
         for (int64_t r = 0; r < M; ++r)
@@ -246,7 +256,8 @@ TEST_CASE("mx_quantize kernel source, run on the host, equals the reference bit 
         for (unsigned t = 0; t < 256; ++t) {
           emu::thread_idx = {t, 0, 0};
           emu::block_idx = {0, 0, 0};
-          if (hw) mxq_hw::mx_quantize_hw(p);
+          if (hw == 2) mxq_pf::mx_quantize_pf(p);
+          else if (hw) mxq_hw::mx_quantize_hw(p);
           else mx_quantize(p);
         }
         std::vector<uint8_t> codes(size_t(M * K)), ws(size_t(M * K / 32));
