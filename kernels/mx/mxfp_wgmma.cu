@@ -171,7 +171,6 @@ __device__ __forceinline__ void store_partial(const KParams& p, int q, int64_t r
 
 }  // namespace
 
-
 extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __grid_constant__ KParams p) {
 #if defined(FLY_MX_HOST_EMU)
   uint8_t* smem_raw = fly_mxw_emu_smem();
