@@ -10,6 +10,23 @@
 
 namespace fly::mxw {
 
+// One work unit: tile t, split q, stages [ks0, ks1) (mx_wgmma_params.h, SplitParams; split_count
+// keeps splits <= stages, so no range is empty). Unsplit variants: the tile and all its stages
+// (constants, so their code is what it was).
+struct Unit {
+  int t, q, ks0, ks1;
+};
+#if defined(FLY_SPLIT) && FLY_SPLIT > 1
+__device__ __forceinline__ int splits_of(const SplitParams& p) { return p.splits; }
+__device__ __forceinline__ Unit unit_of(const SplitParams& p, int u, int ksteps) {
+  const int sp = p.splits, t = u / sp, q = u - t * sp;
+  return Unit{t, q, int(int64_t(q) * ksteps / sp), int(int64_t(q + 1) * ksteps / sp)};
+}
+#else
+__device__ __forceinline__ int splits_of(const Params&) { return 1; }
+__device__ __forceinline__ Unit unit_of(const Params&, int u, int ksteps) { return Unit{u, 0, 0, ksteps}; }
+#endif
+
 // Accumulator i of consumer thread ct: row acc_row(ct, i), column acc_col(ct, i) of the
 // warpgroup's 64 x BN block (mx_wgmma_params.h): rows 16 w + lane / 4 (+8), column pairs.
 // fix(i, v): the value stored for accumulator i (the widening kernel's NaN rows and columns).
@@ -81,7 +98,7 @@ __device__ __forceinline__ void store_partial_tile(const SplitParams& p, int q, 
                                                    const float (&acc)[BN / 2], Fix fix = Fix()) {
   float* ws = p.ws + int64_t(q) * p.M * p.N;
   const int64_t r0 = row0 + acc_row(ct, 0);
-  if constexpr (TRANS) {
+  if constexpr (TRANS) {  // the loop above without the bias, into C's orientation
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t row = r0 + 8 * h;

@@ -104,22 +104,6 @@ __device__ __forceinline__ bool producer_and(bool v) {
 #endif
 }
 
-// One work unit: tile t, split q, stages [ks0, ks1) (mx_wgmma_params.h, SplitParams). Unsplit
-// variants: the tile and all its stages (constants, so their code is what it was).
-struct Unit {
-  int t, q, ks0, ks1;
-};
-#if defined(FLY_SPLIT) && FLY_SPLIT > 1
-__device__ __forceinline__ int splits_of(const KParams& p) { return p.splits; }
-__device__ __forceinline__ Unit unit_of(const KParams& p, int u, int ksteps) {
-  const int sp = p.splits, t = u / sp, q = u - t * sp;
-  return Unit{t, q, int(int64_t(q) * ksteps / sp), int(int64_t(q + 1) * ksteps / sp)};
-}
-#else
-__device__ __forceinline__ int splits_of(const KParams&) { return 1; }
-__device__ __forceinline__ Unit unit_of(const KParams&, int u, int ksteps) { return Unit{u, 0, 0, ksteps}; }
-#endif
-
 __device__ __forceinline__ uint64_t desc_of(const uint8_t* tile) {
   return sm90::make_desc_sw128(sm90::smem_u32(tile), 16, 1024);
 }

@@ -78,21 +78,6 @@ using KParams = SplitParams;  // split-K (`_s<split>`): work units (tile, k rang
 using KParams = Params;
 #endif
 
-// One work unit: tile t, split q, stages [ks0, ks1) (mx_wgmma_params.h, SplitParams; split_count
-// keeps splits <= stages, so no range is empty). Unsplit variants: the tile and all its stages.
-struct Unit {
-  int t, q, ks0, ks1;
-};
-#if defined(FLY_SPLIT) && FLY_SPLIT > 1
-__device__ __forceinline__ int splits_of(const KParams& p) { return p.splits; }
-__device__ __forceinline__ Unit unit_of(const KParams& p, int u, int ksteps) {
-  const int sp = p.splits, t = u / sp, q = u - t * sp;
-  return Unit{t, q, int(int64_t(q) * ksteps / sp), int(int64_t(q + 1) * ksteps / sp)};
-}
-#else
-__device__ __forceinline__ int splits_of(const KParams&) { return 1; }
-__device__ __forceinline__ Unit unit_of(const KParams&, int u, int ksteps) { return Unit{u, 0, 0, ksteps}; }
-#endif
 // The tile's output: rounded with the bias into c, or (a split unit) its FP32 partial into ws.
 template <class Fix = KeepAcc>
 __device__ __forceinline__ void store_unit(const KParams& p, int q, int64_t row0, int64_t col0, int ct,
