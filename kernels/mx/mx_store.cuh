@@ -59,32 +59,32 @@ __device__ __forceinline__ void store_acc_tile(const Params& p, int64_t row0, in
         }
       }
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int c8 = 0; c8 < BN / 8; ++c8) {
-    const int64_t col = col0 + acc_col(ct, 4 * c8);
-    if (col >= p.N) continue;
-    const bool two = col + 1 < p.N;
-    const float b0 = bias ? to_float<T>(bias[col]) : 0.0f;
-    const float b1 = bias && two ? to_float<T>(bias[col + 1]) : 0.0f;
+    for (int c8 = 0; c8 < BN / 8; ++c8) {
+      const int64_t col = col0 + acc_col(ct, 4 * c8);
+      if (col >= p.N) continue;
+      const bool two = col + 1 < p.N;
+      const float b0 = bias ? to_float<T>(bias[col]) : 0.0f;
+      const float b1 = bias && two ? to_float<T>(bias[col + 1]) : 0.0f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = r0 + 8 * h;
-      if (row >= p.M) continue;
-      T* dst = c + row * p.ldc + col;
-      const T v0 = from_float<T>(fix(4 * c8 + 2 * h, acc[4 * c8 + 2 * h]) + b0);
-      if (two) {
-        const T v1 = from_float<T>(fix(4 * c8 + 2 * h + 1, acc[4 * c8 + 2 * h + 1]) + b1);
-        if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
-          struct alignas(4) Pair { T x, y; };
-          *reinterpret_cast<Pair*>(dst) = Pair{v0, v1};
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = r0 + 8 * h;
+        if (row >= p.M) continue;
+        T* dst = c + row * p.ldc + col;
+        const T v0 = from_float<T>(fix(4 * c8 + 2 * h, acc[4 * c8 + 2 * h]) + b0);
+        if (two) {
+          const T v1 = from_float<T>(fix(4 * c8 + 2 * h + 1, acc[4 * c8 + 2 * h + 1]) + b1);
+          if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+            struct alignas(4) Pair { T x, y; };
+            *reinterpret_cast<Pair*>(dst) = Pair{v0, v1};
+          } else {
+            dst[0] = v0;
+            dst[1] = v1;
+          }
         } else {
           dst[0] = v0;
-          dst[1] = v1;
         }
-      } else {
-        dst[0] = v0;
       }
     }
   }
@@ -113,25 +113,25 @@ __device__ __forceinline__ void store_partial_tile(const SplitParams& p, int q, 
         }
       }
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int c8 = 0; c8 < BN / 8; ++c8) {
-    const int64_t col = col0 + acc_col(ct, 4 * c8);
-    if (col >= p.N) continue;
-    const bool two = col + 1 < p.N;
+    for (int c8 = 0; c8 < BN / 8; ++c8) {
+      const int64_t col = col0 + acc_col(ct, 4 * c8);
+      if (col >= p.N) continue;
+      const bool two = col + 1 < p.N;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = r0 + 8 * h;
-      if (row >= p.M) continue;
-      float* dst = ws + row * p.N + col;
-      const float v0 = fix(4 * c8 + 2 * h, acc[4 * c8 + 2 * h]);
-      const float v1 = two ? fix(4 * c8 + 2 * h + 1, acc[4 * c8 + 2 * h + 1]) : 0.0f;
-      if (two && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-      } else {
-        dst[0] = v0;
-        if (two) dst[1] = v1;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = r0 + 8 * h;
+        if (row >= p.M) continue;
+        float* dst = ws + row * p.N + col;
+        const float v0 = fix(4 * c8 + 2 * h, acc[4 * c8 + 2 * h]);
+        const float v1 = two ? fix(4 * c8 + 2 * h + 1, acc[4 * c8 + 2 * h + 1]) : 0.0f;
+        if (two && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+          *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+        } else {
+          dst[0] = v0;
+          if (two) dst[1] = v1;
+        }
       }
     }
   }
