@@ -19,12 +19,16 @@
 #   bash bench/probes/pending_device.sh sanitize # the four compute-sanitizer tools over every family
 #   bash bench/probes/pending_device.sh mxprof   # ncu of the MX decode shape (M 32, N = K = 4096), split and unsplit
 #   bash bench/probes/pending_device.sh bench    # TopK long rows after the DB change, compiled GEMM from suite shape 5
-# First in the next session (2026-12-06, second session: issue 26's widening design after the
-# stage-release fix, which has not run on a GPU; docs/mxfp.md "The hazard"):
-#   OUT=... bash bench/probes/mx_widen_repeat.sh 8   # mxfp_widen_n128 and _ov1: tests x8, sanitizers, timings
-# then, if both pass every repeat, the faster form in the rows it wins (git show 49a9e8c has the row
-# update: re-time with bash bench/probes/mx_widen_device.sh) and `tests` below (the default build
-# now bundles mxfp_widen_n128, so ctest forces it).
+# Done on 2026-12-06 (third session): mx_widen_repeat.sh (both forms 8 of 8), the widening design's
+# rows, split-K and swapped variants (mx_widen_device.sh), the attention decode merge
+# (attention_decode_device.sh).
+# First in the next session (what the third session of 2026-12-06 built but could not measure):
+#   OUT=... bash bench/probes/mx_quant_occupancy.sh   # the quantizer's _pf1 look-ahead beside the shipped
+#                                                      # one + the bit-exact GPU test; if it wins on the
+#                                                      # H200, make it the default (tuning/mx_quantize.json)
+# then `tests` below (the default build gained the swapped MX variants and the fused attention
+# merge since its last full run) and, on an H200, `python3 bench/attention_torch.py` and
+# `python3 bench/mxfp_torch.py` on the default build for the results table.
 # Logs under $OUT (at most 8 files come back: the stages tar their logs).
 set -uo pipefail
 stage=${1:-tests}
