@@ -21,24 +21,9 @@ b=build-mxwiden
 budget=${BUDGET_S:-540}
 variants=${VARIANTS:-mxfp_widen_n32_t1_s1 mxfp_widen_n32_t1_s2 mxfp_widen_n32_t1_s4 mxfp_widen_n64_t1_s1 mxfp_widen_n64_t1_s2 mxfp_widen_n64_t1_s4}
 t0=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - t0) )); }
-sum() { echo "$*" | tee -a "$out/summary.txt"; }
-finish() { sum "done ($(( $(date +%s) - t0 ))s)"; tar czf "$out/logs.tgz" -C "$out" more; rm -rf "$out/more"; exit "${1:-0}"; }
-cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-[ -e .devdeps ] || { [ -e ../../.devdeps ] && ln -sfn ../../.devdeps .devdeps; }
-nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader >"$out/more/gpu.txt" 2>&1
-sum "mx_widen_device.sh on $(head -1 "$out/more/gpu.txt") at $(date -u +%H:%M:%S) commit $(git rev-parse --short HEAD 2>/dev/null)"
-last_rc=0
-phase() {  # phase <name> <timeout> <log> <cmd...>
-  local name=$1 lim=$2 log=$3; shift 3
-  local l; l=$(left)
-  if [ "$l" -le 10 ]; then sum "$name: SKIPPED (budget)"; last_rc=0; return; fi
-  [ "$l" -lt "$lim" ] && lim=$l
-  local ts; ts=$(date +%s)
-  timeout "$lim" "$@" >"$log" 2>&1
-  last_rc=$?
-  sum "$name: rc=$last_rc ($(( $(date +%s) - ts ))s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed|geomean' "$log" | head -8 | tr '\n' ' ')"
-}
+name=mx_widen_device.sh
+phase_pat="ERROR SUMMARY|RACECHECK SUMMARY|test cases|All tests passed|geomean"; phase_lines=8
+. bench/probes/device_lib.sh
 
 bash tools/device_run.sh "$b" -DFLY_FAMILIES="mx_quantize;mxfp" -DFLY_ALL_VARIANTS=ON \
   -DFLY_VARIANT_MATCH="^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n(32|64|128)_f[01](_p[12])?(_s4)?|mxfp_widen_n.*)$" \
