@@ -5,10 +5,15 @@ controller is flykernels.torch."""
 import os as _os
 
 from . import torch  # noqa: F401  (the controller, flykernels.torch)
+from . import _decisions as _dec
 
 __version__ = "0.1.0"
 available = torch.available
 reason = torch.reason
 
+if available:
+    # Which calls run ours: the decision rows (shipped, tuned, autotune cache, FLYKERNELS_TUNING_DB).
+    _dec.load()
+    _dec.set_autotune(_os.environ.get("FLYKERNELS_AUTOTUNE", "0") == "1")
 if available and _os.environ.get("FLYKERNELS_TORCH", "1") != "0":
     torch.enable()

@@ -1,4 +1,5 @@
-"""python -m flykernels: what is bundled, the device, and which overrides are active."""
+"""python -m flykernels: what is bundled, the device, which overrides are active and where their
+decisions come from. `python -m flykernels tune --help`: measure ours against stock (_tune.py)."""
 import os
 import sys
 
@@ -8,7 +9,14 @@ import flykernels
 from flykernels import _loader
 
 
-def main():
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "tune":
+        from flykernels import _tune
+        return _tune.main(argv[1:])
+    if argv:
+        print(f"python -m flykernels: unknown command {argv[0]!r} (commands: tune; none: the status)", file=sys.stderr)
+        return 2
     ext = _loader.ext
     print(f"flykernels {flykernels.__version__}  (package {os.path.dirname(flykernels.__file__)})")
     print(f"torch {torch.__version__}  CUDA {torch.version.cuda}")
@@ -31,6 +39,12 @@ def main():
         why = flykernels.torch.why_not(name)
         state = "active" if name in active else ("off" if not why else f"unsupported: {why}")
         print(f"  {name:10s} {kind:9s} {state}")
+    from flykernels import _decisions
+    if ext is not None:
+        print(f"decisions: {ext.decision_row_count()} rows for {_decisions.device_tag()}"
+              f"{', autotune on' if ext.autotune_enabled() else ''}")
+        for path, n in _decisions.sources:
+            print(f"  {n:5d} rows  {path}")
     return 0
 
 

@@ -21,6 +21,7 @@ def _probe():
     ext = _C
     if os.environ.get("FLYKERNELS_LOG", "").lower() in ("info", "debug"):
         ext.set_log(True)
+        ext.set_decision_log(True)
     if torch.version.cuda is None:
         reason = "this torch build has no CUDA"
     elif not torch.cuda.is_available():

@@ -11,11 +11,16 @@ Families (flykernels._ops.REGISTRY): "rms_norm", "topk" (eager CUDA-key override
 flash-attention impl "FLY"), "sdpa_cudnn" (SDPA's cuDNN forward without gradients), "sdpa_bwd"
 (SDPA's flash / memory-efficient backward) and "grouped_mm" (F.grouped_mm's 2-D x 3-D form). FLYKERNELS_TORCH=0 keeps them off at import.
 Compiled graphs keep the kernels they were compiled with: call torch._dynamo.reset() after a switch.
+
+An installed override takes an eligible call only where the decision rows say ours is faster
+(docs/pytorch.md, "Decisions"): explain_*() say which rule decided, `forced("ours")` makes this
+thread's eligible calls run ours regardless, reload_decisions() rereads the rows.
 """
 import contextlib
 import threading
 
-from . import _loader, _ops
+from . import _decisions, _loader, _ops
+from ._decisions import forced  # noqa: F401  (with flykernels.torch.forced("ours"): ...)
 
 available = _loader.available
 reason = _loader.reason
@@ -96,30 +101,68 @@ def reset_counts():
 
 
 def set_log(on=True):
-    """Print each fallback reason once per reason (what FLYKERNELS_LOG=info does at import)."""
+    """Print each fallback reason once per reason, and each key's decision once with the rule that
+    made it (what FLYKERNELS_LOG=info does at import)."""
     if _loader.ext is not None:
         _loader.ext.set_log(bool(on))
+        _loader.ext.set_decision_log(bool(on))
+
+
+def reload_decisions():
+    """Rereads the decision rows (shipped, tuned, autotune cache, FLYKERNELS_TUNING_DB); returns
+    how many there are. Cached per-key answers are dropped."""
+    return _decisions.load()
+
+
+def set_autotune(on=True):
+    """What FLYKERNELS_AUTOTUNE=1 does at import: the first eligible call of a key no row holds
+    exactly times ours and stock, and the answer is cached (memory and the cache folder)."""
+    _decisions.set_autotune(on)
+
+
+def decision(op, dtype, layout, *key):
+    """(ours?, rule) for a decision key (python/csrc/decisions.hpp lists each op's key)."""
+    return _decisions.decide(op, dtype, layout, *key)
+
+
+def _with_decision(why, key_fn, check_device):
+    """An explain_* answer: the eligibility reason, or, for an eligible call on a device, the rule
+    that decides it ('tuned: ours 1.31x', 'tuned: stock, ours 0.93x', 'nearest: ...', 'autotune:
+    ...', 'no row: stock'; the word after the colon says who runs it)."""
+    if why or not check_device or _loader.ext is None:
+        return why
+    key = key_fn()
+    if key is None:
+        return why
+    return _decisions.decide(*key)[1]
 
 
 def explain_rms_norm(x, normalized_shape, weight=None, eps=None, check_device=True):
-    """'' when our RMSNorm would take F.rms_norm(x, normalized_shape, weight, eps), else why not."""
-    return _loader.ext.explain_rms_norm(x, list(normalized_shape), weight, eps, check_device)
+    """Why F.rms_norm(x, normalized_shape, weight, eps) runs where it does: the reason it is not
+    ours to take, or the decision rule (_with_decision); '' for an eligible call when
+    check_device=False (the shape logic alone, e.g. on CPU tensors)."""
+    why = _loader.ext.explain_rms_norm(x, list(normalized_shape), weight, eps, check_device)
+    return _with_decision(why, lambda: _loader.ext.key_rms_norm(x, list(normalized_shape), weight, eps), check_device)
 
 
-def explain_topk(x, k, dim=-1, check_device=True):
-    """'' when our TopK would take torch.topk(x, k, dim), else why not."""
-    return _loader.ext.explain_topk(x, int(k), int(dim), check_device)
+def explain_topk(x, k, dim=-1, largest=True, check_device=True):
+    """As explain_rms_norm, for torch.topk(x, k, dim, largest)."""
+    why = _loader.ext.explain_topk(x, int(k), int(dim), check_device)
+    return _with_decision(why, lambda: _loader.ext.key_topk(x, int(k), int(dim), bool(largest)), check_device)
 
 
-def explain_sdpa(q, k, v, dropout_p=0.0, check_device=True):
-    """'' when our attention would take SDPA's call on (q, k, v) [B, H, S, D] as far as the shapes,
-    dtypes and layout say (the library may still decline a head dim or stride), else why not."""
-    return _loader.ext.explain_sdpa(q, k, v, float(dropout_p), check_device)
+def explain_sdpa(q, k, v, dropout_p=0.0, is_causal=False, op="sdpa_cudnn", check_device=True):
+    """As explain_rms_norm, for SDPA's call on (q, k, v) [B, H, S, D] reaching op (sdpa_flash,
+    sdpa_efficient, sdpa_cudnn, or a backward: sdpa_flash_bwd, sdpa_efficient_bwd) as far as the
+    shapes, dtypes and layout say (the library may still decline a head dim or stride)."""
+    why = _loader.ext.explain_sdpa(q, k, v, float(dropout_p), check_device)
+    return _with_decision(why, lambda: _loader.ext.key_sdpa(op, q, k, v, bool(is_causal)), check_device)
 
 
 def explain_grouped_mm(a, b, offs, bias=None, check_device=True):
-    """'' when our grouped GEMM would take F.grouped_mm(a, b, offs=offs), else why not."""
-    return _loader.ext.explain_grouped_mm(a, b, offs, bias, check_device)
+    """As explain_rms_norm, for F.grouped_mm(a, b, offs=offs)."""
+    why = _loader.ext.explain_grouped_mm(a, b, offs, bias, check_device)
+    return _with_decision(why, lambda: _loader.ext.key_grouped_mm(a, b, offs), check_device)
 
 
 def explain_scaled_mm(a, b, scale_a, scale_b, swizzle=0, bias=None, out_dtype=None, check_device=True):

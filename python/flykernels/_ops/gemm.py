@@ -1,7 +1,9 @@
 """Dense GEMM candidates for torch.compile(mode="max-autotune"): torch.mm / @ (lowering "mm")
 and addmm with an [N] bias and alpha = beta = 1 (lowering "addmm"), fp16/bf16, any of the four
 operand layouts. A provider offers our kernel only for static shapes whose layouts the library
-takes; Inductor benchmarks it beside ATen and Triton, and the compiled code calls the winner."""
+takes and where the decision rows say ours can win (no hopeless candidate for Inductor to
+benchmark: compile time); Inductor benchmarks it beside ATen and Triton, and the compiled code
+calls the winner."""
 import torch
 
 from . import inductor, register
@@ -98,9 +100,31 @@ def gemm_shape_ok(a_dtype, b_dtype, out_dtype, a_sizes, a_strides, b_sizes, b_st
         return False
 
 
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def gemm_key(dtype, a_sizes, a_strides, b_sizes, b_strides):
+    """The decision key (dtype, layout, N, K, M) of a @ b (python/csrc/decisions.hpp: op "mm", for
+    addmm's candidate too), or None for shapes that are not static 2-D operands."""
+    a_sz, a_st, b_sz, b_st = _static(a_sizes), _static(a_strides), _static(b_sizes), _static(b_strides)
+    if None in (a_sz, a_st, b_sz, b_st) or len(a_sz) != 2 or len(b_sz) != 2 or dtype not in _DTYPE_NAMES:
+        return None
+    (M, K), N = a_sz, b_sz[1]
+    layout = ("n" if a_st[1] == 1 else "t") + ("n" if b_st[1] == 1 else "t")
+    return (_DTYPE_NAMES[dtype], layout, N, K, M)
+
+
+def _decided_ours(op, key):
+    """Whether the rows say ours wins this key (what the provider offers)."""
+    from .. import _decisions
+    return key is not None and _decisions.decide(op, *key)[0]
+
+
 def _nodes_ok(a, b, layout):
-    return gemm_shape_ok(a.get_dtype(), b.get_dtype(), layout.dtype, a.get_size(), a.get_stride(),
-                         b.get_size(), b.get_stride(), layout.stride, layout.device.type)
+    if not gemm_shape_ok(a.get_dtype(), b.get_dtype(), layout.dtype, a.get_size(), a.get_stride(),
+                         b.get_size(), b.get_stride(), layout.stride, layout.device.type):
+        return False
+    return _decided_ours("mm", gemm_key(layout.dtype, a.get_size(), a.get_stride(), b.get_size(), b.get_stride()))
 
 
 def _mm_provider(choices, input_nodes, layout):
@@ -160,6 +184,16 @@ def grouped_shape_ok(a_dtype, b_dtype, offs_dtype, out_dtype, a_sizes, a_strides
     return c_st[1] == 1 and (T <= 1 or c_st[0] == N)
 
 
+def grouped_key(dtype, a_sizes, b_sizes, b_strides):
+    """The decision key of the 2-D x 3-D form (dtype, layout, N, K, T, G), as the eager override
+    computes it (python/csrc/decisions.hpp), or None."""
+    a_sz, b_sz, b_st = _static(a_sizes), _static(b_sizes), _static(b_strides)
+    if None in (a_sz, b_sz, b_st) or len(a_sz) != 2 or len(b_sz) != 3 or dtype not in _DTYPE_NAMES:
+        return None
+    (T, K), (G, _, N) = a_sz, b_sz
+    return (_DTYPE_NAMES[dtype], "b_kn" if b_st[2] == 1 else "b_nk", N, K, T, G)
+
+
 def _grouped_provider(choices, input_nodes, layout):
     if len(input_nodes) != 3:  # scaled or offset-less forms
         return []
@@ -167,6 +201,8 @@ def _grouped_provider(choices, input_nodes, layout):
     if not grouped_shape_ok(a.get_dtype(), b.get_dtype(), offs.get_dtype(), layout.dtype, a.get_size(),
                             a.get_stride(), b.get_size(), b.get_stride(), offs.get_size(), layout.size,
                             layout.stride, layout.device.type):
+        return []
+    if not _decided_ours("grouped_mm", grouped_key(layout.dtype, a.get_size(), b.get_size(), b.get_stride())):
         return []
     return [_extern_choice("grouped_mm").bind(input_nodes, layout)]
 

@@ -1,0 +1,1 @@
+-- FlyKernels decision rows: ours or stock per PyTorch call, both times (python -m flykernels tune --dump; python/flykernels/_decisions.py)

@@ -1,0 +1,255 @@
+"""The never-slower decisions (python/csrc/decisions.cpp, flykernels/_decisions.py), CPU-side: rows,
+exact and nearest keys, the margin, card preference, force, sources and their precedence, the
+cache file under concurrent writers, autotune's callback and its capture rule."""
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import flykernels
+from flykernels import _decisions, _loader
+
+ext = _loader.ext
+pytestmark = pytest.mark.skipif(ext is None, reason="the extension did not load")
+TAG = "sm_90a:H100"
+
+
+def row(op, k, ours, stock, layout="w", dtype="bf16", arch=TAG, source="test"):
+    k = list(k) + [0] * (4 - len(k))
+    return (arch, op, dtype, layout, *k, float(ours), float(stock), source)
+
+
+@pytest.fixture
+def rows():
+    """Installs rows for a test and restores the loaded ones (and tag, autotune, force) after."""
+    saved_tag = _decisions.device_tag()
+
+    def install(rs, tag=TAG):
+        ext.set_device_tag(tag)
+        ext.set_decision_rows(rs)
+    yield install
+    ext.set_autotune(False, None)
+    ext.set_forced(0)
+    ext.set_device_tag(saved_tag)
+    _decisions.load()
+
+
+def test_exact_row_decides_both_ways(rows):
+    rows([row("rms_norm", [4096, 8192], 10.0, 13.1), row("rms_norm", [4096, 64], 5.0, 4.65)])
+    assert ext.decide("rms_norm", "bf16", "w", 4096, 8192) == (True, "tuned: ours 1.31x")
+    assert ext.decide("rms_norm", "bf16", "w", 4096, 64) == (False, "tuned: stock, ours 0.93x")
+
+
+def test_no_row_is_stock(rows):
+    rows([row("rms_norm", [4096, 8192], 10.0, 13.1)])
+    assert ext.decide("topk", "fp32", "largest", 128, 8, 4096) == (False, "no row: stock")
+    # another dtype or layout is another group: no row either
+    assert ext.decide("rms_norm", "fp16", "w", 4096, 8192) == (False, "no row: stock")
+    assert ext.decide("rms_norm", "bf16", "nw", 4096, 8192) == (False, "no row: stock")
+
+
+def test_nearest_row_with_margin(rows):
+    rows([row("rms_norm", [4096, 8192], 10.0, 10.1),  # 1.01x: inside the margin
+          row("rms_norm", [1024, 16], 10.0, 11.0)])   # 1.10x
+    ours, rule = ext.decide("rms_norm", "bf16", "w", 4096, 9000)
+    assert not ours and rule.startswith("nearest: stock, ours 1.01x at [4096, 8192, 0, 0]") and "< 1.02x" in rule
+    ours, rule = ext.decide("rms_norm", "bf16", "w", 1024, 32)
+    assert ours and rule == "nearest: ours 1.10x at [1024, 16, 0, 0]"
+    # the nearest by log2 distance, not the first row
+    rows([row("rms_norm", [1024, 16], 10.0, 11.0), row("rms_norm", [8192, 16384], 10.0, 9.0)])
+    assert ext.decide("rms_norm", "bf16", "w", 8192, 8192)[1].startswith("nearest: stock, ours 0.90x at [8192, 16384")
+
+
+def test_margin_is_two_percent(rows):
+    rows([row("grouped_mm", [1536, 2048, 4096, 64], 100.0, 101.9, layout="b_nk")])
+    assert not ext.decide("grouped_mm", "bf16", "b_nk", 1536, 2048, 4000, 64)[0]
+    rows([row("grouped_mm", [1536, 2048, 4096, 64], 100.0, 102.1, layout="b_nk")])
+    assert ext.decide("grouped_mm", "bf16", "b_nk", 1536, 2048, 4000, 64)[0]
+
+
+def test_own_card_rows_first_then_other_card_of_the_arch(rows):
+    own = row("mm", [4096, 4096, 64], 10.0, 9.0, layout="nt")
+    other = row("mm", [4096, 4096, 64], 10.0, 12.0, layout="nt", arch="sm_90a:H200")
+    rows([own, other])
+    assert ext.decide("mm", "bf16", "nt", 4096, 4096, 64) == (False, "tuned: stock, ours 0.90x")
+    rows([other])  # only the H200's: they serve the H100
+    assert ext.decide("mm", "bf16", "nt", 4096, 4096, 64) == (True, "tuned: ours 1.20x")
+    rows([row("mm", [4096, 4096, 64], 10.0, 12.0, layout="nt", arch="sm_100a:B200")])  # another arch: no
+    assert ext.decide("mm", "bf16", "nt", 4096, 4096, 64) == (False, "no row: stock")
+
+
+def test_later_rows_win_and_answers_are_recomputed_when_rows_change(rows):
+    rows([row("topk", [128, 8, 64], 10.0, 20.0, layout="largest", dtype="fp32"),
+          row("topk", [128, 8, 64], 10.0, 5.0, layout="largest", dtype="fp32")])
+    assert ext.decide("topk", "fp32", "largest", 128, 8, 64)[0] is False
+    rows([row("topk", [128, 8, 64], 10.0, 20.0, layout="largest", dtype="fp32")])
+    assert ext.decide("topk", "fp32", "largest", 128, 8, 64)[0] is True
+
+
+def test_forced_is_per_thread_and_restored(rows):
+    rows([])
+    with flykernels.torch.forced("ours"):
+        assert ext.decide("rms_norm", "bf16", "w", 1, 1) == (True, "forced: ours")
+        with flykernels.torch.forced("stock"):
+            assert ext.decide("rms_norm", "bf16", "w", 1, 1) == (False, "forced: stock")
+        assert ext.forced() == 1
+    assert ext.forced() == 0
+    assert ext.decide("rms_norm", "bf16", "w", 1, 1) == (False, "no row: stock")
+    with pytest.raises(ValueError, match="forced"):
+        flykernels.torch.forced("fastest")
+
+
+def test_autotune_measures_an_unseen_key_once_and_caches(rows):
+    rows([])
+    calls = []
+
+    def cb(key, op, overload, args):
+        calls.append((key, op, overload, args))
+        return 10.0, 15.0
+    ext.set_autotune(True, cb)
+    x = torch.ones(3)
+    r1 = ext.decide_timed("rms_norm", "bf16", "w", [64, 2], "aten::_fused_rms_norm", "", [x, [3], None, 1e-5])
+    r2 = ext.decide_timed("rms_norm", "bf16", "w", [64, 2], "aten::_fused_rms_norm", "", [x, [3], None, 1e-5])
+    assert r1 == r2 == (True, "autotune: ours 1.50x")
+    assert len(calls) == 1
+    key, op, overload, args = calls[0]
+    assert key == ("rms_norm", "bf16", "w", 64, 2, 0, 0) and op == "aten::_fused_rms_norm" and overload == ""
+    assert torch.equal(args[0], x) and list(args[1]) == [3] and args[2] is None
+    # a key with an exact row is not measured
+    rows([row("rms_norm", [8, 8], 10.0, 9.0)])
+    ext.set_autotune(True, cb)
+    assert ext.decide_timed("rms_norm", "bf16", "w", [8, 8], "aten::_fused_rms_norm", "", [])[1].startswith("tuned:")
+    assert len(calls) == 1
+
+
+def test_autotune_not_measuring_leaves_the_rows_to_decide_and_retries(rows):
+    rows([row("rms_norm", [64, 2], 10.0, 11.0)])
+    n = []
+
+    def cb(key, op, overload, args):  # what _decisions._autotune answers during a graph capture
+        n.append(1)
+        return None
+    ext.set_autotune(True, cb)
+    for _ in range(2):
+        assert ext.decide_timed("rms_norm", "bf16", "w", [64, 3], "aten::x", "", []) == \
+            (True, "nearest: ours 1.10x at [64, 2, 0, 0]")
+    assert len(n) == 2  # not cached: measured once the capture is over
+
+    def bad(key, op, overload, args):
+        raise RuntimeError("boom")
+    ext.set_autotune(True, bad)
+    assert ext.decide_timed("rms_norm", "bf16", "w", [64, 4], "aten::x", "", [])[0] is True
+    # a plain query (no call to time) never measures
+    ext.set_autotune(True, cb)
+    assert ext.decide("rms_norm", "bf16", "w", 64, 5)[0] is True and len(n) == 2
+
+
+def test_autotune_callback_declines_during_capture(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert _decisions._autotune(("rms_norm", "bf16", "w", 1, 1, 0, 0), "aten::_fused_rms_norm", "", []) is None
+
+
+def test_db_rows_round_trip_through_file_and_dump(tmp_path):
+    rs = [_decisions.db_row(TAG, "rms_norm", "bf16", "w", [4096, 8192], 10.0, 13.0, "NVIDIA H100"),
+          _decisions.db_row(TAG, "topk", "fp32_det", "largest", [128, 8, 64], 7.0, 3.5, "NVIDIA H100")]
+    assert rs[0][8:12] == ("ours", 10.0, "stock", 13.0) and rs[1][8:12] == ("stock", 3.5, "ours", 7.0)
+    db = tmp_path / "t.sqlite"
+    _decisions.write_rows(db, rs)
+    got = sorted(_decisions.read_rows(db, "x"))
+    assert got == sorted([(TAG, "rms_norm", "bf16", "w", 4096, 8192, 0, 0, 10.0, 13.0, "x"),
+                          (TAG, "topk", "fp32_det", "largest", 128, 8, 64, 0, 7.0, 3.5, "x")])
+    dump = tmp_path / "d.sql"
+    _decisions.dump_sql(dump, rs, "test")
+    assert sorted(_decisions.read_rows(dump, "x")) == got
+    # the library's own rows in the same file are not decisions, and it stays a valid library DB
+    con = sqlite3.connect(db)
+    con.execute("INSERT INTO tuning VALUES ('sm_90a','gemm','bf16','nt',1,2,3,0,'gemm_x',1.0,'',0,'g','d')")
+    con.commit()
+    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    con.close()
+    assert len(_decisions.read_rows(db)) == 2
+
+
+def _writer(path, i):
+    from flykernels import _decisions as d
+    for j in range(20):
+        d.write_rows(path, [d.db_row(TAG, "rms_norm", "bf16", "w", [i, j], 1.0, 2.0, "g")])
+
+
+def test_cache_file_takes_concurrent_writers(tmp_path):
+    path = tmp_path / "cache" / "autotune.sqlite"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), i)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert len(_decisions.read_rows(path)) == 80
+
+
+def test_sources_precedence_and_bad_files(tmp_path, monkeypatch, rows):
+    shipped, tuned, auto, overlay = (tmp_path / n for n in ("s.sql", "t.sqlite", "a.sqlite", "o.sqlite"))
+    k = [4096, 8192]
+    _decisions.dump_sql(shipped, [_decisions.db_row(TAG, "rms_norm", "bf16", "w", k, 10, 20, "g"),
+                                  _decisions.db_row(TAG, "rms_norm", "bf16", "w", [1, 1], 10, 20, "g")], "s")
+    _decisions.write_rows(tuned, [_decisions.db_row(TAG, "rms_norm", "bf16", "w", k, 10, 5, "g")])
+    monkeypatch.setattr(_decisions, "SHIPPED", shipped)
+    monkeypatch.setattr(_decisions, "tuned_path", lambda: tuned)
+    monkeypatch.setattr(_decisions, "autotune_path", lambda: auto)  # missing: skipped quietly
+    monkeypatch.setattr(_decisions, "device_tag", lambda *a: TAG)
+    monkeypatch.delenv("FLYKERNELS_TUNING_DB", raising=False)
+    assert _decisions.load() == 2
+    assert ext.decide("rms_norm", "bf16", "w", *k)[0] is False  # tuned over shipped
+    assert ext.decide("rms_norm", "bf16", "w", 1, 1)[0] is True
+    _decisions.write_rows(overlay, [_decisions.db_row(TAG, "rms_norm", "bf16", "w", k, 10, 30, "g")])
+    monkeypatch.setenv("FLYKERNELS_TUNING_DB", str(overlay))
+    _decisions.load()
+    assert ext.decide("rms_norm", "bf16", "w", *k) == (True, "tuned: ours 3.00x")  # the overlay wins
+    assert [s for s, _ in _decisions.sources] == [str(shipped), str(tuned), str(overlay)]
+    overlay.write_bytes(b"not a database")
+    _decisions.load()  # a corrupt overlay: a warning, the others decide
+    assert ext.decide("rms_norm", "bf16", "w", *k)[0] is False
+
+
+def test_device_tag_names_the_card_model():
+    assert _decisions.card_model("NVIDIA H100 80GB HBM3") == "H100"
+    assert _decisions.card_model("NVIDIA H200") == "H200"
+    assert _decisions.device_tag("sm_90a", "NVIDIA H100 PCIe") == "sm_90a:H100"
+
+
+def test_shipped_rows_parse():
+    rs = _decisions.read_rows(_decisions.SHIPPED)
+    ops = {"rms_norm", "topk", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_flash_bwd",
+           "sdpa_efficient_bwd", "grouped_mm", "mm"}
+    assert all(r[1] in ops and r[0].startswith("sm_90a:") for r in rs)
+
+
+def test_tune_without_gpu_says_why():
+    r = subprocess.run([sys.executable, "-m", "flykernels", "tune"], capture_output=True, text=True, cwd="/")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert r.returncode == 2 and "cannot run here" in r.stderr
+
+
+def test_status_lists_decision_sources():
+    r = subprocess.run([sys.executable, "-m", "flykernels"], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0 and "decisions:" in r.stdout, r.stdout + r.stderr
+
+
+def test_gemm_candidate_offered_only_where_rows_say_ours(rows):
+    from flykernels._ops import gemm
+    key = gemm.gemm_key(torch.bfloat16, (64, 4096), (4096, 1), (4096, 14336), (1, 4096))
+    assert key == ("bf16", "nt", 14336, 4096, 64)
+    assert gemm.gemm_key(torch.bfloat16, ("s0", 4096), (4096, 1), (4096, 14336), (1, 4096)) is None
+    rows([row("mm", [14336, 4096, 64], 10.0, 9.0, layout="nt")])
+    assert gemm._decided_ours("mm", key) is False
+    rows([row("mm", [14336, 4096, 64], 10.0, 11.0, layout="nt")])
+    assert gemm._decided_ours("mm", key) is True
+    gk = gemm.grouped_key(torch.bfloat16, (4096, 2048), (64, 2048, 1536), (2048 * 1536, 1, 2048))
+    assert gk == ("bf16", "b_nk", 1536, 2048, 4096, 64)
