@@ -239,18 +239,18 @@ class forced:
             _loader.ext.set_forced(self.prev)
 
 
-def time_pair(fn, reps=15, warmup=3, flush=True):
-    """(ours_us, stock_us): medians of fn() under forced("ours") and forced("stock"), interleaved
-    (ours, stock, stock, ours, ...), the L2 flushed before each timed call, CUDA events on the
-    current stream."""
+def time_pair(fn, reps=15, warmup=3, flush=True, modes=("ours", "stock")):
+    """Medians (us) of fn() under forced(modes[0]) and forced(modes[1]) (default: ours, stock; None
+    is what the rows decide), interleaved (a, b, b, a, ...), the L2 flushed before each timed call,
+    CUDA events on the current stream."""
     for _ in range(warmup):
-        for mode in ("ours", "stock"):
+        for mode in modes:
             with forced(mode):
                 fn()
-    times = {"ours": [], "stock": []}
+    times = {m: [] for m in modes}
     stream = torch.cuda.current_stream()
     for i in range(reps):
-        order = ("ours", "stock") if i % 2 == 0 else ("stock", "ours")
+        order = modes if i % 2 == 0 else modes[::-1]
         for mode in order:
             if flush:
                 _flush_l2()
@@ -261,7 +261,7 @@ def time_pair(fn, reps=15, warmup=3, flush=True):
                 end.record(stream)
             end.synchronize()
             times[mode].append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times["ours"]), statistics.median(times["stock"])
+    return statistics.median(times[modes[0]]), statistics.median(times[modes[1]])
 
 
 def _op_overload(op, overload):

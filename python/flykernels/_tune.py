@@ -1,8 +1,9 @@
 """`python -m flykernels tune`: times our kernel and the stock one beside each other, through the
 same PyTorch calls models make, and writes the decision rows (_decisions.py) with both times.
 
-    python -m flykernels tune [--ops rms_norm,topk,...] [--suite DIR] [--models|--no-models]
-                              [--random N] [--db FILE] [--dump FILE.sql] [--quick]
+    python -m flykernels tune [--ops rms_norm,topk,...] [--suite DIR] [--no-models]
+                              [--random N] [--db FILE] [--dump FILE.sql [--merge]] [--quick]
+    python -m flykernels tune --check [...]   # the rows' choice against stock, nothing written
 
 Cases: the families' suites (suites/*.json of the repository, or --suite DIR), shapes of the model
 families the end-to-end benchmark runs (Llama-3.1-8B, Qwen3-MoE, a wide-head model: prefill,
@@ -250,11 +251,32 @@ def _mm_cases(ext, suite_dir, models, rnd):
 _random_n = 0
 
 
-def _time_case(case, reps):
+def _time_case(case, reps, check=False):
+    """(ours_us, stock_us); with check, (as the rows decide, stock)."""
+    modes = (None, "stock") if check else ("ours", "stock")
     if case.fn is not None:
-        return _decisions.time_pair(case.fn, reps=reps)
-    calls = {"ours": case.ours, "stock": case.stock}
-    return _decisions.time_pair(lambda: calls["ours" if _loader.ext.forced() == 1 else "stock"](), reps=reps)
+        return _decisions.time_pair(case.fn, reps=reps, modes=modes)
+    if check:  # the compile-time candidate: the rows say whether Inductor is offered ours at all
+        kop, *key = case.key
+        calls = {0: case.ours if _decisions.decide(kop, *key)[0] else case.stock, 1: case.ours, 2: case.stock}
+    else:
+        calls = {1: case.ours, 2: case.stock}
+    return _decisions.time_pair(lambda: calls[_loader.ext.forced()](), reps=reps, modes=modes)
+
+
+def _check_report(results):
+    """The --check summary: per op the geomean and minimum of stock / (the rows' choice)."""
+    print(f"{'op':22s} {'cases':>5s} {'geomean':>8s} {'min':>6s}  worst")
+    by_op = {}
+    for label, kop, ratio, rule in results:
+        by_op.setdefault(kop, []).append((ratio, label, rule))
+    worst_all = 1e9
+    for kop, v in sorted(by_op.items()):
+        g = math.exp(sum(math.log(r) for r, _, _ in v) / len(v))
+        r, label, rule = min(v)
+        worst_all = min(worst_all, r)
+        print(f"{kop:22s} {len(v):5d} {g:8.3f} {r:6.3f}  {label} ({rule})")
+    print(f"lowest ratio over every case: {worst_all:.3f} (target >= 0.98)")
 
 
 def main(argv=None):
@@ -269,6 +291,8 @@ def main(argv=None):
     p.add_argument("--dump", default=None, help="also write the rows as a .sql dump (the shipped file's format)")
     p.add_argument("--merge", action="store_true", help="with --dump: keep the dump's rows of other cards")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (7 instead of 15)")
+    p.add_argument("--check", action="store_true",
+                   help="time what the rows choose against stock on the same cases; writes nothing")
     args = p.parse_args(argv)
     ext = _loader.ext
     if ext is None or not _loader.available:
@@ -295,16 +319,18 @@ def main(argv=None):
                 "mm": lambda: _mm_cases(ext, suite_dir, models, rnd)}
     tag, gpu = _decisions.device_tag(), torch.cuda.get_device_name()
     reps = 7 if args.quick else 15
-    rows, t0 = {}, time.time()
+    rows, results, t0 = {}, [], time.time()
     for op in ops:
         cases = builders[op]()
         for i, case in enumerate(cases):
             try:
-                ours, stock = _time_case(case, reps)
+                ours, stock = _time_case(case, reps, args.check)
             except (RuntimeError, torch.OutOfMemoryError) as e:
                 print(f"\n  {case.label}: skipped ({str(e).splitlines()[0][:120]})", file=sys.stderr)
                 continue
             kop, dt, layout, *k = case.key
+            if args.check:
+                results.append((case.label, kop, stock / ours, _decisions.decide(*case.key)[1]))
             row = _decisions.db_row(tag, kop, dt, layout, k, ours, stock, gpu)
             rows[row[:8]] = row
             bar = "#" * int(30 * (i + 1) / max(1, len(cases)))
@@ -313,6 +339,9 @@ def main(argv=None):
             sys.stderr.flush()
         sys.stderr.write("\n")
         torch.cuda.empty_cache()
+    if args.check:
+        _check_report(results)
+        return 0
     rows = list(rows.values())
     db = Path(args.db) if args.db else _decisions.tuned_path()
     _decisions.write_rows(db, rows)
