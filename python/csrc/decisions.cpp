@@ -28,7 +28,21 @@ struct Row {
 std::shared_mutex g_mu;          // guards everything below except the atomics
 std::vector<Row> g_rows;         // later rows take precedence over earlier ones with the same key
 std::string g_device_tag;        // "sm_90a:H100"; empty before the Python side sets it
-std::unordered_map<std::string, Decided> g_cache;  // key.str() -> answer (cleared when rows change)
+struct KeyHash {
+  size_t operator()(const DecisionKey& k) const {
+    size_t h = std::hash<std::string>()(k.op) ^ (std::hash<std::string>()(k.dtype) * 31) ^
+               (std::hash<std::string>()(k.layout) * 131);
+    for (int64_t v : k.k) h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
+struct KeyEq {
+  bool operator()(const DecisionKey& a, const DecisionKey& b) const {
+    return a.op == b.op && a.dtype == b.dtype && a.layout == b.layout && std::equal(a.k, a.k + 4, b.k);
+  }
+};
+// The answer per key (no string formatting on the call path); cleared when the rows change.
+std::unordered_map<DecisionKey, Decided, KeyHash, KeyEq> g_cache;
 std::unordered_set<std::string> g_logged;
 std::atomic<bool> g_log{false};
 std::atomic<bool> g_autotune{false};
@@ -153,10 +167,9 @@ void set_forced(int mode) { t_forced = mode; }
 Decided decide(const DecisionKey& key, const std::function<TimingCall()>& timing) {
   if (t_forced == 1) return {Choice::kOurs, "forced: ours"};
   if (t_forced == 2) return {Choice::kStock, "forced: stock"};
-  const std::string s = key.str();
   {
     std::shared_lock<std::shared_mutex> lock(g_mu);
-    auto it = g_cache.find(s);
+    auto it = g_cache.find(key);
     if (it != g_cache.end()) return it->second;
   }
   bool exact = false;
@@ -172,10 +185,10 @@ Decided decide(const DecisionKey& key, const std::function<TimingCall()>& timing
     std::unique_lock<std::shared_mutex> lock(g_mu);
     g_rows.push_back(Row{g_device_tag, key, ours_us, stock_us, "autotune"});
     d = from_rows(key, &exact);
-    return g_cache.emplace(s, d).first->second;
+    return g_cache.emplace(key, d).first->second;
   }
   std::unique_lock<std::shared_mutex> lock(g_mu);
-  return g_cache.emplace(s, d).first->second;
+  return g_cache.emplace(key, d).first->second;
 }
 
 bool take_ours(const DecisionKey& key, const std::function<TimingCall()>& timing) {
