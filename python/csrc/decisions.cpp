@@ -276,7 +276,8 @@ void register_decision_bindings(py::module_& m) {
         DecisionKey key{op, dtype, layout, {}};
         for (size_t i = 0; i < 4 && i < k.size(); ++i) key.k[i] = k[i];
         std::vector<c10::IValue> iv;
-        for (const py::handle& a : args) iv.push_back(torch::jit::toTypeInferredIValue(a));
+        // toIValue(AnyType), not toTypeInferredIValue: the latter's helper is not exported by libtorch_python
+        for (const py::handle& a : args) iv.push_back(torch::jit::toIValue(a, c10::AnyType::get()));
         py::gil_scoped_release nogil;  // as a dispatcher call would run
         const Decided d = decide(key, [&] { return TimingCall{timing_op, overload, iv}; });
         py::gil_scoped_acquire gil;
