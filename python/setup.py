@@ -80,7 +80,10 @@ class BuildWithLibrary(BuildExtension):
 
 ext = CppExtension(
     "flykernels._C",
-    ["csrc/flykernels_torch.cpp"],
+    # one file per family around the override table (csrc/overrides.hpp), the shared parts, the
+    # decisions (ours or stock per call) and the module definition
+    [f"csrc/{name}.cpp" for name in ("common", "rmsnorm", "topk", "attention", "grouped_mm", "scaled_mm", "gemm",
+                                     "decisions", "module")],
     include_dirs=[str(ROOT / "include")],
     extra_compile_args=["-O2"],
     # The library travels beside the extension, found through $ORIGIN.
@@ -90,5 +93,5 @@ ext = CppExtension(
 setup(
     ext_modules=[ext],
     cmdclass={"build_ext": BuildWithLibrary.with_options(use_ninja=bool(shutil.which("ninja")))},
-    package_data={"flykernels": [LIB]},
+    package_data={"flykernels": [LIB, "decisions_*.sql"]},  # the library and the shipped decision rows
 )
