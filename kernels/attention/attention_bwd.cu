@@ -152,6 +152,85 @@ __device__ __forceinline__ int dq_key_tiles(const AttnBwdParams& p, int m0) {
   return (kv_end + NQ - 1) / NQ;
 }
 
+// FP16 inputs: dS = P (dP - Delta) is rounded to FP16 for the dK / dQ products, and |dS| can pass
+// FP16's range where the outputs do not (large V or dO against small Q, K; issue 46): inf there,
+// where an FP32 reference stays finite. Each accumulator row (the thread's two rows: keys in the
+// dK/dV kernel, queries in the dQ kernel) keeps a power-of-two scale sig, 1 until a tile's
+// max |dS| sig of the row reaches kDsLimit; then sig halves until it is below, the row's
+// accumulator is rescaled by the same factor (exact), and from then on the row's dS are
+// multiplied by sig before packing; finish() divides it back out before the store. While every
+// sig of the warp is 1 and nothing reaches the limit (ordinary data) the tile costs one FMNMX per
+// score, a quad reduction and a vote, and the results are bit for bit the unscaled ones. BF16 has
+// FP32's range: compiled out.
+constexpr float kDsLimit = 32768.f;
+struct DsScale {
+  float sig[2] = {1.f, 1.f};
+
+  // ds: the tile's dS (fragment rows e >> 1, as acc's); acc: the row's accumulator, its previous
+  // products landed.
+  template <int N, int NA>
+  __device__ __forceinline__ void apply(float (&ds)[N], float (&acc)[NA]) {
+    if constexpr (!kBF16) {
+      float mx[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], fabsf(ds[4 * j + e]));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      }
+      const bool need = mx[0] * sig[0] >= kDsLimit || mx[1] * sig[1] >= kDsLimit || sig[0] != 1.f || sig[1] != 1.f;
+      if (!__any_sync(0xffffffffu, need)) return;
+      slow(ds, acc, mx);
+    }
+  }
+
+  template <int N, int NA>
+  __device__ __forceinline__ void slow(float (&ds)[N], float (&acc)[NA], const float (&mx)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sn = sig[i];
+      if (mx[i] < INFINITY)  // an inf / NaN dS overflowed FP32 itself (so does a reference): left alone
+        while (mx[i] * sn >= kDsLimit) sn *= 0.5f;
+      if (sn != sig[i]) {
+        const float f = sn / sig[i];  // a power of two
+#pragma unroll
+        for (int j = 0; j < NA / 4; ++j) {
+          acc[4 * j + 2 * i] *= f;
+          acc[4 * j + 2 * i + 1] *= f;
+        }
+        sig[i] = sn;
+      }
+      if (sn != 1.f) {
+#pragma unroll
+        for (int j = 0; j < N / 4; ++j) {
+          ds[4 * j + 2 * i] *= sn;
+          ds[4 * j + 2 * i + 1] *= sn;
+        }
+      }
+    }
+  }
+
+  // The accumulator back at its true scale (before the store).
+  template <int NA>
+  __device__ __forceinline__ void finish(float (&acc)[NA]) const {
+    if constexpr (!kBF16) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (sig[i] != 1.f) {
+          const float f = 1.f / sig[i];
+#pragma unroll
+          for (int j = 0; j < NA / 4; ++j) {
+            acc[4 * j + 2 * i] *= f;
+            acc[4 * j + 2 * i + 1] *= f;
+          }
+        }
+    }
+  }
+};
+
 // P^T and dS^T of a transposed tile in place: s (S^T) becomes P^T = exp2((S^T - A[col]) scale_log2 -
 // LSE2[col]) (attention_math.h bwd_prob_arg; A = 0 but for rows the preprocessing recomputed), 0 where
 // causal hides query m0 + col from the thread's keys; dp (dP^T) becomes P^T (dP^T - Delta[col]).
@@ -225,6 +304,7 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
   float dk[PW / 2], dv[PW / 2];
   zero(dk);
   zero(dv);
+  DsScale dss;
   int mb_begin, mb_end;
   kv_query_range(p, n0, mb_begin, mb_end);
   const int per_head = mb_end - mb_begin;
@@ -259,6 +339,7 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     // P^T: column c of the tile is query m0 + c.
     p_ds_transposed(p, s, dp, l2s, dls, ams, key, m0, key0 + 63, lane);
     uint32_t pf[QM / 16][4], df[QM / 16][4];
+    dss.apply(dp, dk);  // FP16: dS within FP16's range (the row's scale)
     pack_p<MathS>(s, pf);
     pack_p<MathS>(dp, df);
     mma_pv<MathD>(dv, pf, sdo + part * (PW / 64) * QM * 128);
@@ -270,6 +351,7 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
   }
   Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
   Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
+  dss.finish(dk);
   store_block<PW>(gdk, p.dk_s[2], key0, p.Sk, part * PW, p.D, dk, p.scale);
   store_block<PW>(gdv, p.dv_s[2], key0, p.Sk, part * PW, p.D, dv, 1.f);
 }
@@ -322,6 +404,7 @@ __device__ __forceinline__ void dq_consumer(const AttnBwdParams& p, uint8_t* sme
   }
   float dq[HD / 2];
   zero(dq);
+  DsScale dss;
   const int n_tiles = dq_key_tiles(p, m0);
   sm90::mbar_wait(r.q_full, 0);
   for (int n = 0; n < n_tiles; ++n) {
@@ -346,6 +429,7 @@ __device__ __forceinline__ void dq_consumer(const AttnBwdParams& p, uint8_t* sme
         const float pr = ex2(bwd_prob_arg(s[4 * j + e], amax[e >> 1], p.scale_log2, lse2[e >> 1]));
         dp[4 * j + e] = pr * (dp[4 * j + e] - delta[e >> 1]);
       }
+    dss.apply(dp, dq);  // FP16: dS within FP16's range (the row's scale)
     uint32_t df[NQ / 16][4];
     pack_p<QCfg>(dp, df);
     mma_pv<QCfg>(dq, df, sk);  // K as the MN-major B operand (as V in the forward's P V)
@@ -354,6 +438,7 @@ __device__ __forceinline__ void dq_consumer(const AttnBwdParams& p, uint8_t* sme
     if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
   }
   Elem* gdq = static_cast<Elem*>(p.dq) + b * p.dq_s[0] + h * p.dq_s[1];
+  dss.finish(dq);
   store_block<HD>(gdq, p.dq_s[2], row0, p.Sq, 0, p.D, dq, p.scale);
 }
 
@@ -448,6 +533,7 @@ __device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8
   float dk[PW / 2], dv[PW / 2];
   zero(dk);
   zero(dv);
+  DsScale dss;
   int mb_begin, mb_end;
   kv_query_range(p, n0, mb_begin, mb_end);
   const int per_head = mb_end - mb_begin;
@@ -478,6 +564,7 @@ __device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8
     }
     p_ds_transposed(p, s, dp, l2s, dls, ams, key, m0, n0 + 63, lane);
     uint32_t pf[QM / 16][4], df[QM / 16][4];
+    dss.apply(dp, dk);  // FP16: dS within FP16's range (the row's scale)
     pack_p<HalfS>(s, pf);
     pack_p<HalfS>(dp, df);
     mma_pv<MathD>(dv, pf, sdo + own);
@@ -492,6 +579,7 @@ __device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8
   const int col0 = cs * (HD / kSlices) + w * PW;
   Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
   Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
+  dss.finish(dk);
   store_block<PW>(gdk, p.dk_s[2], n0, p.Sk, col0, p.D, dk, p.scale);
   store_block<PW>(gdv, p.dv_s[2], n0, p.Sk, col0, p.D, dv, 1.f);
 }
@@ -545,6 +633,7 @@ __device__ __forceinline__ void dq_consumer_wide(const AttnBwdParams& p, uint8_t
   }
   float dq[128];
   zero(dq);
+  DsScale dss;
   const int n_tiles = dq_key_tiles(p, m0);
   sm90::mbar_wait(r.q_full, 0);
   for (int n = 0; n < n_tiles; ++n) {
@@ -568,6 +657,7 @@ __device__ __forceinline__ void dq_consumer_wide(const AttnBwdParams& p, uint8_t
         const float pr = ex2(bwd_prob_arg(s[4 * j + e], amax[e >> 1], p.scale_log2, lse2[e >> 1]));
         dp[4 * j + e] = pr * (dp[4 * j + e] - delta[e >> 1]);
       }
+    dss.apply(dp, dq);  // FP16: dS within FP16's range (the row's scale)
     uint32_t df[NQ / 16][4];
     pack_p<HalfQ>(dp, df);
     mma_pv<HalfQ>(dq, df, sk);  // this warpgroup's 256 columns of K as the MN-major B operand
@@ -576,6 +666,7 @@ __device__ __forceinline__ void dq_consumer_wide(const AttnBwdParams& p, uint8_t
     if (lane == 0) sm90::mbar_arrive(r.k_empty);
   }
   Elem* gdq = static_cast<Elem*>(p.dq) + b * p.dq_s[0] + h * p.dq_s[1];
+  dss.finish(dq);
   store_block<256>(gdq, p.dq_s[2], m0, p.Sq, w * 256, p.D, dq, p.scale);
 }
 #endif  // FLY_HD <= 256

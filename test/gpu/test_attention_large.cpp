@@ -46,6 +46,7 @@ enum class Gen {
   kRandom,    // q, k = a u: not exact, only finiteness and |O| <= max |v| asserted
   kVmax,      // BF16: q = k = 1 (equal scores), V at and near BF16's maximum (forward only)
   kClamp16,   // FP16: V = 65504, P rounded up for P V: O = 65504, not inf (forward only)
+  kBigDs,     // FP16: q, k tiny (P uniform over 2 keys), V = 30000 u: |dS| past 65504, dQ, dK small
 };
 
 struct LCase {
@@ -60,13 +61,13 @@ struct LCase {
   const char* force = nullptr;
   bool bwd = true;
   std::string str() const {
-    static const char* names[] = {"upstream", "const", "sep", "noisy", "random", "vmax", "clamp16"};
+    static const char* names[] = {"upstream", "const", "sep", "noisy", "random", "vmax", "clamp16", "bigds"};
     return std::string(dt == FLY_BF16 ? "bf16" : "fp16") + " " + names[int(gen)] + " a" + std::to_string(a) + " B" +
            std::to_string(B) + " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " Sq" + std::to_string(Sq) +
            " Sk" + std::to_string(Sk) + " D" + std::to_string(D) + (causal ? " causal" : "") +
            (force ? std::string(" force ") + force : "");
   }
-  bool exact() const { return gen != Gen::kNoisy && gen != Gen::kRandom; }
+  bool exact() const { return gen != Gen::kNoisy && gen != Gen::kRandom && gen != Gen::kBigDs; }
 };
 
 // Host tensors: contiguous BHSD, values already representable in the dtype (float copies and bits).
@@ -102,6 +103,7 @@ Inputs make_inputs(const LCase& c) {
     if (c.gen == Gen::kRandom) x = c.a * u(g);
     if (c.gen == Gen::kClamp16) x = (i % size_t(c.D)) == 0 ? 1.f : 0.f;
     if (c.gen == Gen::kVmax) x = 1.f;
+    if (c.gen == Gen::kBigDs) x = 1e-3f * u(g);
     in.q.set(i, x, c.dt);
     in.dout.set(i, c.gen == Gen::kUpstream ? float(int((i * 5) % 17) - 8) / 8.f : c.vmag * u(g), c.dt);
   }
@@ -115,6 +117,7 @@ Inputs make_inputs(const LCase& c) {
       case Gen::kRandom: x = c.a * u(g); break;
       case Gen::kVmax: x = 1.f; vv = d == 0 ? kBf16MaxF : (d == 1 ? -kBf16MaxF : 0.99f * kBf16MaxF * u(g)); break;
       case Gen::kClamp16: x = (d == 0 && j > 0) ? -1.f : 0.f; vv = 65504.f; break;
+      case Gen::kBigDs: x = 1e-2f * u(g); vv = 30000.f * u(g); break;
       default: break;
     }
     in.k.set(i, x, c.dt);
@@ -596,6 +599,35 @@ TEST_CASE("attention large inputs: V at BF16's maximum, FP16 output at 65504", "
     c.Sk = 1001;
     c.scale = -std::log2(0.5 + std::ldexp(1.0, -12) + std::ldexp(1.0, -20)) / 1.4426950408889634;
     c.bwd = false;
+    check_case(c);
+  }
+}
+
+TEST_CASE("attention large inputs: FP16 dS past FP16's range, outputs within it", "[attention_large][gpu]") {
+  // P = 1/2 over two keys, V = 30000 u, dO = u: dS = P (dP - Delta) = +-dO (v1 - v2) / 4 reaches
+  // ~1e5 at D 256 (inf once rounded to FP16 for the dK / dQ products), while q, k of 1e-3 and 1e-2
+  // keep dQ, dK in the tens. The backward scales such rows' dS by a power of two (DsScale); in the
+  // dK/dV kernel each key row meets 5 query tiles, so its scale is set, kept and lowered across tiles.
+  for (int64_t d : {64, 256, 512})
+    for (bool causal : {false, true}) {
+      LCase c;
+      c.dt = FLY_F16;
+      c.gen = Gen::kBigDs;
+      c.D = d;
+      c.Hq = 2;
+      c.Hkv = 1;
+      c.Sq = 300;  // causal: row 0 sees one key (dS = 0), the others two
+      c.Sk = 2;
+      c.causal = causal;
+      check_case(c);
+    }
+  {  // many keys: P ~ 1/300, dS in the hundreds, no row scaled (the common path)
+    LCase c;
+    c.dt = FLY_F16;
+    c.gen = Gen::kBigDs;
+    c.D = 256;
+    c.Sq = 200;
+    c.Sk = 300;
     check_case(c);
   }
 }
