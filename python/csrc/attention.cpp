@@ -51,6 +51,42 @@ DecisionKey sdpa_key(const char* op, const at::Tensor& q, const at::Tensor& k, b
   return key;
 }
 
+// The stock op each override replaces, and its own rules beyond sdpa_ineligible: calls the stock op
+// rejects stay the stock op's (it raises its own error), as do calls whose meaning is its own.
+enum class SdpaOp { kFlash, kEfficient, kCudnn, kFlashBwd, kEfficientBwd };
+constexpr const char* kSdpaKeyOps[] = {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_flash_bwd",
+                                       "sdpa_efficient_bwd"};
+
+const char* sdpa_op_ineligible(SdpaOp op, const at::Tensor& q, const at::Tensor& k, bool causal) {
+  // Empty inputs: each stock op has its own answer (an empty result, zeros, or an error).
+  if (q.numel() == 0 || k.numel() == 0) return "empty input (the stock op's own answer)";
+  const int64_t D = q.size(3);
+  switch (op) {
+    case SdpaOp::kFlash:
+    case SdpaOp::kFlashBwd:
+      // mha_fwd / mha_bwd: "head_size must be a multiple of 8, this is ensured by padding!" and "only
+      // supports head dimension at most 256" (SDPA pads the head dim and picks another backend above).
+      if (D % 8 != 0) return "head dim not a multiple of 8 (the flash op's rule; SDPA pads it)";
+      if (D > 256) return "head dim above 256 (the flash op's limit)";
+      // SDPA never sends these (its causal mask is top-left, flash's own bottom-right); a direct
+      // call keeps the stock op's meaning.
+      if (causal && q.size(2) != k.size(2)) return "causal with Sq != Sk (flash's own rule)";
+      return nullptr;
+    case SdpaOp::kCudnn:
+      // cuDNN's own limits on Hopper (sdp_utils: "head_dim should be a multiple of 8", "less than or
+      // equal to 256 ... on hopper architecture").
+      if (D % 8 != 0 || D > 256) return "head dim outside cuDNN's (a multiple of 8, at most 256)";
+      return nullptr;
+    case SdpaOp::kEfficient:
+    case SdpaOp::kEfficientBwd:
+      // _efficient_attention_forward / _backward check query.size(2) == key.size(2) (heads, BSHD):
+      // SDPA sends grouped-query heads to flash or math, never here.
+      if (k.size(1) != q.size(1)) return "grouped-query heads (the memory-efficient op has none)";
+      return nullptr;
+  }
+  return nullptr;
+}
+
 fly_tensor lse_desc(const at::Tensor& lse) {
   fly_tensor ld{};
   ld.data = lse.data_ptr();
@@ -106,9 +142,10 @@ bool sdpa_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, boo
 at::Tensor no_rng(c10::IntArrayRef sizes, at::ScalarType dtype = at::kUInt64) { return empty_unfilled(sizes, dtype); }
 
 // Asks the decision hook; false (counted as a fallback) when the stock kernel should run.
-bool decided_ours(OpId id, const char* key_op, const at::Tensor& q, const at::Tensor& k, bool causal,
-                  const char* schema, const torch::jit::Stack& s, size_t nargs) {
-  if (take_ours(sdpa_key(key_op, q, k, causal), [&] { return timing_call(schema, "", s, nargs); })) return true;
+bool decided_ours(OpId id, SdpaOp op, const at::Tensor& q, const at::Tensor& k, bool causal, const char* schema,
+                  const torch::jit::Stack& s, size_t nargs) {
+  const DecisionKey key = sdpa_key(kSdpaKeyOps[static_cast<int>(op)], q, k, causal);
+  if (take_ours(key, [&] { return timing_call(schema, "", s, nargs); })) return true;
   note_fallback(id, "decision: stock");
   return false;
 }
@@ -124,11 +161,9 @@ void sdpa_flash_boxed(const Impl& self, const c10::OperatorHandle& op, c10::Disp
   const double dropout_p = s[b + 3].toDouble();
   const bool causal = s[b + 4].toBool();
   const char* why = s[b + 5].toBool() ? "debug mask requested" : sdpa_ineligible(q, k, v, dropout_p, true);
-  // SDPA never sends these (its causal mask is top-left, flash's own bottom-right); a direct call
-  // keeps the stock op's meaning.
-  if (why == nullptr && causal && q.size(2) != k.size(2)) why = "causal with Sq != Sk (flash's own rule)";
+  if (why == nullptr) why = sdpa_op_ineligible(SdpaOp::kFlash, q, k, causal);
   if (why == nullptr) {
-    if (!decided_ours(kSdpaFlash, "sdpa_flash", q, k, causal, "aten::_scaled_dot_product_flash_attention", s, 7))
+    if (!decided_ours(kSdpaFlash, SdpaOp::kFlash, q, k, causal, "aten::_scaled_dot_product_flash_attention", s, 7))
       return self.call_prev(op, ks, stack);
     at::Tensor out = at::empty_like(q);  // the query's layout, as the stock op
     at::Tensor lse = empty_unfilled({q.size(0), q.size(1), q.size(2)}, at::kFloat);
@@ -163,9 +198,10 @@ void sdpa_efficient_boxed(const Impl& self, const c10::OperatorHandle& op, c10::
   const double dropout_p = s[b + 5].toDouble();
   const bool causal = s[b + 6].toBool();
   const char* why = !s[b + 3].isNone() ? "attention bias" : sdpa_ineligible(q, k, v, dropout_p, true);
+  if (why == nullptr) why = sdpa_op_ineligible(SdpaOp::kEfficient, q, k, causal);
   if (why == nullptr) {
-    if (!decided_ours(kSdpaEfficient, "sdpa_efficient", q, k, causal, "aten::_scaled_dot_product_efficient_attention",
-                      s, 8))
+    if (!decided_ours(kSdpaEfficient, SdpaOp::kEfficient, q, k, causal,
+                      "aten::_scaled_dot_product_efficient_attention", s, 8))
       return self.call_prev(op, ks, stack);
     const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3);
     at::Tensor out = empty_unfilled({B, Sq, H, D}, q.scalar_type()).transpose(1, 2);
@@ -205,8 +241,9 @@ void sdpa_cudnn_boxed(const Impl& self, const c10::OperatorHandle& op, c10::Disp
                     : s[b + 4].toBool() ? "log-sum-exp for cuDNN's backward requested (training)"
                     : s[b + 7].toBool() ? "debug mask requested"
                                         : sdpa_ineligible(q, k, v, dropout_p, true);
+  if (why == nullptr) why = sdpa_op_ineligible(SdpaOp::kCudnn, q, k, causal);
   if (why == nullptr) {
-    if (!decided_ours(kSdpaCudnn, "sdpa_cudnn", q, k, causal, "aten::_scaled_dot_product_cudnn_attention", s, 9))
+    if (!decided_ours(kSdpaCudnn, SdpaOp::kCudnn, q, k, causal, "aten::_scaled_dot_product_cudnn_attention", s, 9))
       return self.call_prev(op, ks, stack);
     at::Tensor out = at::empty_like(q);
     std::string lib_why;
@@ -300,9 +337,9 @@ void sdpa_flash_bwd_boxed(const Impl& self, const c10::OperatorHandle& op, c10::
   const at::Tensor& lse = s[b + 5].toTensor();
   const bool causal = s[b + 11].toBool();
   const char* why = sdpa_bwd_ineligible(dout, q, k, v, out, lse, s[b + 10].toDouble());
-  if (why == nullptr && q.size(2) != k.size(2) && causal) why = "causal with Sq != Sk (flash's own rule)";
+  if (why == nullptr) why = sdpa_op_ineligible(SdpaOp::kFlashBwd, q, k, causal);
   if (why == nullptr) {
-    if (!decided_ours(kSdpaFlashBwd, "sdpa_flash_bwd", q, k, causal,
+    if (!decided_ours(kSdpaFlashBwd, SdpaOp::kFlashBwd, q, k, causal,
                       "aten::_scaled_dot_product_flash_attention_backward", s, 15))
       return self.call_prev(op, ks, stack);
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
@@ -336,9 +373,12 @@ void sdpa_efficient_bwd_boxed(const Impl& self, const c10::OperatorHandle& op, c
   const at::Tensor& lse = s[b + 6].toTensor();
   const bool causal = s[b + 11].toBool();
   const char* why = has_bias ? "attention bias" : sdpa_bwd_ineligible(dout, q, k, v, out, lse, s[b + 9].toDouble());
-  if (why == nullptr && k.size(1) != q.size(1)) why = "grouped-query heads (the memory-efficient op has none)";
+  if (why == nullptr) why = sdpa_op_ineligible(SdpaOp::kEfficientBwd, q, k, causal);
   if (why == nullptr) {
-    if (!decided_ours(kSdpaEfficientBwd, "sdpa_efficient_bwd", q, k, causal,
+    // A bias gradient asked for with no bias: the stock op's error (_efficient_attention_backward),
+    // not our gradients without one (issue 46). Calls we leave to stock reach the same check there.
+    TORCH_CHECK(!s[b + 10].toBoolList().get(3), "bias_requires_grad is true but no bias was provided");
+    if (!decided_ours(kSdpaEfficientBwd, SdpaOp::kEfficientBwd, q, k, causal,
                       "aten::_scaled_dot_product_efficient_attention_backward", s, 13))
       return self.call_prev(op, ks, stack);
     auto bshd = [](const at::Tensor& t) {
@@ -357,14 +397,6 @@ void sdpa_efficient_bwd_boxed(const Impl& self, const c10::OperatorHandle& op, c
     note_fallback(kSdpaEfficientBwd, why);
   }
   self.call_prev(op, ks, stack);
-}
-
-// The key ops' own rules beyond sdpa_ineligible (as the overrides above apply them).
-const char* sdpa_op_ineligible(const std::string& op, const at::Tensor& q, const at::Tensor& k, bool causal) {
-  if ((op == "sdpa_flash" || op == "sdpa_flash_bwd") && causal && q.size(2) != k.size(2))
-    return "causal with Sq != Sk (flash's own rule)";
-  if (op == "sdpa_efficient_bwd" && k.size(1) != q.size(1)) return "grouped-query heads (the memory-efficient op has none)";
-  return nullptr;
 }
 
 }  // namespace
@@ -389,16 +421,14 @@ std::string explain_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 std::optional<DecisionKey> key_sdpa(const std::string& op, const at::Tensor& q, const at::Tensor& k,
                                     const at::Tensor& v, bool is_causal, bool check_device) {
-  static const char* const kOps[] = {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_flash_bwd",
-                                     "sdpa_efficient_bwd"};
-  const char* key_op = nullptr;
-  for (const char* name : kOps)
-    if (op == name) key_op = name;
-  TORCH_CHECK_VALUE(key_op != nullptr, "flykernels: key_sdpa: op must be one of sdpa_flash, sdpa_efficient, ",
+  int which = -1;
+  for (int i = 0; i < 5; ++i)
+    if (op == kSdpaKeyOps[i]) which = i;
+  TORCH_CHECK_VALUE(which >= 0, "flykernels: key_sdpa: op must be one of sdpa_flash, sdpa_efficient, ",
                     "sdpa_cudnn, sdpa_flash_bwd, sdpa_efficient_bwd; got '", op, "'");
   if (sdpa_ineligible(q, k, v, 0.0, check_device) != nullptr) return std::nullopt;
-  if (sdpa_op_ineligible(op, q, k, is_causal) != nullptr) return std::nullopt;
-  return sdpa_key(key_op, q, k, is_causal);
+  if (sdpa_op_ineligible(static_cast<SdpaOp>(which), q, k, is_causal) != nullptr) return std::nullopt;
+  return sdpa_key(kSdpaKeyOps[which], q, k, is_causal);
 }
 
 std::vector<Override> attention_overrides() {
