@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The PyTorch package on the GPU machine, in one call (through the device tool):
-#   tools/device_python.sh [steps...]     steps: build tune check tests e2e (default: build tests)
-# build: the library (default variant set) and the package installed from it; tune: python -m
+#   tools/device_python.sh [steps...]     steps: build tune check tests gtests e2e (default: build tests)
+# build: the library (default variant set), the GPU test binary and the package installed from the
+# library; gtests: the library's GPU tests of GTEST_TAGS (default "[attention_large]"); tune: python -m
 # flykernels tune over suites + model shapes, its dump merged into python/flykernels/
 # decisions_sm_90a.sql (this card's rows replaced, the other card's kept) and copied to $OUT;
 # check: tune --check (the rows' choice against stock); tests: pytest python/tests (CPU + GPU);
@@ -19,7 +20,7 @@ for step in $steps; do
     build)
       stamp "build"
       tools/device_run.sh build > "$OUT/configure.log" 2>&1  # incremental on a warm machine
-      cmake --build build --target flykernels -j16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -40; exit 1; }
+      cmake --build build --target flykernels fly_gpu_tests -j16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -40; exit 1; }
       FLYKERNELS_PREBUILT_DIR="$root/build" MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps \
         --break-system-packages "$root/python" > "$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; exit 1; }
       (cd /tmp && python3 -m flykernels) | tee "$OUT/status.txt"
@@ -43,6 +44,11 @@ for step in $steps; do
       stamp "tests"
       (cd /tmp && python3 -m pytest -q -rs -p no:cacheprovider -x ${PYTEST_ARGS:-} "$root/python/tests") > "$OUT/pytest.log" 2>&1
       tail -15 "$OUT/pytest.log"
+      ;;
+    gtests)
+      stamp "gtests ${GTEST_TAGS:-[attention_large]}"
+      timeout ${GTEST_TIMEOUT:-300} ./build/test/fly_gpu_tests "${GTEST_TAGS:-[attention_large]}" > "$OUT/gtests.log" 2>&1
+      echo "rc=$?"; grep -E "All tests passed|test cases:|assertions:|FAILED" "$OUT/gtests.log" | head -12
       ;;
     e2e)
       stamp "e2e"
