@@ -208,9 +208,8 @@ class TableKernel final : public c10::OperatorKernel {
 
 std::mutex g_reg_mutex;
 
-// What the dispatcher's table names as the registering file of our kernels
-// ("registered at flykernels_torch.cpp:<family file>:0"): the extension's historical tag, which
-// python/tests match, followed by the family's source file.
+// What the dispatcher's table names as the registering file of our kernels ("registered at
+// flykernels._C:<family file>:0"; python/tests match the "flykernels._C" part).
 const char* registration_label(const Override& ov) {
   static std::mutex mu;
   static std::vector<std::unique_ptr<std::string>> labels;  // stable c-strings for torch::Library
@@ -218,7 +217,7 @@ const char* registration_label(const Override& ov) {
   std::string file = ov.file ? ov.file : "?";
   const size_t slash = file.find_last_of('/');
   if (slash != std::string::npos) file = file.substr(slash + 1);
-  const std::string label = "flykernels_torch.cpp:" + file;
+  const std::string label = "flykernels._C:" + file;
   for (const auto& l : labels)
     if (*l == label) return l->c_str();
   labels.push_back(std::make_unique<std::string>(label));

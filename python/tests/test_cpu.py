@@ -79,16 +79,16 @@ def dispatch_file(op):
 def test_override_is_the_registered_cuda_kernel_and_disable_restores_stock(fly):
     fly.disable()
     stock_rms, stock_topk = dispatch_file("aten::_fused_rms_norm"), dispatch_file("aten::topk")
-    assert "flykernels_torch.cpp" not in stock_rms
+    assert "flykernels._C" not in stock_rms
     fly.enable(["rms_norm", "topk"])
-    assert "flykernels_torch.cpp" in dispatch_file("aten::_fused_rms_norm")
-    assert "flykernels_torch.cpp" in dispatch_file("aten::topk")
-    assert "flykernels_torch.cpp" in dispatch_file("aten::topk.values")
+    assert "flykernels._C" in dispatch_file("aten::_fused_rms_norm")
+    assert "flykernels._C" in dispatch_file("aten::topk")
+    assert "flykernels._C" in dispatch_file("aten::topk.values")
     fly.disable()
     assert dispatch_file("aten::_fused_rms_norm") == stock_rms
     assert dispatch_file("aten::topk") == stock_topk
     fly.enable(["topk"])  # re-enabling works
-    assert "flykernels_torch.cpp" in dispatch_file("aten::topk")
+    assert "flykernels._C" in dispatch_file("aten::topk")
 
 
 SDPA_OPS = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
@@ -99,19 +99,19 @@ def test_sdpa_overrides_are_registered_and_disable_restores_stock(fly):
     from torch.nn.attention import _registry
     fly.disable()
     stock = {op: dispatch_file(op) for op in SDPA_OPS}
-    assert all("flykernels_torch.cpp" not in line for line in stock.values())
+    assert all("flykernels._C" not in line for line in stock.values())
     fly.enable(["sdpa"])
     assert _registry.current_flash_attention_impl() == "FLY"  # through torch's impl registry
-    assert "flykernels_torch.cpp" in dispatch_file(SDPA_OPS[0])
-    assert "flykernels_torch.cpp" in dispatch_file(SDPA_OPS[1])
+    assert "flykernels._C" in dispatch_file(SDPA_OPS[0])
+    assert "flykernels._C" in dispatch_file(SDPA_OPS[1])
     assert dispatch_file(SDPA_OPS[2]) == stock[SDPA_OPS[2]]  # cuDNN is its own switch
     fly.enable(["sdpa_cudnn"])
-    assert "flykernels_torch.cpp" in dispatch_file(SDPA_OPS[2])
+    assert "flykernels._C" in dispatch_file(SDPA_OPS[2])
     fly.disable(["sdpa", "sdpa_cudnn"])
     assert _registry.current_flash_attention_impl() is None
     assert {op: dispatch_file(op) for op in SDPA_OPS} == stock
     fly.enable(["sdpa"])  # again, after the registry restored the default once
-    assert fly.active() == ["sdpa"] and "flykernels_torch.cpp" in dispatch_file(SDPA_OPS[0])
+    assert fly.active() == ["sdpa"] and "flykernels._C" in dispatch_file(SDPA_OPS[0])
 
 
 def test_sdpa_eligibility():
@@ -138,7 +138,7 @@ def test_backward_and_grouped_families_are_on_by_default_and_switch_alone(fly):
     stock = {op: dispatch_file(op) for op in bwd_ops + ("aten::_grouped_mm",)}
     fly.enable()
     assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())
-    assert all("flykernels_torch.cpp" in dispatch_file(op) for op in stock)
+    assert all("flykernels._C" in dispatch_file(op) for op in stock)
     with fly.disabled():
         assert {op: dispatch_file(op) for op in stock} == stock
     assert {"sdpa_bwd", "grouped_mm"} <= set(fly.active())  # the previous state again
@@ -496,8 +496,8 @@ def test_scaled_mm_meta_traces_no_swizzle_scales_and_disable_restores_stock(fly)
         call()
     stock_meta = next(ln for ln in torch._C._dispatch_dump("aten::_scaled_mm_v2").splitlines() if ln.startswith("Meta:"))
     fly.enable(["scaled_mm"])
-    assert "flykernels_torch.cpp" in dispatch_file("aten::_scaled_mm_v2")
-    assert "flykernels_torch.cpp" in dispatch_file("aten::_scaled_mm")
+    assert "flykernels._C" in dispatch_file("aten::_scaled_mm_v2")
+    assert "flykernels._C" in dispatch_file("aten::_scaled_mm")
     with FakeTensorMode():
         for fmt in ("e4m3", "e2m1"):
             for sw in (W.NO_SWIZZLE, W.SWIZZLE_32_4_4):
@@ -508,7 +508,7 @@ def test_scaled_mm_meta_traces_no_swizzle_scales_and_disable_restores_stock(fly)
         with pytest.raises(RuntimeError, match="swizzle"):  # fp32 output: not ours, the stock checks run
             call(out=torch.float32)
     fly.disable(["scaled_mm"])
-    assert "flykernels_torch.cpp" not in dispatch_file("aten::_scaled_mm_v2")
+    assert "flykernels._C" not in dispatch_file("aten::_scaled_mm_v2")
     assert next(ln for ln in torch._C._dispatch_dump("aten::_scaled_mm_v2").splitlines()
                 if ln.startswith("Meta:")) == stock_meta
     with FakeTensorMode(), pytest.raises(RuntimeError, match="swizzle"):

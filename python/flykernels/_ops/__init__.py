@@ -11,7 +11,7 @@ Where later families plug in (each a module here, imported at the bottom of this
   torch.nn.attention.register_flash_attention_impl("FLY", register_fn=...) once and
   activate_flash_attention_impl("FLY"); remove() calls restore_flash_attention_impl().
 - F.scaled_mm: an "eager" family backed by an extension override of aten::_scaled_mm_v2 (and
-  _scaled_mm), added to enable_op in csrc/flykernels_torch.cpp like rms_norm/topk.
+  _scaled_mm), a row of the override table (csrc/overrides.hpp) like rms_norm/topk.
 - F.grouped_mm under torch.compile: an "inductor" family that calls
   inductor.register_candidates("grouped_mm", provider, module="torch._inductor.kernel.mm_grouped");
   the provider returns extra ChoiceCallers for the lowering's choice list.
