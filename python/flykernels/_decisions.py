@@ -270,6 +270,17 @@ def _op_overload(op, overload):
     return getattr(packet, overload or "default")
 
 
+def _split_args(fn, args):
+    """The positional and keyword-only parts of a boxed call's arguments (e.g. SDPA's `scale`)."""
+    pos, kw = [], {}
+    for a, v in zip(fn._schema.arguments, args):
+        if a.kwarg_only:
+            kw[a.name] = v
+        else:
+            pos.append(v)
+    return pos, kw
+
+
 def _autotune(key, op, overload, args):
     """The extension's autotune callback: times an unseen key's call both ways, caches the answer
     (memory: the extension; disk: autotune_path()). None where it must not measure."""
@@ -279,7 +290,8 @@ def _autotune(key, op, overload, args):
     except RuntimeError:
         return None
     fn = _op_overload(op, overload)
-    ours, stock = time_pair(lambda: fn(*args), reps=7, warmup=2)
+    pos, kw = _split_args(fn, args)
+    ours, stock = time_pair(lambda: fn(*pos, **kw), reps=7, warmup=2)
     opname, dtype, layout, *k = key
     row = db_row(device_tag(), opname, dtype, layout, k, ours, stock, torch.cuda.get_device_name())
     try:

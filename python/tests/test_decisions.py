@@ -253,3 +253,22 @@ def test_gemm_candidate_offered_only_where_rows_say_ours(rows):
     assert gemm._decided_ours("mm", key) is True
     gk = gemm.grouped_key(torch.bfloat16, (4096, 2048), (64, 2048, 1536), (2048 * 1536, 1, 2048))
     assert gk == ("bf16", "b_nk", 1536, 2048, 4096, 64)
+
+
+def test_boxed_arguments_split_by_the_schema():
+    fn = _decisions._op_overload("aten::_scaled_dot_product_flash_attention", "")
+    pos, kw = _decisions._split_args(fn, ["q", "k", "v", 0.0, True, False, 0.125])
+    assert pos == ["q", "k", "v", 0.0, True, False] and kw == {"scale": 0.125}
+    pos, kw = _decisions._split_args(_decisions._op_overload("aten::topk", ""), ["x", 3, -1, True, True])
+    assert pos == ["x", 3, -1, True, True] and kw == {}
+
+
+def test_compile_grouped_key_is_the_overrides_key():
+    from flykernels._ops import gemm
+    a = torch.randn(96, 64, dtype=torch.bfloat16)
+    offs = torch.tensor([32, 96], dtype=torch.int32)
+    for b in (torch.randn(2, 64, 48, dtype=torch.bfloat16),
+              torch.randn(2, 48, 64, dtype=torch.bfloat16).transpose(1, 2)):
+        want = ext.key_grouped_mm(a, b, offs, False)
+        assert want is not None
+        assert ("grouped_mm",) + gemm.grouped_key(b.dtype, a.shape, b.shape, b.stride()) == tuple(want)
