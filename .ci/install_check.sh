@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # What a user does after building, checked on a finished build (no second nvcc build):
 #   install to a prefix and move it (relocatable), build and run a C consumer through pkg-config
 #   and a CMake consumer through find_package, run the installed tools, build the TGZ and DEBs

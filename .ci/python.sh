@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # CI, Python side (after .ci/run built build/): torch pinned to the GPU machine's version (PyPI) in
 # a venv, the flykernels package built against it reusing build/'s libflykernels, then the CPU-side
 # tests (the GPU tests skip visibly: no device here). Needs python3-venv and python3-dev.

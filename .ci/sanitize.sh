@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Host code under sanitizers (docs/robustness.md): the CPU tests, the stand-in driver tests (one
 # device and two) and a bounded pass of the seeded C ABI fuzz driver under AddressSanitizer +
 # UndefinedBehaviorSanitizer with every error fatal; the two-device, multi-thread tests under

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Attention forward: FlyKernels (through `flybench attention`) beside SDPA's cuDNN, flash (FA2)
 and memory-efficient backends, same run, same timing (bench/timing.py: events, L2 read-flush,
 median).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end: Hugging Face transformers models, FlyKernels on against off, same run (issue 45).
 
   python bench/e2e.py [--models llama,qwen3moe,wide,wide512] [--modes prefill,decode,train]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The library's C ABI from Python (ctypes), for the bench scripts that call it directly:
 fly_tensor descriptors of torch tensors and the loaded library with its string returns typed."""
 import ctypes

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """GEMM off the tuned keys: random shapes through the C ABI beside torch.mm / torch.addmm.
 
   python3 bench/gemm_random.py --lib build/libflykernels.so --seed 1 --count 60 [--json out.json]

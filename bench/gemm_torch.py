@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """FlyKernels GEMM vs cuBLAS (torch.mm) and Inductor's Triton GEMM on the gemm_bf16 suite.
 
 Runs `flybench gemm --json` as a subprocess first (its correctness check, chosen variants and

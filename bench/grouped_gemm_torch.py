@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """FlyKernels grouped GEMM vs F.grouped_mm (torch._grouped_mm: CUTLASS on sm_90) and a loop of
 torch.mm (cuBLAS, one call per group) on the grouped_gemm suite, in the same process.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """MX GEMM side by side: `flybench mxfp --json` (FlyKernels fly_scaled_gemm, MXFP8 and MXFP4, from
 quantized operands) and, in the same run on the same GPU, the torch baselines on the same shapes:
   deq+cuBLAS  dequantize the MX operands to BF16 (codes -> bf16, times the E8M0 scale) + matmul,

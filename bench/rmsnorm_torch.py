@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """RMSNorm: FlyKernels (through `flybench rmsnorm`) beside torch.nn.functional.rms_norm, same run.
 
   python3 bench/rmsnorm_torch.py [--flybench build/flybench] [--suite suites/rmsnorm.json]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Timing shared by bench/*_torch.py, matching tools/tool_common.cpp (flybench's side):
 CUDA events around each call, warm-up, median; before every timed call the L2 is flushed by
 READING a 256 MiB buffer (a sum), which leaves the L2 clean. A memset flush (triton's do_bench)

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """FlyKernels TopK vs torch.topk, side by side on suites/topk.json.
 
 Runs `flybench topk --json TMP` (our library's dispatch, deterministic off and on) as a

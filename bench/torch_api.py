@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """FlyKernels through PyTorch's public API, beside the same calls with FlyKernels disabled, same run.
 
   python bench/torch_api.py [--suites rmsnorm,topk,gemm] [--gemm-full] [--gemm-budget-s 150] [--gemm-from I]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* A C program using libflykernels: RMSNorm over a bf16 [M, N] matrix through the C ABI.
  * Without a GPU it reports FLY_ERROR_NO_DEVICE and exits 0. */
 #include <cuda_runtime.h>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # CMake package config, pkg-config file and CPack (TGZ, DEB) settings.
 include(CMakePackageConfigHelpers)
 set(FLY_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flykernels)

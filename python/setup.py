@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Builds libflykernels (CMake, from the repository around this folder) and the flykernels._C
 extension against the installed torch, and installs the library inside the package.
 

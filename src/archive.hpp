@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kernel archive: zstd-compressed cubins with a directory and per-entry checksums.
 //
 // Layout (little-endian):

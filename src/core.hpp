@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal runtime interface shared by the per-op launchers (src/ops/*.cpp).
 // Nothing here is exported from libflykernels.so: only fly_* C functions are.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-call variant choice: forced -> overlay/embedded exact -> profile vote (ops with profile rows)
 // -> nearest bucket -> family default.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA driver through dlopen("libcuda.so.1"): the library loads and answers without a GPU.
 #include <dlfcn.h>
 

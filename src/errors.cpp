@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status messages (thread-local) and logging.
 #include <cstdio>
 #include <cstdlib>

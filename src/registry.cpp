@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The embedded kernel archive is the variant registry; modules load lazily per context.
 #include <map>
 #include <memory>

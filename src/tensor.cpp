@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Descriptor validation shared by every op.
 #include <cinttypes>
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tuning database: SQLite images (embedded, overlay) read into memory once; lookups are pure.
 #pragma once
 

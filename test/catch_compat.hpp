@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One include for Catch2 v3 (split headers) and v2 (single header).
 #pragma once
 #if __has_include(<catch2/catch_test_macros.hpp>)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test runner for Catch2 v2 and v3.
 #if __has_include(<catch2/catch_session.hpp>)
 #include <catch2/catch_session.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU test runner: exits 77 (ctest: "Skipped") when there is no usable GPU, so a CPU-only
 // machine reports the GPU tests as skipped, visibly, never as passed.
 #if __has_include(<catch2/catch_session.hpp>)

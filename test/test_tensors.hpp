@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Descriptor builders shared by the tests (over flykernels::tensor from the public C++ header).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One attention backward problem for flybench: the forward's problem (random Q, K, V; O and LSE
 // from fly_attention_fwd), random dO, dQ/dK/dV buffers and the workspace; a launch through the
 // library's dispatch; a spot check of dQ rows {0, Sq/2, Sq-1} of the last (b, h) against FP64.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One attention forward problem for flybench / flytune: BHSD buffers with random data, a launch
 // through the library's dispatch, and a spot check of a few rows against an FP64 host reference.
 #pragma once

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Device script of the attention backward (run from the repo root on the GPU machine):
 #   tools/attn_bwd_device.sh <stage...>: build | test | sanitize | bench
 set -uo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One call on the GPU machine: optional tuning build + flytune, then the default build, the whole
 # test suite (CPU + GPU), and every family's benchmark beside its PyTorch baseline.
 #   tools/device_ci.sh "<families to tune, e.g. topk;gemm>" "<families to bench>"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The PyTorch package on the GPU machine, in one call (through the device tool):
 #   tools/device_python.sh [steps...]     steps: build tune check tests gtests e2e (default: build tests)
 # build: the library (default variant set), the GPU test binary and the package installed from the

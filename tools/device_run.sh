@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build + test + benchmark on the GPU machine (used through the device tool).
 #   tools/device_run.sh <build-dir> [cmake args...]
 # Configures against the carried .devdeps SQLite headers and the system's runtime libsqlite3.

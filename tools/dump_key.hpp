@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The key of one line of a db/<arch>.sql tuning dump (header-only: the tools and the CPU tests
 // use it). A line is "INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,
 // 4096,64,0,'variant',...);" and its key is the first eight values joined by '|' with the quotes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flybench: runs the benchmark suites through the library dispatch and prints time and throughput.
 //   flybench <family> [--suite FILE] [--json FILE]
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flybench attention: the suite (and the decode cases of tuning/attention.json) through the
 // library's dispatch: time, TFLOP/s, and for short queries the time against reading K and V once.
 #include <fstream>

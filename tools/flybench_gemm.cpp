@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flybench gemm: the gemm suite through the library's dispatch, NT first, then NN, TN and TT on the
 // same shapes: time (median, L2 flushed), TFLOP/s, and for M <= 128 the fraction of the
 // weight-read floor (bytes of B / measured copy bandwidth).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flybench grouped_gemm: the grouped GEMM suite (suites/grouped_gemm.json: uniform, projection and
 // ragged mixture-of-experts shapes) through the library's dispatch: time (median, L2 flushed),
 // TFLOP/s over the real rows (sum M_g x N x K x 2), and a spot check of 64 outputs per case

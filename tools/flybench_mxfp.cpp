@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flybench mxfp: the MX suite (suites/mxfp.json) through the library: fly_mx_quantize of BF16
 // operands (time and bandwidth against a copy of the same bytes), then fly_scaled_gemm from the
 // quantized operands (time, TFLOP/s, effective bandwidth of the bytes it must read), MXFP8 and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flybench rmsnorm: the suite through the library's dispatch: time, TB/s, % of copy bandwidth.
 #include <fstream>
 

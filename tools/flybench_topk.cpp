@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flybench topk: the suite through the library's dispatch, deterministic off and on (or one of
 // them with --deterministic 0|1): time, effective TB/s (bytes of x read once / time), the variant
 // and where the decision came from. --json PATH writes [{R, C, k, deterministic, us, ...}].

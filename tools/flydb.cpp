@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flydb: builds the embedded tuning database from db/schema.sql and the per-arch dumps.
 //   flydb --out tuning.sqlite db/schema.sql db/sm_90a.sql ...
 // Fails (and so fails the build) when a dump does not match the schema.

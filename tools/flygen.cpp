@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flygen: expands the variant spaces declared in tuning/*.json into one compile unit per variant.
 //
 //   flygen --tuning DIR --db DIR --out DIR [--all [--match REGEX]] [--families a,b]

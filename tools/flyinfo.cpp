@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flyinfo: what this build of libflykernels bundles, and what the current machine offers.
 #include <cstdio>
 #include <cstdlib>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flypack: packs the cubins listed in a flygen manifest into one zstd kernel archive.
 //   flypack --manifest gen/manifest.tsv --cubins DIR --out kernels.flyar
 #include <cstdio>

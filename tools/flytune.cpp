@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flytune: rebuilds the tuning database on this GPU, one family at a time.
 //   flytune <family> [--db FILE] [--dump db/sm_90a.sql] [--suite FILE] [--quick] ...
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flytune attention: times every bundled attention variant of the case's dtype and head dim on the
 // suite (and the decode cases of tuning/attention.json) and writes the winners as DB rows.
 // --bwd: the same over the attention_bwd variants on the suite's cases (O and LSE from one forward

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flytune gemm: for the suite shapes and M buckets (1..16384) of the suite's (N, K) pairs, in each
 // requested layout, checks every bundled gemm variant of the dtype on sampled elements against a
 // double-precision reference, times it, and writes the winner per (dtype, layout, N, K, M).

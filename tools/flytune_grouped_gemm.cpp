@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flytune grouped_gemm: for the suite cases (suites/grouped_gemm.json), runs every bundled
 // grouped_gemm variant of the dtype that can take the shape (fly_force_variant), spot-checks it
 // against a double reference, times it (median, L2 flushed) and writes the fastest per dispatch

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flytune mxfp: for the MX suite (suites/mxfp.json: M, N, K; both formats), quantizes random BF16
 // operands with fly_mx_quantize, runs every bundled mxfp variant forced, spot-checks each against
 // the FP64 GEMM of the exactly dequantized operands, times it (median, L2 flushed) and writes the

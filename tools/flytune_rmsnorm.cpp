@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flytune rmsnorm: times every bundled rmsnorm variant on the suite shapes plus an N x M grid.
 #include <fstream>
 

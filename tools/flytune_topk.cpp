@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // flytune topk: for the suite cases (plus tuning/topk.json's extra cases), deterministic off and
 // on, runs every bundled topk variant that can take the shape (fly_force_variant), checks it
 // against a CPU reference, times it, and writes the fastest per key to the tuning database.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GEMM helpers shared by flytune and flybench: one problem's buffers in a layout, a launch
 // through the library, and a sampled check against an FP64 reference.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Grouped GEMM problems on the device for flybench / flytune grouped_gemm: A [T, K], B [G, K, N]
 // (K or N contiguous), int32 offsets from the group sizes, C [T, N]; a spot check of 64 outputs
 // against a double reference.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RMSNorm helpers shared by flytune and flybench: one problem's buffers, a launch through the
 // library, and a check of sampled rows against an FP64 reference.
 #pragma once

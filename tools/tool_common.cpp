@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tool_common.hpp"
 
 #include <cuda_bf16.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared helpers of flytune / flybench: arguments, CUDA runtime checks, timing, progress bar,
 // suites and tuning-database rows. Tools link the CUDA runtime; the library itself does not.
 #pragma once

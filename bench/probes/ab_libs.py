@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A/B of two builds of the library on the GEMM suite: each build's own database pick (or a forced
 variant) per shape, beside torch.mm, timed interleaved in one process.
 

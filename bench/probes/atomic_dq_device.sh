@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for the attention backward's atomic dQ experiment (nondeterministic = 1; measured
 # slower than the deterministic kernels and not shipped: bench/RESULTS.md "Attention backward, atomic dQ"). Applies
 # bench/probes/atomic_dq_bulk32k.patch to the tree (the copy the device call works on), builds the

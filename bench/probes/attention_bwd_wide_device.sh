@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call (<= 300 s) for the wide-head (D 257..512) attention backward (issue 28), written
 # without a GPU and unmeasured until this runs: build attention + attention_bwd with the hd512
 # backward variants (not defaults: -DFLY_ALL_VARIANTS=ON, matched by name; the forward's defaults

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The fused split-key merge of the attention forward (docs/attention.md "Decode: the fused merge"):
 # one device call that builds the attention family (shipped rows), runs every attention GPU test,
 # compute-sanitizer memcheck and racecheck on the split-key tests (decode, persistent, wide small),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for the attention family: build (attention only), CPU + GPU tests, flybench,
 # compute-sanitizer memcheck/racecheck. Logs under $OUT. Usage: bench/probes/attention_device.sh [stages]
 # FLY_MATCH=REGEX builds every variant matching it (tuning); RACE_TESTS: the Catch2 filter racecheck runs. stages: any of test,bench,tune,torch,memcheck,racecheck (default: test,bench,memcheck,racecheck)

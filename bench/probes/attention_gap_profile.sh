@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Issue 23's gap, measured (docs/attention.md "The gap to cuDNN, profiled"): one device call that
 # builds the attention family (shipped rows), then runs ncu (--clock-control none) over
 #   - our forward (fly_attn_fwd) and SDPA's cuDNN forward on B 4, H 16, S 4096, D 128 and D 64, BF16,

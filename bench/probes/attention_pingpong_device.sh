@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call (<= 600 s) for the attention forward's persistent (`_ps1`) and ping-pong (`_pp1`)
 # schedules, written 2026-12-02 without device time (docs/attention.md, "Ping-pong and
 # persistent"). Builds the attention family with, per head dim, the shipped BF16 tile in every

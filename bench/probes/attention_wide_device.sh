@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for the wide-head (D 257..512) attention forward: build the attention family
 # with every hd512 variant, GPU tests (the wide cases and every bundled variant), the D 512 suite
 # beside SDPA (bench/attention_torch.py) and per-variant flybench, memcheck and racecheck on the

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """How a GEMM's time moves over the first few hundred back-to-back calls (the GPU clock settling
 under its power limit), per variant and for torch.mm, on one NT bf16 shape.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which cuBLAS kernel torch.mm runs on each GEMM suite shape, with its launch shape (grid, block,
 shared memory, registers) from the profiler trace: what our variants are up against.
 Usage: python3 bench/probes/cublas_kernels.py [--layouts nt,nn] [--suite suites/gemm_bf16.json]"""

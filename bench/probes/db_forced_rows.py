@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Rewrite db/sm_90a.sql's scaled_gemm rows where a variant forced in bench/mxfp_torch.py beat the
 # default dispatch of the same run by more than a margin: the fastest such variant becomes the
 # row's winner, the old winner its runner-up, both with this run's times, GPU and date. A split-K

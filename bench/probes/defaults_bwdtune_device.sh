@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call (<= 560 s): the default build with this session's shipped changes (the attention
 # forward's persistent rows, the hd 512 backward as a default), the python package and every python
 # GPU test on it; meanwhile a build of every BF16 attention backward variant (hd 64..256) and the

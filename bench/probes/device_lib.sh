@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shared by the MX device probes (mx_widen_device.sh, mx_splitk_device.sh): sourced after they set
 #   out (log folder, with out/more for the logs that are tarred), budget (seconds), t0 (start), name
 #   (the script's name for the header) and, optionally, phase_pat / phase_lines (what a phase's

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Leave-one-out check of the GEMM dispatch's nearest-row rule on the tuning logs (CPU only).
 
 Every shape in bench/logs/tune-*.tsv (flytune --times output: "dtype layout M=.. N=.. K=..",

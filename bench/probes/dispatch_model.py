@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Leave-one-out study of the GEMM dispatch's profile vote with a shape-transfer model.
 
 The vote (src/dispatch.cpp profile_vote) scores each bundled variant by its relative time on the 5

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Where issue 25's slow random GEMM shapes lose: the dispatch's pick, or the bundled variants.
 
 For the aligned (TMA-path) shapes of bench/gemm_random.py that ran below --below of cuBLAS in the

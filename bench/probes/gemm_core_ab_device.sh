@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call (<= 300 s) proving the GEMM core refactor of issue 24 (docs/gemm.md, "The core's
 # structure"): the old library (this tree with kernels/gemm as of the merge base 3f0a9cc: from git
 # when the checkout has its history, else .ab/gemm_core_base_kernels.tar.gz, made here by

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for issue 25's denser GEMM database: tune training shapes drawn from
 # gemm_random.py's distribution on seeds disjoint from the benchmark's, then run the benchmark's
 # held-out seeds with and without the new rows (as an overlay database), in the same call.

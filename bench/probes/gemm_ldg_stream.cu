@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode-streaming probe, plain loads (dev only, not part of the build): how fast do 16-byte
 // loads stream W[N, K] (bf16, K-major) when each warp owns 16 rows of it, as a register-fed
 // decode kernel (kernels/gemm/gemm_decode_sm90.cu) must, depending on how many rows one load

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The cp.async GEMM path (kernels/gemm/gemm_odd_sm90.cu) by load granule, beside torch.mm on the
 same strided views and beside our TMA kernel on the aligned layout, in one process.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for GEMM on strides TMA cannot take (issue 25): the packed path (aligned copies in
 # the workspace, then the TMA kernel) beside the cp.async kernel, and GEMM off the tuned keys.
 #   OUT=... bash bench/probes/gemm_packed_device.sh [stages]      (carry .devdeps)

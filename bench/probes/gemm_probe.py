@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Times chosen GEMM variants on one shape through the library's C ABI (forced with
 fly_force_variant), beside torch.mm, after checking each against an FP32 reference.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Profile rows for the GEMM dispatch's vote (src/dispatch.cpp profile_vote) from flytune --times
 output: for every shape, each variant within --cap of the shape's best time, as a row of op
 "gemm_profile" whose time_us is the variant's time over that best (k3 numbers the variants).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode-streaming probe (dev only, not part of the build): how fast can TMA stream a GEMM
 // weight matrix the way the decode kernels read it, with no math at all? Each CTA owns R rows of
 // W[N, K] (bf16, K-major, 128B-swizzled boxes {64 k, box rows}) and walks K in 64-wide blocks

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Training shapes for a denser GEMM tuning database (issue 25): gemm_random.py's distribution
 drawn from seeds disjoint from the benchmark's (default 101..), written as one flytune suite per
 (dtype, layout), so `flytune gemm --quick --suite <file> --dtype D --layouts L` tunes exactly them.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for the grouped_gemm family: build (grouped_gemm only; FLY_MATCH=REGEX adds every
 # variant matching it, for tuning), GPU tests, compute-sanitizer memcheck / racecheck, flybench,
 # bench/grouped_gemm_torch.py, flytune. Logs under $OUT.

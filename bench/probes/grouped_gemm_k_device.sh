@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for the ragged-K grouped GEMM (issue 27's dB_g = A_g^T @ dC_g, fly_grouped_gemm
 # with 2-D a and b): build the grouped_gemm family, the mode's GPU tests (and the forward's, which
 # must skip the mode-k variants), compute-sanitizer (memcheck and racecheck, SAN_TOOLS, over the

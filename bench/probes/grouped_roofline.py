@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """How far issue 27's grouped-GEMM target is from the physical floor: CPU only, from measured times.
 
   python3 bench/probes/grouped_roofline.py [--json bench/grouped_gemm_latest.json]

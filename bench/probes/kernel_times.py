@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """GPU kernel durations (torch.profiler / CUPTI) of our GEMM and cuBLAS's on suite shapes, with the
 L2 warm (back-to-back calls on the same operands) and cold (a 256 MiB read flush before each call):
 what each kernel costs without launch gaps or event overhead, and how much of it is the first read

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The quantizer probes beside mx_quantize_t256_hw1: QVARIANTS (default the look-ahead _pf1; _o6 / _o8: __launch_bounds__ min
 # blocks 6 / 8: 40 / 32 registers, with spills) on three suite shapes, flybench mxfp --quant-variant.
 #   OUT=... bash bench/probes/mx_quant_occupancy.sh   (carry .devdeps)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ncu of the MX quantizer (mx_quantize_t256_hw1) on 4096 x 4096 BF16 -> MXFP4 and MXFP8 (the suite's
 # lowest %copy rows): duration, DRAM throughput, issue activity, warp stalls. One device call
 # (carry .devdeps); output $OUT/ncu-quant.txt.   OUT=... bash bench/probes/mx_quant_profile.sh

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call (<= 300 s) for the MX split-K variants mxfp_wgmma_n{32,64,128}_f0_p2_s{2,4,8}
 # (docs/mxfp.md "Split-K"): proves their split path on the H200.
 #   1. build the MX families with the nine split variants, their unsplit p2 parents and the DB's;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call (<= 540 s) for the BF16-widening MX GEMM (kernels/mx/mxfp_widen.cu, variants
 # mxfp_widen_n128, its split-K _s2 / _s4, the swapped decode _t1 variants and the _ov0 probe;
 # docs/mxfp.md "BF16-widening design"):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The widening variants' GPU tests repeated (mxfp_widen_n128 and the probe _ov0 that retires each stage; the
 # intermittent mismatch of 2026-12-06 showed up in some runs only),
 # then compute-sanitizer and a timing of 4096^3 beside the FP8 design. One device call, carry .devdeps.

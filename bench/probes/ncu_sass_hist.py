@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 import csv,collections,sys
 rows=list(csv.reader(open(sys.argv[1])))
 hdr=rows[1]; data=rows[2:]

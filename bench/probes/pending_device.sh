@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # What is merged but has not run on the GPU (carry .devdeps; .whl for the python tests; .ab for the
 # GEMM A/B). Ran on 2026-12-06 (bench/probes/verify_device.sh, on an H100): the `packed` stage's GPU
 # tests and memcheck, ctest (7 of 7) and the Python GPU tests (196 passed); `mxprof` is still to run.

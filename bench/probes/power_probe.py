@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Sustained GEMM: time per call, SM clock, board power and energy per call, for torch.mm and
 chosen FlyKernels variants on one NT bf16 shape (a dev probe: do our kernels run at a lower clock
 than cuBLAS's under the power limit, and why?).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What the RMSNorm output's L2 policy does, measured several ways (bf16 8192x4096 by default).
 
 Calls fly_rms_norm_fwd through the C ABI (ctypes) of the library given by --lib, so two builds

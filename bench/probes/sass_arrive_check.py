@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # For each empty-barrier arrive of the widening MX kernel (mxfp_widen.cu), whether every shared-memory
 # load of the stage is ordered before it by a MEMBAR (the proxy fence's lowering) or consumed before
 # it. An arrive ahead of its loads let the producer's TMA overwrite a stage the loads had not read yet

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Where a GEMM's event-timed microseconds go, FlyKernels (C ABI, ctypes) beside torch.mm, NT bf16:
 the CUDA-event median as bench/timing.py takes it, the kernels' own durations from the profiler
 (summed per call, the flush excluded), and the host time of one call; with torch.randn operands

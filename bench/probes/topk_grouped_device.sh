@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call (<= 450 s): the TopK long rows after the DB change (issue 25: flybench + torch.topk
 # on suites/topk_long.json, largest and smallest) and the grouped GEMM beside Inductor's Triton
 # grouped GEMM (issue 27: bench/grouped_gemm_torch.py --triton over CASES, each compiled and

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Ranks every bundled GEMM variant on suite shapes in the benchmark's own timing regime (this
 process, torch's stream, bench/timing.py: L2 flushed by a read and a ~100 us spin before every
 call), and says where the database's pick loses to another bundled variant.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call that proves what was merged without a GPU: the default build, the packed-path GPU
 # tests (attention forward / backward copies, GEMM odd strides) with memcheck on the new cases,
 # ctest, then the Python package and its GPU tests. Each step has its own timeout so the call fits

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A C++ program using the installed C++ layer (flykernels.hpp) through find_package(flykernels).
 // Without a GPU the calls throw flykernels::Error with FLY_ERROR_NO_DEVICE: it prints that and
 // exits 0. With one it prints the device's architecture and the GEMM workspace size.

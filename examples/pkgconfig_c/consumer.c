@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* A C program built against an installed libflykernels through pkg-config (docs/install.md):
  *   cc consumer.c $(pkg-config --cflags --libs flykernels) \
  *      -Wl,-rpath,"$(pkg-config --variable=libdir flykernels)" -o consumer

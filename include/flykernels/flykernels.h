@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* FlyKernels: ahead-of-time compiled GPU kernels with a tuning database.
  *
  * Stable C ABI. Every entry point returns a fly_status; on failure a message that names the

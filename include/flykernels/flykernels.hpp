@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C++ convenience layer over the FlyKernels C ABI (header-only; the ABI stays the C one).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention backward for sm_90a (one variant per compile unit; constants from tools/flygen). See
 // attention_bwd_params.h for the three kernels. Both main kernels follow the forward's structure
 // (attention_fwd.cu): warpgroup 0 is the producer (one thread issues TMA loads through an

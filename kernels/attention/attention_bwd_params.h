@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parameters and host planning of the sm_90a attention backward kernels (attention_bwd.cu), shared
 // by host (src/ops/attention_bwd.cpp, tools, CPU tests) and device.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention forward for sm_90a (one variant per compile unit; constants from tools/flygen):
 // warpgroup 0 is the producer (one thread issues TMA loads of Q once and of K/V tiles through an
 // ST-deep mbarrier ring), warpgroups 1..NWG each own 64 query rows: S = Q K^T by SS wgmma, mask,

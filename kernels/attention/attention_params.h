@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parameters of the sm_90a attention forward kernels (attention_fwd.cu), shared by host and device.
 //
 // A CTA owns one tile of BM "virtual rows" of one (batch, head group) and one split of the keys.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host planning of an attention forward launch (src/ops/attention.cpp; CPU-tested in
 // test/cpu/test_attention_args.cpp): compiled head dim, GQA packing, key splits, workspace, smem.
 #pragma once

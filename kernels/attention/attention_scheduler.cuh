@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tile scheduler of the attention kernels: which (rows, head, batch, key range) a CTA owns.
 // One CTA per tile: blockIdx.x = m block x splits + split, y = head (packed: kv head), z = batch;
 // causal grids run the longest tiles (last m blocks) first. Persistent variants walk the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reusable pieces of the sm_90a attention kernels (forward now, backward later): the tile
 // configuration, TMA tile loads of Q/K/V into 128B-swizzled shared memory, the wgmma fragments of
 // S = Q K^T (both operands in shared memory) and O += P V (P from registers), the online softmax in

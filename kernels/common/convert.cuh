@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Float conversions of the element types the kernels store (FP32, FP16, BF16), one definition for
 // every family (common/vec.cuh re-exports them; the MX kernels include this alone, so their host
 // emulation in test/cpu needs nothing but cuda_fp16.h / cuda_bf16.h).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes wgmma_ops.h: one wrapper per wgmma shape m64nNk16 (f32 accumulate, bf16/f16 inputs,
 both operands from shared memory through descriptors), the same with A from registers (the RS
 form attention feeds P through), and the FP8 forms m64nNk32 (e4m3/e5m2 inputs, K-major only: FP8

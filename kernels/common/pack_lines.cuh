@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The line-packing copy (pack_params.h): one thread per 16-byte chunk of the copy. A chunk whose
 // source lies inside its line reads the one or two aligned 16-byte words around it (never outside
 // the line, so never outside the tensor) and shifts the wanted 16 bytes out of them (the

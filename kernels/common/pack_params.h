@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parameters of the line-packing copy (kernels/common/pack_lines.cuh, fly_pack_lines_sm90), shared
 // by host and device: the packed paths of the GEMM (src/ops/gemm.cpp) and the attention forward
 // (src/ops/attention.cpp) copy an operand TMA cannot address (a base not 16-byte aligned, or line

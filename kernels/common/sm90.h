@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Thin wrappers over the Hopper (sm_90a) instructions the GEMM family uses: shared-memory
 // addresses, mbarrier, TMA (cp.async.bulk.tensor), wgmma fences/descriptors, setmaxnreg, and
 // cluster (DSMEM) access. Each wrapper is one PTX instruction (or a short wait loop) so the kernels

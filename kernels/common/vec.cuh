@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small device helpers for memory-bound kernels: 16-byte loads/stores with cache hints, dtype
 // conversion to and from float, warp reductions, named barriers.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compile-time configuration of one sm_90a GEMM variant, from the FLY_* macros tools/flygen
 // writes (see tuning/gemm.json). Standalone compiles get the defaults below.
 #pragma once

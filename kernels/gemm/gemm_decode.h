@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode GEMM (kernels/gemm/gemm_decode_sm90.cu): parameters shared by host and device, and the
 // host-side planning of one launch (header-only; the planner is host code).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode GEMM for sm_90a: C[M, N] = A[M, K] * W[N, K]^T (+ bias), M <= 64, NT layout
 // (kernels/gemm/gemm_decode.h has the parameters and the host planning).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Epilogues of the sm_90a GEMM.
 //  * store_tile: bias + convert + bounds-checked stores straight from the wgmma accumulators
 //    (persistent path). Accumulator (m64nN layout): thread t of the warpgroup holds rows

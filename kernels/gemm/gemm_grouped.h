@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Grouped mode of the GEMM core (mixture-of-experts): G problems that share K and N, whose rows
 // are concatenated, as PyTorch's F.grouped_mm takes them: A [sum M_g, K], B [G, K, N] (one
 // matrix per group), C [sum M_g, N], and `offs[g]` the end row of group g (int32, cumulative, on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ragged-K grouped GEMM (the weight gradient of F.grouped_mm: dB_g = A_g^T @ dC_g), shared by
 // host and device: parameters of kernels/gemm/gemm_grouped_k_sm90.cu and the work decomposition
 // (checked on the CPU by test/cpu/test_gemm_grouped_k.cpp).

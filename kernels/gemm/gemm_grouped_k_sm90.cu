@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sm_90a ragged-K grouped GEMM entry (the weight gradient of F.grouped_mm, torch._grouped_mm's
 // 2-D x 2-D form with offsets along K):
 //   out[g] = a[:, offs[g-1]:offs[g]] @ b[offs[g-1]:offs[g], :]   for every group g (zeros if empty),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parameters of the grouped GEMM kernel (kernels/gemm/gemm_grouped_sm90.cu), shared by host and
 // device: the dense kernel's GemmParams core plus the grouped tail (gemm_grouped.h).
 //

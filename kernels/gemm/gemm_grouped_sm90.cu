@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sm_90a grouped GEMM entry (mixture-of-experts, F.grouped_mm's 2-D x 3-D form):
 //   C[offs[g-1]:offs[g], :] = A[offs[g-1]:offs[g], :] @ B[g] (+ bias[g]) for every group g,
 // FP16/BF16 in/out, FP32 accumulation, one persistent launch over all groups.

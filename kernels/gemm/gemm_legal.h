@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a dense GEMM tile configuration may be: each rule defined once, as a constexpr predicate
 // that the kernel's Config static_asserts (with the rule's message), the launcher checks on the
 // variant it is handed (src/ops/gemm.cpp variant_fits), and a CPU test checks every variant of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Mainloop of the sm_90a GEMM: a TMA producer (one thread) fills a STAGES-deep ring of
 // (P tile, Q tile) pairs guarded by full/empty mbarriers; two consumer warpgroups each multiply
 // their 64-row half of P by the whole Q tile with wgmma, KB k blocks (4 KB x k16) per stage.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MX (OCP Microscaling v1.0) formats the block-scaled GEMM takes: element codes E4M3 ("fn":
 // no Inf, NaN = S.1111.111), E5M2, E2M1 (FP4, two per byte, element 0 in the low nibble, as
 // torch.float4_e2m1fn_x2) and the E8M0 block scale (2^(e - 127), 0xFF = NaN, no zero), with one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parameters of the cp.async GEMM kernel (kernels/gemm/gemm_odd_sm90.cu), shared by host and
 // device: the dense kernel's GemmParams core (tile counts, raster strip, C, bias, the layout
 // bits; its tensor maps unused, zero) plus where the two operands are and the widest load granule

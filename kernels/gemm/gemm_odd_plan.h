@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-side planning of one launch of the cp.async GEMM kernel (kernels/gemm/gemm_odd_sm90.cu):
 // the path fly_gemm takes when TMA cannot address an operand (src/ops/gemm.cpp). Host-only,
 // header-only; the CPU tests call it directly.

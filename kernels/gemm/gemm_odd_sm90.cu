@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sm_90a GEMM for strides TMA cannot address: C = A @ B (+bias), BF16/FP16 in/out, FP32
 // accumulation, the four layouts, any leading dimension and any element-aligned base.
 // One compile per variant (FLY_DTYPE_IS_*, FLY_BN, FLY_STAGES; tuning/gemm.json, gemm_odd_*).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Operand traits of the GEMM family, shared by host and device: what each element type the
 // kernels (will) take means for the layout math. Every size the planner and the kernel derive
 // from a dtype comes from here, in bytes, so a new dtype is one specialisation, and a dtype

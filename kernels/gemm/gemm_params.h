@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Parameters of the sm_90a GEMM kernel (kernels/gemm/gemm_sm90.cu), shared by host and device.
 //
 // The kernel computes D[rows, cols] = P[rows, K] * Q[K, cols] (+ bias), FP32 accumulation, and

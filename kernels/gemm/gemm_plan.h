@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-side planning of one sm_90a GEMM launch: operand roles (swap-AB), TMA tensor maps, tile
 // counts, split-K factor and grid. Shared by src/ops/gemm.cpp and the standalone harness in
 // kernels/gemm/dev/, so both launch the kernel identically. Host-only, header-only.

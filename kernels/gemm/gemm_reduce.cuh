@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Split-K reduction through distributed shared memory, shared by the sm_90a GEMM kernels: every
 // CTA of a cluster has parked its fp32 partial tile in its own shared memory (the caller syncs the
 // cluster), then CTA `rank` sums its slice of the tile's outer rows over the cluster's `split`

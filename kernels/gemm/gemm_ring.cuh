@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared-memory stage ring of the sm_90a GEMM kernels: S stages filled by TMA, each guarded by
 // a full barrier (one arrival, the filler's expect_tx, plus the bytes) and an empty barrier (one
 // arrival per reader). One implementation for the main kernel (gemm_mainloop.cuh Ring: P and Q

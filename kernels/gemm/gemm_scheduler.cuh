@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Work decomposition of the sm_90a GEMM: persistent tiles (grid = #SMs, each CTA walks tiles
 // blockIdx.x, +gridDim.x, ...) or split-K clusters (one CTA per (tile, k-slice); the cluster's
 // CTAs share a tile and reduce through distributed shared memory).

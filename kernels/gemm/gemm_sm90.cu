@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sm_90a GEMM entry: C = A @ B (+bias), BF16/FP16 in/out, FP32 accumulation.
 // One compile per variant (FLY_DTYPE_IS_*, FLY_BM, FLY_BN, FLY_STAGES, FLY_MC, FLY_EPI; see tuning/gemm.json).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stream-K work split of the sm_90a GEMM (GemmParams::sk_tiles), shared by the device scheduler
 // (gemm_scheduler.cuh) and the host tests, so the CPU suite checks exactly what the kernel runs.
 //

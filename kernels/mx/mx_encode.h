@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fast MX encoders (host and device): the same results as gemm/gemm_mx.h's reference quantizer,
 // bit for bit (test/cpu/test_mx_args.cpp checks them against it), written with integer and
 // rint arithmetic so the GPU kernel can use them.

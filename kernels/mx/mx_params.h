@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Kernel parameters of the MX family (mx_quantize, mxfp scaled GEMM), shared by the launchers
 // (src/ops/mx.cpp) and the kernels (kernels/mx/*.cu). Plain C++.
 #pragma once

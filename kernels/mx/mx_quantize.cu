@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MX quantizer: rows of FP16/BF16/FP32 to E4M3 or packed E2M1 codes with one E8M0 scale per 32
 // elements (OCP MX v1.0; the rules and the bit-exact reference are in gemm/gemm_mx.h, the
 // encoders shared with the host test in mx/mx_encode.h). One thread per 32-element block: it

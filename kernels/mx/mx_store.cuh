@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MX GEMM kernels' epilogue straight from the wgmma accumulators (mxfp_wgmma.cu, mxfp_widen.cu):
 // + bias, FP16/BF16 rounding, row and column tails clipped, 4-byte paired stores where aligned;
 // for split-K variants (FLY_SPLIT > 1) the FP32 partial of a work unit and the reduction kernel

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // E2M1 -> E4M3 widening of packed FP4 (torch.float4_e2m1fn_x2: element 2i in the low nibble of
 // byte i), four values per byte permute: every E2M1 value is exact in E4M3. Host and device
 // (test/cpu/test_mx_format.cpp checks it against mxe::e2m1_to_e4m3 for every 16-bit input).

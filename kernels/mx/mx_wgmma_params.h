@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Kernel parameters and shared-memory plan of the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu), shared
 // by the launcher (src/ops/mx.cpp) and the kernel. Host and device; plain C++ plus CUtensorMap.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The widening MX GEMM (kernels/mx/mxfp_widen.cu, docs/mxfp.md "BF16-widening design"): its
 // shared-memory plan, the k permutation that lets one 16-byte load feed a thread's A fragment, the
 // per-tile plan (FP16 / BF16 path, per-operand exponent shifts that keep every widened value a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MX block-scaled GEMM (MXFP8 / MXFP4, NT): C[M,N] = sum over k32 blocks of
 //   sa[m,kb] * sb[n,kb] * (A[m, kb*32 .. +32] . B[n, kb*32 .. +32])  (+ bias[n]).
 // First design (docs/mxfp.md): FP8 tensor-core MMA (mma.sync m16n8k32 E4M3 x E4M3 -> FP32, both

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MX block-scaled GEMM on 16-bit wgmma, the widening design (MXFP8 / MXFP4, NT; docs/mxfp.md
 // "BF16-widening design"):
 //   C[M,N] = sum over k32 blocks kb of sa[m,kb] * sb[n,kb] * (A[m, 32kb..+32] . B[n, 32kb..+32]) (+ bias[n])

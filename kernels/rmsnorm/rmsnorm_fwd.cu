@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RMSNorm forward: y = x * rsqrt(mean(x^2) + eps) * w, one row per group of kTpr threads.
 //
 // Variant constants (tools/flygen): FLY_DTYPE_IS_{FP16,BF16,FP32}, FLY_TPR (threads per row),

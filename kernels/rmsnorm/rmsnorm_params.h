@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Kernel parameters of rmsnorm_fwd, shared by the launcher (host) and the kernel (device).
 #pragma once
 #include <stdint.h>

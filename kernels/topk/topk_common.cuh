@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device helpers shared by the TopK kernels: order-preserving keys, the row walker with 16-byte
 // loads, warp-aggregated slot allocation, radix digit selection and the bitonic sort.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TopK kernel parameters and launch planning, shared by the device code (kernels/topk/*.cu), the
 // launcher (src/ops/topk.cpp), the tools and the standalone check. Plain C++, stdint only.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Variant entry: radix-select TopK, one CTA per row (any k). Axis: FLY_THREADS.
 // Launch: grid R, dynamic smem from topk_plan::plan_radix.
 #include "topk/topk_radix.cuh"

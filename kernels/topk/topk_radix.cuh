@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Large-k TopK, one CTA per row: radix select over the 64-bit composite (key << 32 | ~index),
 // eight bits per pass, to find the bucket holding the k-th element; then gather the k survivors
 // and bitonic-sort only them. Pass 0 reads the row from global memory (16-byte loads) and, when it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference and result checker for TopK (tools and tests; host only, plain C++).
 // Ordering is the kernels' (and torch's): keys from topk_common.cuh's to_key, ties by lowest index.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Variant entry: small-k TopK (k <= KMAX). Axes: FLY_THREADS (CTA size), FLY_TPR (lanes per
 // row), FLY_KMAX (per-lane list length). Launch: grid ceil(R / (THREADS/TPR)), no smem.
 #include "topk/topk_small.cuh"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small-k TopK: a group of TPR lanes (a warp or part of one) per row, several rows per CTA.
 // Each lane keeps its own sorted top-KMAX in registers while streaming the row with 16-byte
 // loads; the group then merges its lists with k rounds of a shuffle arg-max.

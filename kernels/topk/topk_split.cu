@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Variant entry: split-row TopK for few very long rows. Axes: FLY_THREADS, FLY_CHUNK (the largest
 // piece a CTA claims; used by the launcher only). Kernels: init, pass, tie, sort (topk_split.cuh).
 #include "topk/topk_split.cuh"

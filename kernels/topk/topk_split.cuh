@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Few very long rows: each row is cut into pieces that the row's CTAs claim one at a time (an
 // atomic counter per row and launch), so the whole GPU reads it and the CTAs stay busy to the
 // end. A radix select over the 32-bit key in three levels (11, 11, 10 bits), one launch per level

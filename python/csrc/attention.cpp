@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SDPA forward and backward on CUDA through fly_attention_fwd / fly_attention_bwd:
 //   aten::_scaled_dot_product_{flash,efficient,cudnn}_attention (what SDPA's dispatcher calls after
 //   picking a backend) and aten::_scaled_dot_product_{flash,efficient}_attention_backward.

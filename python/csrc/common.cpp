@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared parts of the flykernels._C extension (common.hpp) and the registration of the override
 // table (overrides.hpp).
 #include "common.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every file of the flykernels._C extension shares: the dispatch counters and fallback log,
 // device support, descriptors of torch tensors for the C ABI (include/flykernels/flykernels.h),
 // allocation helpers, and the statuses that send a call back to the stock kernel.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ours or stock per call (decisions.hpp): the rows, the per-key cache, the autotune callback and
 // their Python bindings.
 #include "decisions.hpp"

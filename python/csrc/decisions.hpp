@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ours or stock, per call: the never-slower decision of every override (docs/pytorch.md,
 // "Decisions"). An override first checks eligibility; an eligible call then asks decide() with
 // its DecisionKey, and runs the stock kernel unless the answer is kOurs.

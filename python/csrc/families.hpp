@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C++ side of the Python functions each family file offers (bound in module.cpp): why a call
 // would not run ours (explain_*), the decision key of a call (key_*: the same function the override
 // uses to build it; nullopt where the call is not ours to take) and the Inductor entry points.

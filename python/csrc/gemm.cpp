@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Dense GEMM for Inductor's mm / addmm candidates (extern_kernels.flykernels_mm / _addmm, see
 // python/flykernels/_ops/gemm.py) through fly_gemm, and the stream-K workspace size. No decision
 // hook here: the compile-time provider decides whether our candidate is offered.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Grouped GEMM: aten::_grouped_mm(self, mat2, offs?, bias?, out_dtype?) -> Tensor on CUDA (eager),
 // and Inductor's grouped_mm candidate (grouped_mm_out), through fly_grouped_gemm.
 // Ours: the 2-D x 3-D forward form (A [T, K], B [G, K, N], int32 offs [G] on the same device, no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The flykernels._C extension module: boxed overrides of aten ops (the table in overrides.hpp, one
 // file per family) and Inductor GEMM entry points, each calling libflykernels only through its C ABI
 // (include/flykernels/flykernels.h). Every override checks eligibility first and otherwise calls

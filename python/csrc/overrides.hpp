@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one table of the extension's PyTorch overrides. Each family file (rmsnorm.cpp, topk.cpp,
 // attention.cpp, grouped_mm.cpp, scaled_mm.cpp) contributes its rows through the function declared
 // below; enable_op / disable_op / op_enabled (common.cpp) iterate the table.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RMSNorm: aten::_fused_rms_norm(input, normalized_shape, weight?, eps?) -> (output, rstd) on CUDA,
 // through fly_rms_norm_fwd. PyTorch's backward (_fused_rms_norm_backward) runs on our rstd.
 #include <c10/core/DeviceGuard.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MX block-scaled GEMM: aten::_scaled_mm_v2 (F.scaled_mm) and aten::_scaled_mm on CUDA and Meta,
 // through fly_scaled_gemm; and fly_mx_quantize for the Python side.
 // Ours: MXFP8 (float8_e4m3fn) or MXFP4 (float4_e2m1fn_x2) operands, both the same, A [M, K] row-major

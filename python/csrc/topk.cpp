@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TopK: aten::topk(self, k, dim, largest, sorted) and aten::topk.values(..., values, indices) on
 // CUDA, through fly_topk (sorted results; deterministic mode honoured).
 #include <ATen/Context.h>

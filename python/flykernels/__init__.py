@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlyKernels for PyTorch: ahead-of-time compiled Hopper kernels behind F.rms_norm, torch.topk
 and (under torch.compile max-autotune) torch.mm / addmm, with the stock kernels as fallback.
 Importing the package turns them on where they can run, unless FLYKERNELS_TORCH=0; the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m flykernels: what is bundled, the device, which overrides are active and where their
 decisions come from. `python -m flykernels tune --help`: measure ours against stock (_tune.py)."""
 import os

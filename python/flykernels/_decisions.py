@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ours or stock, per call: the decision rows every override consults (docs/pytorch.md, "Decisions").
 
 A decision row is a row of a FlyKernels tuning database (db/schema.sql, the format flytune

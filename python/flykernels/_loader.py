@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loads the extension (and with it libflykernels) once; never raises. `ext` is the module or
 None, `available` says whether our kernels can run here and `reason` why not."""
 import os

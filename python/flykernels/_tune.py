@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m flykernels tune`: times our kernel and the stock one beside each other, through the
 same PyTorch calls models make, and writes the decision rows (_decisions.py) with both times.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The controller: which FlyKernels overrides PyTorch sees.
 
     import flykernels                     # turns everything on where our kernels can run

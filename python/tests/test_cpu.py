@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU-side tests of the flykernels package (run in CI, no GPU needed)."""
 import os
 import shutil

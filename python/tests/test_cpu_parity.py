@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU-side parity tests (no GPU needed): where the stock op rejects an input, our overrides raise
 the same error or leave the call to the stock op (issue 46). What runs here: the MX scaled_mm Meta
 kernel under FakeTensor (the contract checks it shares with the CUDA kernel), the decision keys and

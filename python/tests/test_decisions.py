@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The never-slower decisions (python/csrc/decisions.cpp, flykernels/_decisions.py), CPU-side: rows,
 exact and nearest keys, the margin, card preference, force, sources and their precedence, the
 cache file under concurrent writers, autotune's callback and its capture rule."""

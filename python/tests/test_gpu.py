@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU tests of the eager overrides and the Inductor GEMM candidates (skipped without a GPU on
 which FlyKernels can run). References: the stock kernels (inside flykernels.torch.disabled())
 and float64 computations; fresh random inputs for every check."""

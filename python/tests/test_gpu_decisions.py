@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU tests of the decisions: an eligible call whose row says stock reaches the stock kernel, one
 whose row says ours runs ours, the nearest row's margin, autotune timing both sides and caching,
 and the tuner writing rows the overrides find again."""

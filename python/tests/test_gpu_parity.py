@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU parity tests (issue 46; skipped without a GPU on which FlyKernels can run): where the stock
 op rejects an input, the call with FlyKernels on raises the same exception type and message as
 stock, and MX F.scaled_mm raises ValueError where upstream's contract does (stock PyTorch cannot

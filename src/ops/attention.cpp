@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_attention_fwd / fly_attention_fwd_workspace_size: validation, dispatch and launch of the
 // attention family (kernels/attention/attention_fwd.cu, planned by attention/attention_plan.h).
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_attention_bwd / fly_attention_bwd_workspace_size: validation, dispatch and launch of the
 // attention backward family (kernels/attention/attention_bwd.cu, parameters and sizes in
 // attention/attention_bwd_params.h): preprocess (Delta, LSE rows), dK/dV, dQ on one stream.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the attention forward and backward launchers (src/ops/attention.cpp, attention_bwd.cpp)
 // share: argument checks (the same rules give the same messages in both), the dispatch key's
 // layout field and the TMA map of a [B, H, S, D] operand.

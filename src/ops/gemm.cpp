@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_gemm / fly_gemm_workspace_size: validation, dispatch and launch of the gemm family
 // (kernels/gemm/gemm_sm90.cu, host planning shared with the dev harness in gemm/gemm_plan.h; the
 // decode kernel kernels/gemm/gemm_decode_sm90.cu, planned by gemm/gemm_decode.h).

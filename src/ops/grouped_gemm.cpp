@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_grouped_gemm / fly_grouped_gemm_workspace_size: validation, dispatch and launch of the
 // grouped_gemm family (kernels/gemm/gemm_grouped_sm90.cu; docs/grouped_gemm.md).
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_mx_quantize and fly_scaled_gemm: validation, dispatch and launch of the MX families
 // (mx_quantize, mxfp). Internals in docs/mxfp.md; kernels in kernels/mx/.
 #include <cinttypes>

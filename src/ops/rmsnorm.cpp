@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_rms_norm_fwd: validation, dispatch and launch of the rmsnorm family.
 #include <cfloat>
 #include <cinttypes>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_topk / fly_topk_workspace_size: validation, dispatch and launch of the topk family.
 // Paths (tuning/topk.json, kernels/topk/): "small" (k <= kmax: per-lane register lists merged with
 // shuffles, several rows per CTA), "radix" (one CTA per row: radix select + bitonic sort of the

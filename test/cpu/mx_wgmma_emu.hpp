@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host emulation harness of the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu): the kernel's own source
 // compiled as C++, one host thread per CUDA thread (384 per CTA, CTAs one after the other), with
 // fly::sm90 replaced by emulations written from the PTX ISA, not from the kernel:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The emulated wgmma MX GEMM (mx_wgmma_emu.hpp + the kernel source, included before this with
 // FLY_BN set) against the FP64 GEMM of the dequantized operands: both formats and outputs, bias,
 // M = 1, M / N / K tails (K not a multiple of the 128-wide stage), scales over a wide exponent range

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Kernel archive: round trip, corruption detection, and the embedded archive's registry.
 #include <cstring>
 #include <string>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_attention_fwd on bad input: a status and a message naming the argument, never a crash; the
 // versioned struct; the host plan (head-dim padding, GQA packing, key splits, workspace).
 // Runs without a GPU: validation happens before any device query, so valid input reports

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_attention_bwd on bad input: a status and a message naming the argument, never a crash; the
 // versioned struct; the workspace query and its size formula. Runs without a GPU: validation
 // happens before any device query, so valid input reports FLY_ERROR_NO_DEVICE here.

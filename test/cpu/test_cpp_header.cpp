@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C++ layer: descriptors, exceptions, and one wrapper per C entry answering as the C entry does.
 #include <cstring>
 #include <set>

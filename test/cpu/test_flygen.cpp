@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/flygen, the build's variant generator, run as the build runs it: axis expansion under
 // constraints, selection (defaults + database names; --all; --all --match), the generated compile
 // units, and refusal of broken spaces.

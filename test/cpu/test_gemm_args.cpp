@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_gemm / fly_gemm_workspace_size on bad input: a status and a message naming the argument.
 // Runs without a GPU (validation happens before any device query); valid input is not asserted
 // here (NO_DEVICE on CI, SUCCESS would need real device memory on the GPU machine).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The grouped GEMM work decomposition (kernels/gemm/gemm_grouped.h), as the device scheduler walks
 // it: every tile of every group exactly once, in any CTA count, clipped at its group's end, with
 // empty and ragged groups.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The dense GEMM's legality rules (kernels/gemm/gemm_legal.h), defined once: the kernel asserts
 // them, the launcher checks them, and here every variant tuning/gemm.json's constraints admit
 // (flygen --all, as a tuning build expands it) must satisfy them.

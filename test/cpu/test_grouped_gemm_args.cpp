@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_grouped_gemm / fly_grouped_gemm_workspace_size on bad input: a status and a message naming
 // the argument, before any device query (runs without a GPU). Valid input passes validation
 // (fly_grouped_gemm_workspace_size: SUCCESS, 0 bytes, no device touched); empty work is a

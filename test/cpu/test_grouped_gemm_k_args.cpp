@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_grouped_gemm in the ragged-K mode (2-D a [M, Ktot], 2-D b [Ktot, N], offs along K, c
 // [G, M, N]) on bad input: a status and a message naming the argument, before any device query
 // (runs without a GPU); fly_grouped_gemm_workspace_size reports G x 256 bytes. Also the work

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The edge cases a hostile caller found (issue 21), each pinned: checked size arithmetic, dtype
 // values outside the enum, databases that are not regular files / views / WAL-mode, the driver
 // path in messages, the bounded dispatch cache, stale and echoed messages, eps beyond fp32.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MX family on the CPU: the kernels' fast encoders (mx/mx_encode.h) equal the reference quantizer
 // (gemm/gemm_mx.h) bit for bit, the MX dtypes are accepted by descriptor validation, and
 // fly_mx_quantize / fly_scaled_gemm reject bad input with a status and a message naming the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MX formats (kernels/gemm/gemm_mx.h) against the OCP MX v1.0 rules: every code of E4M3,
 // E5M2, E2M1 and E8M0 decodes to its value, the reference quantizer rounds to nearest even with
 // saturation, and its FLOOR and RCEIL scales put each block where the rules say.

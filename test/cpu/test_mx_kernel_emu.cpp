@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MX kernels' own source run on the host (no GPU): kernels/mx/mx_quantize.cu and
 // kernels/mx/mxfp_gemm.cu compiled as C++ with CUDA's thread indices, __shared__ and
 // __syncthreads mapped to host threads and a barrier, and the warp MMA (mma.sync m16n8k32 E4M3)

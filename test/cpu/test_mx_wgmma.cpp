@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-checkable pieces of the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu): the E2M1 -> E4M3
 // widening by byte permute (every 16-bit input against mxe::e2m1_to_e4m3), the 128B-swizzle
 // offsets the widened tiles are written at (a bijection that keeps 16-byte chunks whole and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The wgmma MX GEMM's split-K source at BN = 128 (kernels/mx/mxfp_wgmma.cu, fold = 0, FLY_PIPE = 2,
 // FLY_SPLIT: the `n128_f0_p2_s{2,4,8}` variants) and mxfp_splitk_reduce on host threads against
 // the FP64 reference, the short case list (MXW_SPLIT_SHORT; BN 64 runs the full one):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The wgmma MX GEMM's source (kernels/mx/mxfp_wgmma.cu, BN = 32, fold = 1) run on host threads against
 // the FP64 reference: harness in mx_wgmma_emu.hpp, cases in mx_wgmma_emu_cases.hpp.
 #include "mx_wgmma_emu.hpp"

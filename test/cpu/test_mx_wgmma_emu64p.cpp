@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The wgmma MX GEMM's source (kernels/mx/mxfp_wgmma.cu, BN = 64, fold = 0, FLY_PIPE = 2: two scratch accumulator sets and the scale prefetch) run on host threads against
 // the FP64 reference: harness in mx_wgmma_emu.hpp, cases in mx_wgmma_emu_cases.hpp.
 #include "mx_wgmma_emu.hpp"

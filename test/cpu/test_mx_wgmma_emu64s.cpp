@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The wgmma MX GEMM's split-K source (kernels/mx/mxfp_wgmma.cu, BN = 64, fold = 0, FLY_PIPE = 2,
 // FLY_SPLIT: the `_p2_s{2,4,8}` variants, whose kernel code is one: the split count is the launch's
 // `splits`) and the module's mxfp_splitk_reduce, run on host threads against the FP64 reference:

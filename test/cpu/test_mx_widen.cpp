@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-checkable pieces of the BF16-widening MX GEMM (kernels/mx/mxfp_widen.cu, kernels/mx/mx_widen.h):
 // the k permutation (a bijection that keeps each thread's 16 values in one k32 block and pairs them
 // with the wgmma A fragment slots), the E4M3 -> BF16 widening with the block scale (exact for every

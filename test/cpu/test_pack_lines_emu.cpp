@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The line-packing copy's own source (kernels/common/pack_lines.cuh, the packed paths of the GEMM
 // and the attention forward) run on the host: CUDA's indices become loop variables, __ldg a
 // checked load, __funnelshift_r its definition from the PTX ISA (shf.r.clamp: the low 32 bits of

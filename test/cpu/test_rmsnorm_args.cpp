@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_rms_norm_fwd on bad input: a status and a message naming the argument, never a crash.
 // Runs without a GPU (validation happens before any device query).
 #include <dlfcn.h>

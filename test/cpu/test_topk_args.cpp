@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_topk / fly_topk_workspace_size on bad input: a status and a message naming the argument.
 // Runs without a GPU: validation (workspace size included) happens before any device query.
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tuning database: schema, exact lookup, nearest bucket, fallback, overlay, broken databases.
 #include <sqlite3.h>
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prints "<status>|<arch>|<message>" from fly_device_arch in a fresh process, so a test can try
 // each FLYKERNELS_LIBCUDA value (the library loads the driver once per process).
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stand-in for libcuda.so.1: the driver calls libflykernels makes, with the real driver's
 // argument rules (launch limits, tensor-map encoding rules, context/stream checks), recording
 // launches and tensor maps instead of running anything. Built with the tests only.

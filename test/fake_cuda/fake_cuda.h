@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Control side of the stand-in CUDA driver (libfly_fake_cuda.so): tests point FLYKERNELS_LIBCUDA
 // at it and link it, then read what the library asked the "driver" to do. It runs no kernels.
 #pragma once

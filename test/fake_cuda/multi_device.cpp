@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Several GPUs in one process, on the stand-in driver configured with two sm_90 devices (its own
 // executable: the device count is fixed before the library's first driver call). Every family on a
 // stream of device 1 while device 0's context is current; the caller's context left as it was;

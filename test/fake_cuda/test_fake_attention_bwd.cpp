@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_attention_bwd behind the device check, on the stand-in driver: the three launches (preprocess,
 // dK/dV, dQ), their grids, blocks and shared memory, the tensor-map boxes and the parameters the
 // kernels receive (no kernel runs). The wide (hd 512) plan is checked when a wide variant is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_attention_fwd behind the device check, on the stand-in driver: Q, K, V whose rows TMA cannot
 // take run the packed path (fly_pack_lines_sm90 copies them to 16-byte rows at the end of the
 // workspace, one plane per (batch, head), then fly_attn_fwd reads the copies through its maps);

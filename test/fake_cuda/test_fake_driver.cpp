@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Everything behind the device check, on the stand-in driver (FLYKERNELS_LIBCUDA = the fake,
 // set by ctest): stream and pointer checks, arch check, database dispatch, variant fit, tensor
 // maps and launch configuration of every family, injected driver failures. No kernel runs: the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GEMM dispatch behind the device check on the stand-in driver: the benchmark suite's shapes
 // (suites/gemm_bf16.json, both dtypes, the four layouts) dispatch from their exact database rows,
 // so the off-key rules (the profile vote, the nearest row) cannot move the tuned suite; an off-key

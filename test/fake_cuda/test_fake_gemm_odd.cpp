@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_gemm on strides TMA cannot address, behind the device check on the stand-in driver: the
 // call launches the cp.async kernel (kernels/gemm/gemm_odd_sm90.cu) with the planned loads, not
 // FLY_ERROR_UNSUPPORTED; aligned calls keep the TMA kernel; a forced TMA variant cannot take an

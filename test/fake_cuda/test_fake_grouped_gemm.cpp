@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_grouped_gemm behind the device check, on the stand-in driver (CPU only): every bundled
 // grouped_gemm variant forced on a few shapes plans legal tensor maps (A 2-D over all T rows, B
 // 3-D with the group outermost, C for the TMA-store variants) and one persistent launch.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_grouped_gemm's ragged-K mode behind the device check, on the stand-in driver (CPU only):
 // every bundled mode-k variant forced plans the two template maps (a and b^T over all of Ktot,
 // MN-major: K the outer dimension; K-contiguous operands are refused), launches the maps kernel (one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MX entries behind the device check, on the stand-in driver: dispatch to the bundled
 // variants, launch geometry and the parameters the kernels receive (no kernel runs).
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One fuzz step over the C ABI: the input bytes choose an entry point and every argument
 // (descriptors with hostile ranks, sizes, strides, dtypes and pointers; odd strings; NaN and
 // huge scalars), then the promises of docs/robustness.md are checked; a broken one aborts.

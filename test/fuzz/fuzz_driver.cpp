@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Seeded random driver for fly_fuzz_one: runs everywhere (no clang, no libFuzzer), reproducibly.
 //   fly_fuzz_driver [--seed N] [--iterations N] [--seconds S]
 // Stops at whichever limit comes first; prints the seed and the iteration of a failure.

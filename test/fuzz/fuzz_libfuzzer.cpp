@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer entry over the C ABI (clang -fsanitize=fuzzer; .ci/sanitize.sh runs it when clang++ exists).
 #include <cstddef>
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host helpers the attention forward and backward GPU tests share: 16-bit values as raw bits,
 // [B, H, S, D] views over padded rows, and a case's one-line description.
 #pragma once

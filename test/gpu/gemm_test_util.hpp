@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host helpers the dense and grouped GEMM GPU tests share: FP16/BF16 bits of the small dyadic
 // values (and inf) the tests use, exact both ways; a device buffer; 8-element rounding; the
 // CUDA-graph replay of a grouped call with new device offsets.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention forward on the GPU against an FP64 host reference on fresh random data: compiled and
 // odd head dims, Sq != Sk with and without causal (top-left), lengths off the tile (1, 17, 1000),
 // a single query against 8192 keys (split keys, GQA packing), GQA, BHSD and BSHD views, both

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention backward on the GPU against an FP64 host reference on fresh random data: compiled and
 // odd head dims, Sq != Sk with and without causal (top-left), lengths off the tile (1, 17, 1000),
 // GQA (dK/dV summed over the group), BHSD and BSHD views with padded rows, both dtypes, every

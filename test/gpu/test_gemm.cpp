@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_gemm on the GPU against a CPU reference: all four layouts (A, B each row- or column-major),
 // ragged and tiny sizes, padded leading dimensions, bias, BF16 and FP16, split-K / swap-AB
 // shapes, the decode kernel, and every bundled gemm variant forced at least once. C is poisoned with 0xFF bytes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_grouped_gemm on the GPU against a CPU reference (double accumulation of exactly representable
 // random inputs): uniform, ragged and empty groups (all empty, one group holding all rows, sizes
 // 1, 3, 7, ...), K and N off the tile multiples, both dtypes, both B orders (N or K contiguous),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_grouped_gemm in the ragged-K mode (F.grouped_mm's weight gradient: out[g] = a[:, k of g] @
 // b[k of g, :], a [M, Ktot], b [Ktot, N], offs along K, out [G, M, N]) on the GPU against a CPU
 // reference (double accumulation of exactly representable nonzero random inputs): ragged groups

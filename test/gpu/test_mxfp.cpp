@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MX family on the GPU: fly_mx_quantize bit for bit against the host reference (gemm/gemm_mx.h)
 // over extreme exponents, subnormals, zero / NaN / Inf blocks, all source dtypes, both formats
 // and scale rules, aligned and unaligned buffers; fly_scaled_gemm against an FP64 GEMM of the

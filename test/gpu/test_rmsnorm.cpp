@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RMSNorm forward on the GPU against an FP64 reference: dtypes, odd N, strided and unaligned rows,
 // no weight, every bundled variant, and 16 threads on 16 streams racing to the first call.
 #include <cuda_bf16.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fly_topk against a CPU sort: exact values, valid indices pointing at equal elements, sorted
 // order, NaN / +-inf / signed zeros / ties, k = 1 and k = C, C = 1, strided and misaligned rows,
 // largest = false, both deterministic modes (lowest index first and identical reruns), and each

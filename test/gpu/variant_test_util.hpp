@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU tests' walk over the bundled variants of one family (the "every bundled variant" cases).
 #pragma once
 

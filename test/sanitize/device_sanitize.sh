@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # On the GPU machine: build the default configuration (every family), ctest, then the four
 # compute-sanitizer tools over the bounded workload (fly_gpu_subset), one process per family and
 # tool, and memcheck over each family's GPU tests. Logs under $1 (default .); a summary line per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bounded GPU workload for compute-sanitizer (docs/robustness.md): every rmsnorm and topk variant,
 // one GEMM variant of each kernel path (plain, multicast cluster, P multicast, split-K, stream-K
 // with workspace, kw2, e1/e2 epilogues, swap-AB, kb2, decode when bundled, the cp.async kernel for

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Compares two JUnit XML reports of the same upstream tests, stock and with FlyKernels
 (test/upstream/run.sh writes them): every test that passes stock and fails with FlyKernels (or
 errors, or does not finish), the counts of each run, how many test functions and parametrizations

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # PyTorch's own tests for the ops FlyKernels overrides, for one torch version, into a git-ignored
 # folder (third-party code: never committed; test/upstream/run.sh runs them, README.md says how).
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pytest plugin for running PyTorch's upstream tests stock and with FlyKernels (test/upstream/run.sh
 loads it with -p flykernels_upstream).
 

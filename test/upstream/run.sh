@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # PyTorch's upstream tests for the ops FlyKernels overrides (SDPA: test_transformers.py; F.grouped_mm:
 # test_matmul_cuda.py's grouped tests; F.scaled_mm: test_scaled_matmul_cuda.py), run twice on the
 # GPU machine, stock (FLYKERNELS_TORCH=0) and with flykernels, then compared: every test that passes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU test of test/upstream/compare.py on two small synthetic JUnit reports (pytest's format):
     python3 -m pytest -q test/upstream/test_compare.py"""
 import json

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Decision rows (python/flykernels/_decisions.py) from the families' benchmark results already in
 bench/*_latest.json: each of those runs timed our kernel and the stock PyTorch kernel in the same
 process on the same card (bench/RESULTS.md gives the commands and dates), so each case is a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-tile trace of the sm_90a GEMM (dev only, not part of the build): where does each tile's
 // time go? Runs one variant compiled with -DFLY_GEMM_TRACE (its consumer warpgroups record, per
 // tile, clock64 at the mainloop's start and end, after the epilogue, and the cycles spent in

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for the wgmma MX GEMM (kernels/mx/mxfp_wgmma.cu, variants mxfp_wgmma_n{32,64,128}_f{0,1},
 # not in the defaults): build the MX families with every variant, the GPU tests
 # (every bundled mxfp variant forced), compute-sanitizer memcheck + racecheck, then flybench mxfp

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Standalone check + timing of the TopK device code (no library needed): every kernel
 // configuration on the suite shapes and on adversarial inputs, against a CPU reference.
 // Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels -I include

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call for the long-row TopK work (issue 25): build the topk family, tune the long-row
 # keys over the split variants (and radix t1024 for reference), the GPU tests with those rows as
 # the overlay DB, flybench + torch.topk on suites/topk_long.json, compute-sanitizer.

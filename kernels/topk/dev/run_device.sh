@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # One device call: harness (correctness + timing of every config) then torch.topk timings.
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT

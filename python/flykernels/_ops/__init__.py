@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The families the controller (flykernels.torch) switches, one registry for all of them.
 
 A family is an object with `name`, `kind` ("eager": CUDA-key overrides in the extension;

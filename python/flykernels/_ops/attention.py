@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SDPA forward through FlyKernels' fused attention (fly_attention_fwd).
 
 Two families, both CUDA-key overrides in the extension with the stock kernel as fallback:

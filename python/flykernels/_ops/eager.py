@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Eager overrides that live in the extension: RMSNorm (aten::_fused_rms_norm), TopK (aten::topk,
 aten::topk.values), grouped GEMM (aten::_grouped_mm) and MX scaled GEMM (aten::_scaled_mm_v2,
 aten::_scaled_mm), each on the CUDA dispatch key with the stock kernel as fallback."""

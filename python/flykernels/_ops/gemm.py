@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Dense GEMM candidates for torch.compile(mode="max-autotune"): torch.mm / @ (lowering "mm")
 and addmm with an [N] bias and alpha = beta = 1 (lowering "addmm"), fp16/bf16, any of the four
 operand layouts. A provider offers our kernel only for static shapes whose layouts the library

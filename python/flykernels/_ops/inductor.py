@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one place GEMM candidates join Inductor's autotuning (torch.compile, max-autotune).
 
 Inductor's GEMM lowerings (kernel/mm.py: "mm", "addmm", ...; kernel/mm_grouped.py:
