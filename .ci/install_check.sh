@@ -105,6 +105,13 @@ for d in "$lib_deb" "$dev_deb" "$tools_deb"; do
   [ -n "$(dpkg-deb -f "$d" Maintainer)" ] || fail "$(basename "$d") has no Maintainer"
   echo "    $(dpkg-deb -f "$d" Package) $(dpkg-deb -f "$d" Version): Depends: $(dpkg-deb -f "$d" Depends)"
 done
+# Licence: each DEB ships /usr/share/doc/<package>/copyright (Debian copyright format, Apache-2.0).
+for d in "$lib_deb" "$dev_deb" "$tools_deb"; do
+  p=$(dpkg-deb -f "$d" Package)
+  dpkg-deb -c "$d" | has " \./usr/share/doc/$p/copyright$" || fail "$(basename "$d") has no /usr/share/doc/$p/copyright"
+  dpkg-deb --fsys-tarfile "$d" | tar -xO "./usr/share/doc/$p/copyright" | has "^License: Apache-2.0$" \
+    || fail "$(basename "$d"): /usr/share/doc/$p/copyright does not name Apache-2.0"
+done
 dpkg-deb -c "$lib_deb" | has "/usr/lib/$multiarch/libflykernels.so.0" || fail "the library is not in /usr/lib/$multiarch"
 dpkg-deb -c "$dev_deb" | has "/usr/lib/$multiarch/pkgconfig/flykernels.pc" || fail "the .pc is not in /usr/lib/$multiarch/pkgconfig"
 dpkg-deb -c "$dev_deb" | has "/usr/include/flykernels/flykernels.hpp" || fail "the dev DEB has no flykernels.hpp"

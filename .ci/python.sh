@@ -10,7 +10,7 @@ venv=${FLY_CI_VENV:-/tmp/flykernels-ci-venv}
 torch_version=2.11.0  # the GPU machine runs 2.11.0+cu130; PyPI's Linux wheel is that cu130 build
 t0=$SECONDS
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --no-cache-dir "torch==$torch_version" "setuptools>=70.1,<82" wheel pytest numpy
+"$venv/bin/pip" install -q --no-cache-dir "torch==$torch_version" "setuptools>=77,<82" wheel pytest numpy
 echo "python.sh: torch $torch_version installed in $((SECONDS - t0)) s"
 t1=$SECONDS
 FLYKERNELS_PREBUILT_DIR="$root/build" MAX_JOBS="$(nproc)" \

@@ -24,6 +24,21 @@ endforeach()
 configure_file(${CMAKE_SOURCE_DIR}/packaging/flykernels.pc.in ${CMAKE_BINARY_DIR}/flykernels.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/flykernels.pc DESTINATION ${FLY_PC_DIR} COMPONENT dev)
 
+# Licence: each DEB ships /usr/share/doc/<its package>/copyright (Debian copyright format 1.0,
+# Apache-2.0, pointing at /usr/share/common-licenses/Apache-2.0); .ci/install_check.sh checks it.
+set(fly_deb_runtime libflykernels${PROJECT_VERSION_MAJOR})
+set(fly_doc_packages "runtime=${fly_deb_runtime}" "dev=libflykernels-dev")
+if(FLY_BUILD_TOOLS)
+  list(APPEND fly_doc_packages "tools=flykernels-tools")
+endif()
+foreach(entry ${fly_doc_packages})
+  string(REPLACE "=" ";" entry "${entry}")
+  list(GET entry 0 component)
+  list(GET entry 1 package)
+  install(FILES ${CMAKE_SOURCE_DIR}/packaging/copyright DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/${package}
+          COMPONENT ${component})
+endforeach()
+
 # ---- CPack: `cpack --config <build>/CPackConfig.cmake` makes the TGZ (everything) and three DEBs.
 set(CPACK_PACKAGE_NAME flykernels)
 set(CPACK_PACKAGE_VENDOR FlyKernels)
@@ -48,7 +63,6 @@ set(CPACK_ARCHIVE_COMPONENT_INSTALL OFF)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION libs)
-set(fly_deb_runtime libflykernels${PROJECT_VERSION_MAJOR})
 set(fly_deb_version "${PROJECT_VERSION}")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ${fly_deb_runtime})
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "libc6, libgcc-s1, libstdc++6, libsqlite3-0, libzstd1")

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Checks (or, with --fix, adds) the SPDX licence line in every tracked source file FlyKernels owns.
 
   tools/spdx_check.py [--fix] [REPO_ROOT]
@@ -6,7 +7,8 @@
 Kinds: *.c *.cpp *.h *.hpp *.cu *.cuh *.py *.sh *.cmake CMakeLists.txt *.in (CMake templates,
 embed.S.in) and the .ci/ scripts. Data (json, sql, md, logs, patches, images) is not checked.
 The line goes first, or after a shebang (and a Python coding line right after it). Also checks that
-python/LICENSE (the copy the wheel carries) matches LICENSE. Exit 1 when something is missing.
+python/LICENSE (the copy the wheel carries) matches LICENSE. Exit 1 when something is missing,
+77 (skip) outside a git checkout.
 """
 import re
 import subprocess
@@ -34,8 +36,14 @@ def comment(path):
 
 
 def tracked(root):
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], check=True, capture_output=True).stdout
-    return [Path(p) for p in out.decode().split("\0") if p]
+    """The tracked files, or None outside a git checkout (a source tarball: nothing to check)."""
+    try:
+        r = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True)
+    except OSError:
+        return None
+    if r.returncode != 0:
+        return None
+    return [Path(p) for p in r.stdout.decode().split("\0") if p]
 
 
 def insert_at(lines):
@@ -51,8 +59,12 @@ def main(argv):
     fix = "--fix" in argv
     args = [a for a in argv if a != "--fix"]
     root = Path(args[0]) if args else Path(__file__).resolve().parent.parent
+    files = tracked(root)
+    if files is None:
+        print(f"spdx: {root} is not a git checkout (or git is missing): skipped")
+        return 77
     missing, fixed = [], []
-    for rel in tracked(root):
+    for rel in files:
         line = comment(rel)
         if line is None or str(rel) in SKIP:
             continue
