@@ -127,11 +127,14 @@ bool autotune_measure(const DecisionKey& key, const std::function<TimingCall()>&
   TimingCall call = timing();
   py::gil_scoped_acquire gil;
   if (g_autotune_cb == nullptr || g_autotune_cb->is_none()) return false;
+  // A reference of our own: set_autotune may replace the callback while this one runs (the
+  // timed calls release the GIL).
+  const py::object cb = *g_autotune_cb;
   try {
     py::list args;
     for (const c10::IValue& v : call.args) args.append(torch::jit::toPyObject(v));
     py::tuple k = py::make_tuple(key.op, key.dtype, key.layout, key.k[0], key.k[1], key.k[2], key.k[3]);
-    py::object r = (*g_autotune_cb)(k, call.op, call.overload, args);
+    py::object r = cb(k, call.op, call.overload, args);
     if (r.is_none()) return false;
     auto t = r.cast<std::pair<double, double>>();
     *ours_us = t.first;
