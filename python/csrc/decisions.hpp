@@ -24,15 +24,12 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
+#include <pybind11/pybind11.h>
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-namespace pybind11 {
-class module_;
-}
 
 namespace flyk {
 
