@@ -3,11 +3,9 @@
 exact and nearest keys, the margin, card preference, force, sources and their precedence, the
 cache file under concurrent writers, autotune's callback and its capture rule."""
 import multiprocessing
-import os
 import sqlite3
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch

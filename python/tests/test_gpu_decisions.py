@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import flykernels
 from flykernels import _decisions, _loader
 from conftest import needs_gpu
 

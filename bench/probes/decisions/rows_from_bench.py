@@ -19,7 +19,6 @@ Sources and keys (python/csrc/decisions.hpp):
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
