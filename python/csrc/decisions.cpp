@@ -196,6 +196,12 @@ Decided decide(const DecisionKey& key, const std::function<TimingCall()>& timing
 }
 
 bool take_ours(const DecisionKey& key, const std::function<TimingCall()>& timing) {
+  // The call path: a cached key answers with its choice alone (no copy of the rule's text).
+  if (t_forced == 0 && !g_log.load(std::memory_order_relaxed)) {
+    std::shared_lock<std::shared_mutex> lock(g_mu);
+    auto it = g_cache.find(key);
+    if (it != g_cache.end()) return it->second.choice == Choice::kOurs;
+  }
   const Decided d = decide(key, timing);
   log_once(key, d);
   return d.choice == Choice::kOurs;
