@@ -51,7 +51,5 @@ void mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor out, const std:
 void addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, at::Tensor out, double beta,
                double alpha, const std::optional<at::Tensor>& workspace);
 int64_t gemm_workspace_size(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
-std::optional<DecisionKey> key_mm(const at::Tensor& a, const at::Tensor& b, std::optional<at::Tensor> bias,
-                                  bool check_device);
 
 }  // namespace flyk

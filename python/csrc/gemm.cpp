@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include "common.hpp"
-#include "decisions.hpp"
 #include "families.hpp"
 
 namespace flyk {
@@ -27,20 +26,6 @@ const char* gemm_ineligible(const at::Tensor& a, const at::Tensor& b, const at::
     return device_unsupported(dev);
   }
   return nullptr;
-}
-
-// The decision key (decisions.hpp): dtype; "nn" | "nt" | "tn" | "tt" (A, B row-major "n" or
-// column-major "t"); N, K, M.
-DecisionKey mm_key(const at::Tensor& a, const at::Tensor& b, bool has_bias) {
-  auto major = [](const at::Tensor& t) { return t.stride(1) == 1 && (t.size(1) > 1 || t.stride(0) != 1) ? 'n' : 't'; };
-  DecisionKey key;
-  key.op = has_bias ? "addmm" : "mm";
-  key.dtype = dtype_key(a.scalar_type());
-  key.layout = std::string(1, major(a)) + major(b);
-  key.k[0] = b.size(1);
-  key.k[1] = a.size(1);
-  key.k[2] = a.size(0);
-  return key;
 }
 
 // Whether TMA cannot address this operand (a base not 16-byte aligned, or a leading dimension
@@ -141,15 +126,6 @@ void addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
     return;
   }
   at::addmm_out(out, bias, a, b, beta, alpha);
-}
-
-std::optional<DecisionKey> key_mm(const at::Tensor& a, const at::Tensor& b, std::optional<at::Tensor> bias,
-                                  bool check_device) {
-  const at::Tensor* bp = bias ? &*bias : nullptr;
-  if (gemm_ineligible(a, b, nullptr, bp, check_device) != nullptr) return std::nullopt;
-  if (a.size(1) != b.size(0)) return std::nullopt;
-  if (b.scalar_type() != a.scalar_type()) return std::nullopt;
-  return mm_key(a, b, bp != nullptr && bp->defined());
 }
 
 }  // namespace flyk

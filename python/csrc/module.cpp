@@ -120,12 +120,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return key_tuple(flyk::key_grouped_mm(a, b, std::move(offs), check_device));
       },
       py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("check_device") = true);
-  m.def(
-      "key_mm",
-      [](const at::Tensor& a, const at::Tensor& b, std::optional<at::Tensor> bias, bool check_device) {
-        return key_tuple(flyk::key_mm(a, b, std::move(bias), check_device));
-      },
-      py::arg("a"), py::arg("b"), py::arg("bias") = py::none(), py::arg("check_device") = true);
   m.def("mx_quantize", &flyk::mx_quantize, py::arg("x"), py::arg("format") = "e4m3", py::arg("rceil") = false,
         "(q, scales) of x [M, K]: float8_e4m3fn [M, K] or float4_e2m1fn_x2 [M, K/2], float8_e8m0fnu [M, K/32]");
   m.def("mm_out", &flyk::mm_out, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("workspace") = py::none());
