@@ -7,6 +7,7 @@ import os as _os
 
 from . import torch  # noqa: F401  (the controller, flykernels.torch)
 from . import _decisions as _dec
+from ._patch import is_patched, patch, patched, unpatch  # noqa: F401  (Hugging Face modules onto fused ops)
 
 __version__ = "0.1.0"
 available = torch.available

@@ -56,7 +56,7 @@ def test_switches(fly):
     assert fly.active() == ["topk"]
     fly.enable()
     assert set(fly.active()) == {"rms_norm", "topk", "gemm", "sdpa", "sdpa_cudnn", "sdpa_bwd", "grouped_mm",
-                                 "scaled_mm", "grouped_mm_compile"}
+                                 "scaled_mm", "grouped_mm_compile", "patch"}
     with pytest.raises(ValueError, match="unknown op"):
         fly.enable(ops=["no_such_op"])
 

@@ -26,4 +26,4 @@ def register(family):
     return family
 
 
-from . import eager, gemm, attention  # noqa: E402,F401,I001  (each registers its families)
+from . import eager, gemm, attention, patch  # noqa: E402,F401,I001  (each registers its families)
