@@ -26,6 +26,10 @@ sharing the same weights) made with FlyKernels on and off, each from a cold cach
 graph, autotune and AOTAutograd caches off, a fresh Inductor / Triton cache folder per compile);
 the first call is the compile time, reported on and off.
 
+The "on" state is `import flykernels` plus `flykernels.patch(model)` (--no-patch: the import
+alone); the "off" state is flykernels.torch.disabled(), which also returns patched modules to their
+own forwards: stock PyTorch and the model's own code.
+
 Timing: blocks of --reps calls in the order on, off, off, on (x --rounds), one untimed call after
 each switch; "off" blocks run inside flykernels.torch.disabled(). CUDA events per call as in
 bench/timing.py (timed_calls: L2 flushed, a spin so the host is ahead). Reported: medians over all
@@ -199,6 +203,15 @@ def build_model(key, a, dev):
     info["config"] = {f: getattr(c, f) for f in fields if getattr(c, f, None) is not None}
     info["params"] = sum(p.numel() for p in model.parameters())
     info["cache_kw"] = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    if a.patch:
+        try:
+            import flykernels
+        except ImportError:
+            info["patch"] = None
+        else:  # patched modules run their own forward in the "off" state (the controller's "patch" family)
+            info["patch"] = flykernels.patch(model)
+            log(f"  {key}: flykernels.patch: {info['patch']['patched'] or 'nothing'}"
+                + (f", skipped {info['patch']['skipped']}" if info["patch"]["skipped"] else ""))
     return model, info
 
 
@@ -742,6 +755,8 @@ def parse_args():
     ap.add_argument("--compile-no-mask", action="store_true",
                     help="under compile, let transformers skip the all-true causal mask as in eager\n"
                          "(by default, with torch < 2.14, it passes SDPA an explicit mask there, which keeps SDPA stock)")
+    ap.add_argument("--patch", dest="patch", action=argparse.BooleanOptionalAction, default=True,
+                    help="flykernels.patch(model) in the on state (default; --no-patch: the import alone)")
     ap.add_argument("--fly-ops", default=None, help="FlyKernels families in the on state (default: the default set)")
     ap.add_argument("--sdpa-backend", default="default", choices=("default", "flash", "efficient", "cudnn", "math"),
                     help="run every call under torch.nn.attention.sdpa_kernel(this) (both states)")
