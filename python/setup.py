@@ -3,6 +3,13 @@
 extension against the installed torch, and installs the library inside the package.
 
   python3 -m pip install --no-build-isolation ./python
+  FLYKERNELS_PREBUILT_DIR=build python3 -m pip wheel --no-build-isolation --no-deps ./python -w dist
+
+The version carries the torch and CUDA the extension was built against as a local label
+(0.1.0+torch2.11.cu130; `cpu` for a torch without CUDA), the wheel depends on that torch
+major.minor, and the package writes flykernels/_build.py (what it was built against), which
+the import checks (flykernels/_loader.py). --no-build-isolation: the extension must be built
+against the torch that will run it, the one already installed, not a fresh copy pip would fetch.
 
 Environment:
   FLYKERNELS_PREBUILT_DIR  a CMake build folder that already holds libflykernels.so.0 (skip CMake);
@@ -12,16 +19,18 @@ Environment:
 """
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
-import sys
-
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 try:
+    import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError as e:  # pip --no-build-isolation builds with the interpreter that runs pip
     raise SystemExit(f"flykernels: building needs torch importable by {sys.executable} ({e}). Install torch "
@@ -33,8 +42,61 @@ ROOT = HERE.parent  # the FlyKernels repository (CMakeLists.txt, include/)
 LIB = "libflykernels.so.0"  # the soname the extension links
 
 
+def base_version():
+    """The library's version, from the repository's CMakeLists.txt (project(flykernels VERSION x.y.z))."""
+    m = re.search(r"project\(\s*flykernels\s+VERSION\s+([0-9][0-9.]*)", (ROOT / "CMakeLists.txt").read_text())
+    if not m:
+        raise RuntimeError(f"flykernels: no project(flykernels VERSION ...) in {ROOT / 'CMakeLists.txt'}")
+    return m.group(1)
+
+
+def torch_major_minor(version):
+    """'2.11' of '2.11.0+cu130' (or of '2.12.0.dev20260101')."""
+    m = re.match(r"(\d+)\.(\d+)", str(version))
+    if not m:
+        raise ValueError(f"not a torch version: {version!r}")
+    return f"{int(m.group(1))}.{int(m.group(2))}"
+
+
+def version_label(torch_version, cuda_version):
+    """The local version label of a build against torch `torch_version` with CUDA `cuda_version`
+    (torch.version.cuda; None for a CPU torch): 'torch2.11.cu130', 'torch2.11.cpu'."""
+    cuda = f"cu{''.join(str(cuda_version).split('.')[:2])}" if cuda_version else "cpu"
+    return f"torch{torch_major_minor(torch_version)}.{cuda}"
+
+
+def torch_requirement(torch_version):
+    """The torch the wheel runs with: the major.minor it was built against ('torch>=2.11,<2.12')."""
+    major, minor = torch_major_minor(torch_version).split(".")
+    return f"torch>={major}.{minor},<{major}.{int(minor) + 1}"
+
+
+def build_info_source(version, torch_version, cuda_version):
+    """flykernels/_build.py: what this build was made against, read at import (_loader.py)."""
+    return ("# Written by python/setup.py at build time: what this build of flykernels was made against.\n"
+            f"version = {version!r}\ntorch_version = {str(torch_version)!r}\ncuda_version = {cuda_version!r}\n")
+
+
 def build_jobs():
     return os.environ.get("FLYKERNELS_BUILD_JOBS") or os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2)
+
+
+def find_ninja():
+    """True when ninja can run the extension's compiles in parallel: on PATH, or beside this
+    interpreter / in the `ninja` pip package (then put on PATH, where torch looks for it)."""
+    if shutil.which("ninja"):
+        return True
+    dirs = [os.path.dirname(sys.executable)]
+    try:
+        import ninja  # the PyPI package (pip install ninja)
+        dirs.append(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for d in dirs:
+        if os.access(os.path.join(d, "ninja"), os.X_OK):
+            os.environ["PATH"] = d + os.pathsep + os.environ.get("PATH", "")
+            return True
+    return False
 
 
 def sqlite_args(user_args):
@@ -66,33 +128,55 @@ def build_library(build_temp):
     return bdir
 
 
-class BuildWithLibrary(BuildExtension):
-    def run(self):
-        libdir = build_library(self.build_temp)
-        pkg_dir = Path(self.build_lib) / "flykernels"
-        pkg_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(os.path.realpath(libdir / LIB), pkg_dir / LIB)  # the real file, named by its soname
-        if self.inplace:  # editable installs load the library beside the sources
-            shutil.copy2(pkg_dir / LIB, HERE / "flykernels" / LIB)
-        for ext in self.extensions:
-            ext.library_dirs.append(str(pkg_dir))
-        super().run()
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import the helpers above
+    USE_NINJA = find_ninja()
+    # torch's ninja build takes MAX_JOBS; without ninja the compiles run one after the other
+    os.environ.setdefault("MAX_JOBS", build_jobs())
+    VERSION = f"{base_version()}+{version_label(torch.__version__, torch.version.cuda)}"
 
+    class BuildWithLibrary(BuildExtension):
+        def run(self):
+            libdir = build_library(self.build_temp)
+            pkg_dir = Path(self.build_lib) / "flykernels"
+            pkg_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(libdir / LIB), pkg_dir / LIB)  # the real file, named by its soname
+            if self.inplace:  # editable installs load the library beside the sources
+                shutil.copy2(pkg_dir / LIB, HERE / "flykernels" / LIB)
+            for ext in self.extensions:
+                ext.library_dirs.append(str(pkg_dir))
+            super().run()
 
-ext = CppExtension(
-    "flykernels._C",
-    # one file per family around the override table (csrc/overrides.hpp), the shared parts, the
-    # decisions (ours or stock per call) and the module definition
-    [f"csrc/{name}.cpp" for name in ("common", "rmsnorm", "topk", "attention", "grouped_mm", "scaled_mm", "gemm",
-                                     "decisions", "module")],
-    include_dirs=[str(ROOT / "include")],
-    extra_compile_args=["-O2"],
-    # The library travels beside the extension, found through $ORIGIN.
-    extra_link_args=[f"-l:{LIB}", "-Wl,-rpath,$ORIGIN"],
-)
+    class BuildPyWithInfo(build_py):
+        """The package plus flykernels/_build.py (not in the sources: editable installs have none,
+        and skip the torch check)."""
+        def run(self):
+            super().run()
+            if not self.editable_mode:
+                out = Path(self.build_lib) / "flykernels" / "_build.py"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(build_info_source(VERSION, torch.__version__, torch.version.cuda))
 
-setup(
-    ext_modules=[ext],
-    cmdclass={"build_ext": BuildWithLibrary.with_options(use_ninja=bool(shutil.which("ninja")))},
-    package_data={"flykernels": [LIB, "decisions_*.sql"]},  # the library and the shipped decision rows
-)
+        def get_outputs(self, include_bytecode=True):
+            outs = super().get_outputs(include_bytecode)
+            return outs + [str(Path(self.build_lib) / "flykernels" / "_build.py")] if not self.editable_mode else outs
+
+    ext = CppExtension(
+        "flykernels._C",
+        # one file per family around the override table (csrc/overrides.hpp), the shared parts, the
+        # decisions (ours or stock per call) and the module definition
+        [f"csrc/{name}.cpp" for name in ("common", "rmsnorm", "topk", "attention", "grouped_mm", "scaled_mm", "gemm",
+                                         "decisions", "module")],
+        include_dirs=[str(ROOT / "include")],
+        extra_compile_args=["-O2"],
+        # The library travels beside the extension, found through $ORIGIN.
+        extra_link_args=[f"-l:{LIB}", "-Wl,-rpath,$ORIGIN"],
+    )
+
+    setup(
+        version=VERSION,
+        install_requires=[torch_requirement(torch.__version__)],
+        ext_modules=[ext],
+        cmdclass={"build_ext": BuildWithLibrary.with_options(use_ninja=USE_NINJA), "build_py": BuildPyWithInfo},
+        # the library, the shipped decision rows and the PEP 561 marker
+        package_data={"flykernels": [LIB, "decisions_*.sql", "py.typed"]},
+    )
