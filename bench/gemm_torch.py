@@ -9,7 +9,7 @@ weight-read floors, and its own times), then, per shape, times FlyKernels throug
 timing every contender once in a rotating order, each time after ~WARM_MS of back-to-back calls,
 with the L2 flushed (reading 256 MiB, bench/timing.py) before every timed call; each contender's
 time is its median over the rounds. A large GEMM's time moves by 5-10% with the GPU's clock and
-temperature (bench/probes/clock_probe.py), so contenders timed minutes apart, as flybench's times are
+temperature (bench/probes/gemm/clock_probe.py), so contenders timed minutes apart, as flybench's times are
 from the baselines', differ by that much for no reason of their own; interleaving gives them the
 same conditions. Prints per-shape times and the ratio FlyKernels / faster baseline (speedup, > 1
 is faster), the geometric means, the issue's targets, and saves a PNG bar chart.

@@ -40,7 +40,7 @@ def flush_l2(i=0):
     if _buf is None:
         # float32, so that sum() is one reduction that reads the buffer: an int32 sum first casts
         # the whole buffer to int64 (writes 512 MiB), which left ~50 MB of dirty lines in L2
-        # until 2026-11-30 (bench/probes/timing_probe.py), the very write-back this flush is meant to avoid.
+        # until 2026-11-30 (bench/probes/gemm/timing_probe.py), the very write-back this flush is meant to avoid.
         _buf = torch.zeros(64 << 20, dtype=torch.float32, device="cuda")  # 256 MiB
     if flush_method() == "write":
         _buf.fill_(i & 0xFF)

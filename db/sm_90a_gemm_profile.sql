@@ -1,6 +1,6 @@
 -- GEMM profile rows (op gemm_profile, src/dispatch.cpp profile_vote): 200 shapes timed with every
 -- bundled variant; time_us = the variant's time over the shape's best, variants within 1.3x of it.
--- Written by bench/probes/gemm_profile_rows.py --times bench/logs/gemm-profile-train-times-2026-12-02e.tsv.gz --cap 1.3
+-- Written by bench/probes/gemm/gemm_profile_rows.py --times bench/logs/gemm-profile-train-times-2026-12-02e.tsv.gz --cap 1.3
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm_profile','bf16','nn',4552,1776,2,0,'gemm_bf16_bm64_bn128_st4_sw0_mp2_kb2',1.2389,'',0,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm_profile','bf16','nn',4552,1776,2,1,'gemm_bf16_bm64_bn128_st6_sw0_mp2',1.2306,'',0,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm_profile','bf16','nn',4552,1776,2,2,'gemm_bf16_bm64_bn128_st8_sw0_mp1',1.1833,'',0,'NVIDIA H200','2026-12-02');

@@ -145,7 +145,7 @@ struct Config {
   // KB = 2 or 4: each ring stage holds KB k blocks of P and of Q, each operand brought by one TMA
   // instruction (a 3-D box when K-major, a box of 64 KB k rows when MN-major). On the H200 a TMA
   // stream of decode weights ran 15-35% faster with one box per 2 k blocks than with one per k
-  // block (bench/probes/gemm_tma_stream.cu, bench/RESULTS.md): the per-box cost, not the bytes,
+  // block (bench/probes/gemm/gemm_tma_stream.cu, bench/RESULTS.md): the per-box cost, not the bytes,
   // limits it.
   // With P multicast (MP = 2) the cluster splits each stage's P k blocks instead of its rows: CTA
   // rank r loads k block r of the stage, all BM rows, into both CTAs (one 2-D box each).

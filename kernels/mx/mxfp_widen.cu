@@ -272,7 +272,7 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
     // hoisted by ptxas right behind the loads' issue (it has no data dependence on them), so the
     // producer's TMA (the async proxy) could overwrite the stage while those loads were still in
     // flight: the intermittent mismatch of the overlapped form. Here the proxy fence (a MEMBAR)
-    // orders every load of the stage before the release (bench/probes/sass_arrive_check.py).
+    // orders every load of the stage before the release (bench/probes/mxfp/sass_arrive_check.py).
     sm90::mbar_arrive(&empty[c.s]);
     sm90::wgmma_fence();
 #pragma unroll

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Shared by the standalone GEMM probes (kernels/gemm/dev/trace.cu, bench/probes/gemm_tma_stream.cu,
-// bench/probes/gemm_ldg_stream.cu; not part of the build): error checks, the linear 16-byte read
+// Shared by the standalone GEMM probes (kernels/gemm/dev/trace.cu, bench/probes/gemm/gemm_tma_stream.cu,
+// bench/probes/gemm/gemm_ldg_stream.cu; not part of the build): error checks, the linear 16-byte read
 // of a buffer (a probe's baseline and the L2 flush), and the median of CUDA-event timings taken
 // after a flush by a read.
 #pragma once
