@@ -142,17 +142,6 @@ def test_a_build_for_another_torch_refuses_and_falls_back(tmp_path):
     assert "ACTIVE []" in r.stdout
     assert "TOPK [9.0, 8.0, 7.0]" in r.stdout
     assert "flykernels: flykernels was built against torch 1.0" in r.stderr  # a warning, on stderr by default
-    off = run_py(PROBE % (root, root), env={"FLYKERNELS_LOG": "off"})
-    assert off.returncode == 0 and "AVAILABLE False" in off.stdout
-    assert "built against" not in off.stderr
-
-
-def test_a_build_for_this_torch_loads(tmp_path):
-    root = _copy_with_build_record(tmp_path, torch.__version__)
-    r = run_py(PROBE % (root, root), unset=("FLYKERNELS_LOG",))
-    assert r.returncode == 0, r.stderr
-    assert f"C_LOADED {_loader.ext is not None}" in r.stdout
-    assert "built against" not in r.stderr
 
 
 # ---- the flykernels logger and FLYKERNELS_LOG --------------------------------------------------
@@ -199,18 +188,13 @@ def test_set_log_sets_the_logger_level():
 
 
 def test_flykernels_log_env_reaches_stderr_through_the_logger():
-    code = "import flykernels; print('IMPORTED')"
-    quiet = run_py(code, unset=("FLYKERNELS_LOG",))
-    assert quiet.returncode == 0, quiet.stderr
+    # (without FLYKERNELS_LOG nothing is printed: test_python_m_flykernels_without_a_gpu)
     if flykernels.available or _loader.ext is None:
-        return  # the lines below are those of a machine where the extension loads and no GPU is visible
-    assert "flykernels:" not in quiet.stderr  # nothing to report by default
-    loud = run_py(code, env={"FLYKERNELS_LOG": "debug"})
-    assert loud.returncode == 0, loud.stderr
-    assert "flykernels: extension loaded" in loud.stderr
-    assert "flykernels: our kernels stay off: " in loud.stderr
-    info = run_py(code, env={"FLYKERNELS_LOG": "INFO"})
-    assert "flykernels: our kernels stay off" in info.stderr and "extension loaded" not in info.stderr
+        pytest.skip("checks the lines of a machine where the extension loads and no GPU is visible")
+    r = run_py("import flykernels; print('IMPORTED')", env={"FLYKERNELS_LOG": "debug"})
+    assert r.returncode == 0, r.stderr
+    assert "flykernels: extension loaded" in r.stderr
+    assert "flykernels: our kernels stay off: " in r.stderr
 
 
 def test_an_application_logging_config_gets_the_records_once():
@@ -257,6 +241,7 @@ def test_python_m_flykernels_without_a_gpu():
     r = subprocess.run([sys.executable, "-m", "flykernels"], capture_output=True, text=True, cwd="/", env=env)
     assert r.returncode == 0, r.stderr
     out = r.stdout
+    assert "flykernels:" not in r.stderr  # FLYKERNELS_LOG unset: nothing to report
     assert "on at import" not in out
     assert "device: no CUDA device visible to torch" in out
     assert re.search(r"^overrides: all off \(.+\): every call runs PyTorch's own kernels$", out, re.M), out
