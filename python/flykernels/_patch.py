@@ -55,7 +55,7 @@ _CHECK_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 _family = _ops.REGISTRY["patch"]
-# module -> the instance-level forward it had before (None: it used its class's)
+# the modules patch() replaced the forward of (each had its class's forward before)
 _patched = weakref.WeakKeyDictionary()
 _checked = {}  # (class, flavour, dtype, device type) -> '' (agrees) or why not
 
@@ -132,11 +132,14 @@ def patch(model, *, rms_norm=True, check=True):
         if not isinstance(w, torch.Tensor) or w.dim() != 1 or _eps(mod) is None:
             report["skipped"][cls] = "no 1-D weight or no eps attribute (not the layout this patch knows)"
             continue
-        why = _self_check(mod, flavour) if check else ""
+        why = ("its forward is wrapped already (an instance-level forward, e.g. a device-placement hook), "
+               "which the fused op would bypass") if "forward" in mod.__dict__ else ""
+        if not why and check:
+            why = _self_check(mod, flavour)
         if why:
             report["skipped"][cls] = why
             continue
-        _patched[mod] = mod.__dict__.get("forward")
+        _patched[mod] = True
         mod.forward = types.MethodType(_rms_forward(flavour), mod)
         report["patched"][cls] = report["patched"].get(cls, 0) + 1
     for cls, why in report["skipped"].items():
@@ -152,11 +155,8 @@ def unpatch(model):
     for mod in model.modules():
         if mod not in _patched:
             continue
-        before = _patched.pop(mod)
-        if before is None:
-            mod.__dict__.pop("forward", None)
-        else:
-            mod.forward = before
+        del _patched[mod]
+        mod.__dict__.pop("forward", None)
         n += 1
     return n
 

@@ -153,17 +153,14 @@ def test_inputs_outside_the_fused_op_run_the_modules_forward(patch_on, monkeypat
     flykernels.unpatch(m)
 
 
-def test_an_instance_forward_is_restored(patch_on):
+def test_a_wrapped_forward_is_left_alone(patch_on):
     m = LlamaRMSNorm(8)
-    own = m.forward
-    marker = lambda x: x + 1  # noqa: E731  (e.g. a hook library's wrapper)
+    marker = lambda x: x + 1  # noqa: E731  (e.g. a device-placement hook's wrapper)
     m.forward = marker
-    flykernels.patch(m)
-    assert m.forward is not marker
-    flykernels.unpatch(m)
-    assert m.forward is marker
-    del m.forward
-    assert m.forward == own
+    report = flykernels.patch(m)
+    assert report["patched"] == {} and "wrapped already" in report["skipped"]["LlamaRMSNorm"]
+    assert m.forward is marker and not _patch.is_patched(m)
+    assert flykernels.unpatch(m) == 0 and m.forward is marker
 
 
 def test_bad_arguments():
