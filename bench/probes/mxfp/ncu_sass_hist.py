@@ -1,4 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
+# Instruction mix and warp-stall samples per SASS opcode of one kernel, from ncu's source page:
+# the share of executed instructions each opcode takes and the stall samples it collects, then the
+# 25 most-sampled instructions. Answers whether a kernel is bound by its conversion chains or its
+# MMA issue (bench/logs/mxfp-widen-ncu-sass-hist-h100-2026-12-06.txt, the MX widening kernel).
+#   ncu --set full --import-source yes -o rep ...; ncu --import rep.ncu-rep --page source --csv \
+#       --print-source sass > source.csv
+#   python3 bench/probes/mxfp/ncu_sass_hist.py source.csv
 import csv,collections,sys
 rows=list(csv.reader(open(sys.argv[1])))
 hdr=rows[1]; data=rows[2:]
