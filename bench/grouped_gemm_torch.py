@@ -4,7 +4,7 @@
 torch.mm (cuBLAS, one call per group) on the grouped_gemm suite, in the same process.
 
 Per case: A [T, K] bf16, B [G, K, N] (nt: K contiguous, B = w.transpose(-2, -1) of w [G, N, K],
-the layout F.grouped_mm's CUTLASS path is measured with in /work/shared/notes; nn: N contiguous),
+the layout the F.grouped_mm (CUTLASS) baseline figures are measured in; nn: N contiguous),
 offs = cumulative int32 group ends on the device. FlyKernels runs through the C ABI (ctypes). Each
 contender's output is checked against F.grouped_mm's (ours poisoned with NaN first), then all are
 timed INTERLEAVED (bench/timing.py: ROUNDS rounds in rotating order, each after ~WARM_MS of

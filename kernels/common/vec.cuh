@@ -42,7 +42,8 @@ __device__ __forceinline__ uint4 ld16(const void* p) { return __ldg(reinterpret_
 // evict_first loads 34.5 us. The gain is HBM write traffic that happens after the kernel ends
 // (ncu: 27-29 MB written to HBM during the kernel against 41-42 MB with evict-first); a following
 // compute-bound GEMM hides it (norm + GEMM on its output: 0.5% faster), back-to-back norms pay it
-// (6% slower per call, CUDA graph of 20 calls). bench/rmsnorm_l2_probe.py measures all of these.
+// (6% slower per call, CUDA graph of 20 calls). bench/probes/rmsnorm/rmsnorm_l2_probe.py measures
+// all of these.
 __device__ __forceinline__ void st16_out(void* p, uint4 v) {
 #if defined(FLY_ST_WB)
   *reinterpret_cast<uint4*>(p) = v;

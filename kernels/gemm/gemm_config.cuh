@@ -123,9 +123,10 @@ struct Config {
   // partial tiles are summed through shared memory before the epilogue (gemm_epilogue.cuh
   // kw_exchange), each warpgroup storing half of the columns. Each P slice is then read from
   // shared memory once instead of twice.
-  // NOTE: measured on the H200 (bench/RESULTS.md, tenth session): no faster than the same tile
-  // with KW = 1 at M = 64, 25-60% slower at M = 128. It stays in the space because an MN-major Q
-  // then needs only BN = 64 (whole 64-wide chunks per wgmma) and the tuner picks it for some keys.
+  // It is no faster than the same tile with KW = 1 at M = 64 and 25-60% slower at M = 128 on the
+  // H200 (bench/RESULTS.md, "warpgroups splitting K (`_kw2`)"), and stays in the space because an
+  // MN-major Q then needs only BN = 64 (whole 64-wide chunks per wgmma) and the tuner picks it for
+  // some keys.
   static constexpr int KW = FLY_KW;
   static constexpr int WG_N = BM == 64 && KW == 1 ? BN / 2 : BN;  // Q columns of each consumer warpgroup
   // BN = 320 (cuBLAS's 320 x 128 tile on the largest shapes: 25% more output per k block than

@@ -269,9 +269,10 @@ __device__ __forceinline__ void store_tile_smem(const OutView& out, const WorkUn
 // NBOX passes back has read it. EPI = 2: NBOX = 2; EPI = 3: NBOX = BN / 64, one box per pass, so
 // the waits are for the previous tile's stores (issued a whole mainloop ago). `npass` counts the
 // warp's passes (which box is next; every warp of the warpgroup counts the same).
-// NOTE: measured on the H200 (bench/RESULTS.md, ninth session): the waits cost nothing; issuing the
-// 4 stores a tile costs the warp ~600 cycles. Issuing them from lanes of one producer warp instead
-// (mbarriers per box) was slower: a lane blocked in try_wait held up the others.
+// Each warp issues its own stores because the waits cost nothing and issuing the 4 stores of a tile
+// costs the warp ~600 cycles, while issuing them from lanes of one producer warp (mbarriers per box)
+// is slower: a lane blocked in try_wait holds up the others (H200, bench/RESULTS.md, "a per-warp
+// TMA-store epilogue").
 
 // Stages pass `pass` of the warp's 16 rows (64 columns from D column j_base) into the box at
 // shared address `box`: one stmatrix .x4 per 16 columns, its matrices (rows 0-7 | 8-15) x (columns

@@ -5,7 +5,9 @@
 // scale per 32 elements along K. Exact decoders for kernels and references, and the reference
 // quantizer (host): scale from the block's amax (FLOOR, the spec's rule, or RCEIL, NVIDIA's), then
 // each element divided by the scale and rounded to nearest even with saturation.
-// Plain C++ (host and device); see ../shared/notes/mx-formats.md for the sources of each rule.
+// Plain C++ (host and device). The rules are OCP MX v1.0's (E8M0 in its section 5.4.1, the scale
+// from amax in 6.3); elements round to nearest even with saturation, as torchao and cuDNN do;
+// docs/mxfp.md ("Quantizer") states them.
 #pragma once
 
 #include <stdint.h>
