@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Reusable pieces of the sm_90a attention kernels (forward now, backward later): the tile
+// Reusable pieces of the sm_90a attention kernels (attention_fwd.cu, attention_bwd.cu): the tile
 // configuration, TMA tile loads of Q/K/V into 128B-swizzled shared memory, the wgmma fragments of
 // S = Q K^T (both operands in shared memory) and O += P V (P from registers), the online softmax in
 // exp2 with the scale folded in, and the causal / key-bound masking of a score tile.
