@@ -17,7 +17,6 @@ import os
 import re
 import sqlite3
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ _warned = set()
 def _warn_once(msg):
     if msg not in _warned:
         _warned.add(msg)
-        print(f"flykernels: {msg}", file=sys.stderr)
+        _loader.log.warning("%s", msg)  # the flykernels logger: "flykernels: msg" on stderr by default
 
 
 def card_model(name):

@@ -24,10 +24,10 @@ reason: str = ""
 load_error: str = ""
 build_info: Dict[str, Any] = {}  # {version, torch_version, cuda_version} of flykernels/_build.py, or {}
 
-# FLYKERNELS_LOG values: a logging level name, or off
-LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
-              "error": logging.ERROR, "off": logging.CRITICAL + 10, "0": logging.CRITICAL + 10,
-              "none": logging.CRITICAL + 10}
+# FLYKERNELS_LOG values: a logging level name, off, or the library's 1 (info) / 2 (debug) / 0 (off)
+LOG_LEVELS = {"debug": logging.DEBUG, "2": logging.DEBUG, "info": logging.INFO, "1": logging.INFO,
+              "warning": logging.WARNING, "warn": logging.WARNING, "error": logging.ERROR,
+              "off": logging.CRITICAL + 10, "0": logging.CRITICAL + 10, "none": logging.CRITICAL + 10}
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -46,8 +46,8 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def log_level(value: Optional[str]) -> Optional[int]:
-    """The logger level FLYKERNELS_LOG=value asks for: debug, info, warning, error or off
-    (any case); None when unset or empty, or not one of these (the level stays unset)."""
+    """The logger level FLYKERNELS_LOG=value asks for: debug (2), info (1), warning, error or off
+    (0), any case; None when unset or empty, or not one of these (the level stays unset)."""
     if not value:
         return None
     return LOG_LEVELS.get(value.strip().lower())

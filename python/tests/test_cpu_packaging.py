@@ -149,6 +149,7 @@ def test_log_level_names():
     assert _loader.log_level(None) is None and _loader.log_level("") is None
     assert _loader.log_level("debug") == logging.DEBUG
     assert _loader.log_level("INFO") == logging.INFO
+    assert _loader.log_level("1") == logging.INFO and _loader.log_level("2") == logging.DEBUG  # as the library
     assert _loader.log_level("warning") == logging.WARNING
     assert _loader.log_level("error") == logging.ERROR
     assert _loader.log_level("off") > logging.CRITICAL
@@ -250,3 +251,11 @@ def test_python_m_flykernels_without_a_gpu():
     assert all(re.search(r"  off: \S", row) for row in rows), out  # every family off, each with its reason
     if _loader.build_info:
         assert f"flykernels {flykernels.__version__}" in out and "built against torch" in out
+
+
+def test_python_side_warnings_go_through_the_logger(caplog):
+    from flykernels import _decisions
+    with caplog.at_level(logging.WARNING, logger="flykernels"):
+        _decisions._warn_once("a test warning of test_cpu_packaging")
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == \
+        [("flykernels", "WARNING", "a test warning of test_cpu_packaging")]
