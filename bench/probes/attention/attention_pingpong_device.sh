@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # One device call (<= 600 s) for the attention forward's persistent (`_ps1`) and ping-pong (`_pp1`)
-# schedules, written 2026-12-02 without device time (docs/attention.md, "Ping-pong and
-# persistent"). Builds the attention family with, per head dim, the shipped BF16 tile in every
+# schedules (docs/attention.md, "Ping-pong and persistent"). Builds the attention family with, per head dim, the shipped BF16 tile in every
 # schedule (ov0 = the defaults, ov1, and the new space's ov0_pp0_ps1 / ov1_pp0_ps1 / ov1_pp1_ps0 /
 # ov1_pp1_ps1), then:
 #   1. the GPU tests: "[attention_ps]" (each new variant forced on 288-tile grids, causal and not,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# One device call (<= 560 s): the default build with this session's shipped changes (the attention
-# forward's persistent rows, the hd 512 backward as a default), the python package and every python
+# One device call (<= 560 s): the default build (with the attention forward's
+# persistent rows and the hd 512 backward as a default), the python package and every python
 # GPU test on it; meanwhile a build of every BF16 attention backward variant (hd 64..256) and the
 # FP16 forward's shipped tiles in the ov0 / ps1 schedules, for `flytune attention --bwd --dtype bf16`
 # (the backward's first tuning rows) and `flytune attention --dtype fp16` (FP16's first forward

@@ -1,35 +1,20 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# What is merged but has not run on the GPU (carry .devdeps; .whl for the python tests; .ab for the
-# GEMM A/B). Ran on 2026-12-06 (bench/probes/common/verify_device.sh, on an H100): the `packed` stage's GPU
-# tests and memcheck, ctest (7 of 7) and the Python GPU tests (196 passed); `mxprof` is still to run.
-# From the end of the fifth session of 2026-12-02 (after its device time ran out):
-#   bash bench/probes/common/pending_device.sh packed
-# the line-packing copy moved to kernels/common/pack_lines.cuh (fly_pack_lines_sm90, with a plane
-# index) and the attention forward's and backward's packed paths: [odd], [attention] and
-# [attention_bwd] GPU tests (the new "strides TMA cannot take run on aligned copies" cases),
-# compute-sanitizer memcheck on those and memcheck / racecheck over a cp.async GEMM variant and
-# one attention forward and backward variant of the subset (each includes a packed call), and the
-# granule probe.
-# Ran on 2026-12-02 (fourth session): gemm_core_ab_device.sh, attention_bwd_wide_device.sh,
-# attention_pingpong_device.sh, topk_grouped_device.sh, defaults_bwdtune_device.sh with
-# mx_splitk_device.sh (bench/RESULTS.md).
-# The stages below: `tests` again after any merge that touches the default build.
+# Checks by stage for code that has not run on a GPU yet, one device call per stage (carry
+# .devdeps; .whl for the python tests; .ab for the GEMM A/B). Run `tests` again after any change
+# that touches the default build; the figures each stage gave are in bench/RESULTS.md and
+# docs/robustness.md.
+#   bash bench/probes/common/pending_device.sh packed   # the packed paths (kernels/common/pack_lines.cuh):
+#       [odd], [attention] and [attention_bwd] GPU tests (the "strides TMA cannot take run on aligned
+#       copies" cases), compute-sanitizer memcheck on those, memcheck / racecheck over a cp.async GEMM
+#       variant and one attention forward and backward variant of the subset (each includes a packed
+#       call), and the granule probe (bench/probes/gemm/gemm_odd_granules.py)
 #   bash bench/probes/common/pending_device.sh tests    # default build, ctest, python package + every python GPU test
 #                                                # (pytest twice: the second pass with Inductor's caches warm)
 #   bash bench/probes/common/pending_device.sh sanitize # the four compute-sanitizer tools over every family
 #   bash bench/probes/common/pending_device.sh mxprof   # ncu of the MX decode shape (M 32, N = K = 4096), split and unsplit
 #   bash bench/probes/common/pending_device.sh bench    # TopK long rows after the DB change, compiled GEMM from suite shape 5
-# Done on 2026-12-06 (third session): mx_widen_repeat.sh (both forms 8 of 8), the widening design's
-# rows, split-K and swapped variants (mx_widen_device.sh), the attention decode merge
-# (attention_decode_device.sh).
-# First in the next session (what the third session of 2026-12-06 built but could not measure):
-#   OUT=... bash bench/probes/mxfp/mx_quant_occupancy.sh   # the quantizer's _pf1 look-ahead beside the shipped
-#                                                      # one + the bit-exact GPU test; if it wins on the
-#                                                      # H200, make it the default (tuning/mx_quantize.json)
-# then `tests` below (the default build gained the swapped MX variants and the fused attention
-# merge since its last full run) and, on an H200, `python3 bench/attention_torch.py` and
-# `python3 bench/mxfp_torch.py` on the default build for the results table.
+# bench/probes/common/verify_device.sh runs `packed`'s tests, ctest and the Python GPU tests in one call.
 # Logs under $OUT (at most 8 files come back: the stages tar their logs).
 set -uo pipefail
 stage=${1:-tests}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """The database's GEMM variant per suite shape against its raster siblings (launch axis gm: the
-strip height of the tile order, `_g8` = the fixed height before 2026-11-30's eighth session, `_g16`,
+strip height of the tile order, `_g8` = the height that was fixed before raster_group chose it, `_g16`,
 `_g32`; the plain name now takes raster_group's choice) and torch.mm, timed interleaved.
 
   python3 bench/probes/gemm/raster_probe.py --lib build/libflykernels.so [--suite suites/gemm_bf16.json]
