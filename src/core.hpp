@@ -52,9 +52,22 @@ int64_t numel(const fly_tensor& t);
 fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dtype dt);
 // Bytes from data to one past the furthest element (0 when numel == 0).
 int64_t extent_bytes(const fly_tensor& t);
-// An optional workspace argument (gemm, grouped gemm): NULL only with 0 bytes, a size below the
-// 48-bit address space (so int64 arithmetic on it stays exact), 256-byte alignment.
-fly_status check_optional_workspace(const void* workspace, size_t bytes);
+// A workspace argument (every op that takes one): NULL only with 0 bytes (else
+// FLY_ERROR_INVALID_ARGUMENT), a size below the 48-bit address space (so int64 arithmetic on it
+// stays exact), `align`-byte alignment (FLY_ERROR_MISALIGNED). Whether it is large enough is the
+// op's business: a required workspace that is too small is FLY_ERROR_WORKSPACE (docs/robustness.md).
+fly_status check_optional_workspace(const void* workspace, size_t bytes, size_t align = 256);
+// Whether the byte ranges [first element, last element] of two tensors intersect (false when
+// either holds no element). Conservative: interleaved views whose elements never coincide count.
+bool tensors_overlap(const fly_tensor& a, const fly_tensor& b);
+// An output must not share memory with another argument (FLY_ERROR_INVALID_ARGUMENT naming both).
+// `in` may be NULL (an optional argument). With `same_ok`, an `in` that is exactly `out` (same
+// data, dtype, sizes and strides: in place) passes. Host arithmetic only: run before the device
+// check, so a call is refused the same way with or without a GPU.
+fly_status check_disjoint(const fly_tensor* out, const char* out_name, const fly_tensor* in, const char* in_name,
+                          bool same_ok = false);
+// The same for a workspace of `bytes` bytes and a tensor argument.
+fly_status check_workspace_disjoint(const void* workspace, size_t bytes, const fly_tensor* t, const char* what);
 
 // ---- driver (dlopen'd libcuda.so.1) -------------------------------------------------------
 struct Driver {

@@ -107,12 +107,53 @@ fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dt
   return FLY_SUCCESS;
 }
 
-fly_status check_optional_workspace(const void* workspace, size_t bytes) {
+fly_status check_optional_workspace(const void* workspace, size_t bytes, size_t align) {
   if (!workspace && bytes > 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", bytes);
   if (bytes >= (size_t(1) << 47))
     return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace_bytes: %zu is larger than any allocation", bytes);
-  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", workspace);
+  if (workspace && reinterpret_cast<uintptr_t>(workspace) % align != 0)
+    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not %zu-byte aligned%s", workspace, align,
+                align == 256 ? " (cudaMalloc's alignment)" : "");
+  return FLY_SUCCESS;
+}
+
+namespace {
+// [lo, hi) bytes a tensor's elements reach; false when it has none.
+bool byte_range(const fly_tensor& t, uintptr_t* lo, uintptr_t* hi) {
+  if (numel(t) == 0 || !t.data) return false;
+  *lo = reinterpret_cast<uintptr_t>(t.data);
+  *hi = *lo + uintptr_t(extent_bytes(t));
+  return true;
+}
+bool same_view(const fly_tensor& a, const fly_tensor& b) {
+  if (a.data != b.data || dtype_value(a) != dtype_value(b) || a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i)
+    if (a.sizes[i] != b.sizes[i] || (a.sizes[i] > 1 && a.strides[i] != b.strides[i])) return false;
+  return true;
+}
+}  // namespace
+
+bool tensors_overlap(const fly_tensor& a, const fly_tensor& b) {
+  uintptr_t alo, ahi, blo, bhi;
+  if (!byte_range(a, &alo, &ahi) || !byte_range(b, &blo, &bhi)) return false;
+  return alo < bhi && blo < ahi;
+}
+
+fly_status check_disjoint(const fly_tensor* out, const char* out_name, const fly_tensor* in, const char* in_name,
+                          bool same_ok) {
+  if (!out || !in || !tensors_overlap(*out, *in)) return FLY_SUCCESS;
+  if (same_ok && same_view(*out, *in)) return FLY_SUCCESS;
+  return fail(FLY_ERROR_INVALID_ARGUMENT, "%s and %s: the output shares memory with another argument%s", out_name,
+              in_name, same_ok ? " (only exactly in place, the same view, is allowed)" : " (no in-place or overlap)");
+}
+
+fly_status check_workspace_disjoint(const void* workspace, size_t bytes, const fly_tensor* t, const char* what) {
+  uintptr_t lo, hi;
+  // (a size beyond any allocation is check_optional_workspace's to refuse)
+  if (!workspace || bytes == 0 || bytes >= (size_t(1) << 47) || !t || !byte_range(*t, &lo, &hi)) return FLY_SUCCESS;
+  const uintptr_t wlo = reinterpret_cast<uintptr_t>(workspace), whi = wlo + bytes;
+  if (wlo < hi && lo < whi)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace and %s: the workspace shares memory with an argument", what);
   return FLY_SUCCESS;
 }
 

@@ -4,6 +4,9 @@
  * Stable C ABI. Every entry point returns a fly_status; on failure a message that names the
  * offending argument is available from fly_get_last_error() (thread-local, valid until the next
  * call on the same thread). Nothing here aborts or prints unless FLYKERNELS_LOG asks for it.
+ * One status per mistake, the same from every entry (docs/robustness.md, "Statuses"); everything
+ * but the pointer checks is decided before the device is looked for, so without a GPU a call
+ * fails the same way except that a valid one ends on FLY_ERROR_NO_DEVICE.
  *
  * Tensors are plain descriptors: device pointer, dtype, rank, sizes and strides in elements.
  * Streams are passed as void* (a cudaStream_t / CUstream; NULL is the legacy default stream of the
@@ -31,15 +34,21 @@ extern "C" {
 
 typedef enum fly_status {
   FLY_SUCCESS = 0,
-  FLY_ERROR_INVALID_ARGUMENT = 1, /* null pointer, wrong shape/stride/dtype, bad k, ... */
-  FLY_ERROR_UNSUPPORTED = 2,      /* valid input that no kernel here covers: callers fall back */
+  FLY_ERROR_INVALID_ARGUMENT = 1, /* NULL descriptor/pointer (a NULL workspace with a size), a dtype
+                                   * value outside the enum, rank, negative size/stride, shapes or
+                                   * dtypes that disagree with another argument, a bad scalar, an
+                                   * output overlapping itself or another argument or the workspace */
+  FLY_ERROR_UNSUPPORTED = 2,      /* valid input that no kernel here covers: callers fall back (the
+                                   * op's dtype, an input layout such as an inner stride != 1, TMA
+                                   * stride rules, sizes past the kernels' limits) */
   FLY_ERROR_NO_DEVICE = 3,        /* no driver (libcuda.so.1) or no CUDA device */
   FLY_ERROR_ARCH_NOT_BUILT = 4,   /* the device's architecture has no kernels in this build */
   FLY_ERROR_KERNEL_IMAGE = 5,     /* kernel archive missing, corrupt or failed to load */
   FLY_ERROR_DATABASE = 6,         /* tuning database missing, corrupt or wrong schema */
   FLY_ERROR_CUDA = 7,             /* a CUDA driver call failed (message carries its name) */
-  FLY_ERROR_MISALIGNED = 8,       /* a pointer breaks an alignment rule the operation needs */
-  FLY_ERROR_WORKSPACE = 9,        /* workspace pointer/size insufficient for the requested path */
+  FLY_ERROR_MISALIGNED = 8,       /* a pointer (tensor data, workspace) breaks an alignment rule */
+  FLY_ERROR_WORKSPACE = 9,        /* a needed workspace is missing or smaller than the size query
+                                   * said (every op: TopK, attention, ragged-K grouped GEMM) */
   FLY_ERROR_INTERNAL = 10
 } fly_status;
 
@@ -105,6 +114,7 @@ FLY_API fly_status fly_device_arch(void* stream, const char** arch);
  * weight: optional (NULL), rank 1 [N], same dtype as x, unit stride.
  * rstd: optional FP32 [M] (unit stride), the reciprocal RMS per row (PyTorch's backward uses it).
  * Pointers need only element alignment: unaligned rows take a scalar head/tail path.
+ * y may be x exactly (in place); any other overlap of y or rstd with an argument is refused.
  * M == 0 is a successful no-op. Accumulation in FP32. */
 FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_tensor* weight, double eps,
                                     const fly_tensor* y, const fly_tensor* rstd, void* stream);
@@ -157,7 +167,7 @@ FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
  *    their strides are multiples of 8 elements and their bases 16-byte aligned; any other Q, K or V
  *    is first copied into the workspace with 16-byte rows (the packed path: pass the workspace
  *    fly_attention_fwd_workspace_size asks for; without room for the copies such a call returns
- *    FLY_ERROR_UNSUPPORTED saying how much). O: any strides. Hq a multiple of Hkv (grouped-query:
+ *    FLY_ERROR_WORKSPACE saying how much). o and lse must not overlap q, k, v or each other. O: any strides. Hq a multiple of Hkv (grouped-query:
  *    query head h reads kv head h / (Hq / Hkv)). 1 <= D <= 512: the kernels are compiled for some
  *    head dims and serve the others by the next one up (docs/attention.md lists them).
  * lse: optional (NULL), FP32 [B, Hq, Sq], any strides (a view of SDPA's padded [B, Hq, Sq_pad]
@@ -197,7 +207,7 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
  *    (stride 1), other strides free (BHSD and BSHD views). q, k, v and dout are read by TMA where
  *    their bases are 16-byte aligned and their strides multiples of 8 elements; any other one is
  *    first copied into the end of the workspace with 16-byte rows (the workspace query adds the
- *    copies; a workspace with room for the backward but not the copies: FLY_ERROR_UNSUPPORTED).
+ *    copies; a workspace with room for the backward but not the copies: FLY_ERROR_WORKSPACE).
  *    Grouped-query (Hq a multiple of Hkv): dk, dv of a kv head are the sums over its query heads.
  *    dq, dk, dv must not overlap themselves, each other or any input (no in-place).
  *    1 <= D <= 512: compiled head dims 64, 128, 192, 256 and 512 (the wide-head schedule), others
@@ -211,7 +221,8 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
  *    2 * 4 * B * Hq * round_up(Sq, 128) bytes (256-aligned halves), plus the copies above where
  *    needed; query fly_attention_bwd_workspace_size and pass a 256-byte aligned device buffer at
  *    least that big
- *    (contents need no initialization; not shared by two calls running at once).
+ *    (contents need no initialization; not shared by two calls running at once). Smaller or
+ *    NULL: FLY_ERROR_WORKSPACE.
  * B, Hq or Sq of 0: a successful no-op. Sk of 0 writes dq = 0.
  * Versioned like fly_attention_fwd_params: set struct_size = sizeof(fly_attention_bwd_params). */
 typedef struct fly_attention_bwd_params {
@@ -246,8 +257,8 @@ FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* params, voi
  *    Rows at or past offs[G-1] are not written. Bad offsets on the device are never an
  *    out-of-bounds access: each end is clamped to T, and an end below the previous one is an
  *    empty group (docs/grouped_gemm.md); the host cannot check them without a sync.
- * TMA rules: 16-byte aligned bases of a and b, a's row stride, b's line and group strides
- *    multiples of 8 elements (else FLY_ERROR_UNSUPPORTED). T = 0 or N = 0: a successful no-op;
+ * TMA rules: 16-byte aligned bases of a and b (else FLY_ERROR_MISALIGNED), a's row stride, b's
+ *    line and group strides multiples of 8 elements (else FLY_ERROR_UNSUPPORTED). T = 0 or N = 0: a successful no-op;
  *    K = 0 with work: FLY_ERROR_UNSUPPORTED. G = 0 needs T = 0.
  * Workspace: none needed today (fly_grouped_gemm_workspace_size says 0); NULL/0 is fine.
  *
@@ -263,12 +274,12 @@ FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* params, voi
  *    with zeros, Ktot = 0 too (zeros everywhere); G, M or N of 0: a successful no-op. Bad device
  *    offsets never reach out of bounds: each group's begin and end are clamped into [0, Ktot] and
  *    an end below its begin is an empty group.
- * TMA rules (Ktot > 0): 16-byte aligned bases of a and b, their line strides multiples of 8
- *    elements (else FLY_ERROR_UNSUPPORTED).
+ * TMA rules (Ktot > 0): 16-byte aligned bases of a and b (else FLY_ERROR_MISALIGNED), their line
+ *    strides multiples of 8 elements (else FLY_ERROR_UNSUPPORTED).
  * Workspace: required, fly_grouped_gemm_workspace_size reports G x 256 bytes (two tensor maps per
  *    group, written on the device by the call: no host sync, CUDA-graph safe), 256-byte aligned,
  *    device memory, contents need no initialization; a call owns it until it completes on the
- *    stream (two calls in flight at once need two workspaces). */
+ *    stream (two calls in flight at once need two workspaces). Smaller or NULL: FLY_ERROR_WORKSPACE. */
 FLY_API fly_status fly_grouped_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
                                                    const fly_tensor* offs, const fly_tensor* c,
                                                    size_t* bytes);

@@ -81,17 +81,22 @@ fly_status validate(const fly_attention_fwd_params* prm, AttnCall* out) {
     return fail(FLY_ERROR_INVALID_ARGUMENT, "softmax_scale: must be finite, got %g", prm->softmax_scale);
   if (prm->softmax_scale < 0)  // the running max would have to be a running min
     return fail(FLY_ERROR_UNSUPPORTED, "softmax_scale: negative scales (%g) are not supported", prm->softmax_scale);
-  if (!prm->workspace && prm->workspace_bytes > 0)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", prm->workspace_bytes);
-  if (prm->workspace && reinterpret_cast<uintptr_t>(prm->workspace) % 256 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", prm->workspace);
+  FLY_TRY(check_optional_workspace(prm->workspace, prm->workspace_bytes));
   for (const fly_tensor* t : {&q, &k, &v, &o})
     if (t->sizes[3] > 1 && t->strides[3] != 1) {
       const char* which = t == &q ? "q" : t == &k ? "k" : t == &v ? "v" : "o";
-      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: the head dim must be innermost (stride 1), got stride %" PRId64, which,
+      return fail(FLY_ERROR_UNSUPPORTED, "%s: the head dim must be innermost (stride 1), got stride %" PRId64, which,
                   t->strides[3]);
     }
   if (!attn_common::non_overlapping(o)) return fail(FLY_ERROR_INVALID_ARGUMENT, "o: strides make elements overlap");
+  // Outputs against the inputs and each other (host arithmetic, before the device check).
+  const fly_tensor* ins[3] = {&q, &k, &v};
+  const char* in_names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    FLY_TRY(check_disjoint(&o, "o", ins[i], in_names[i]));
+    FLY_TRY(check_disjoint(prm->lse, "lse", ins[i], in_names[i]));
+  }
+  FLY_TRY(check_disjoint(prm->lse, "lse", &o, "o"));
   out->dt = dt;
   out->q = prm->q;
   out->k = prm->k;
@@ -171,12 +176,16 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   const int64_t copy_bytes = c.pack_bytes();
   int64_t ws_front = int64_t(params->workspace_bytes);
   if (copy_bytes > 0) {
-    if (!params->workspace || ws_front < copy_bytes)
-      return fail(FLY_ERROR_UNSUPPORTED,
+    if (!params->workspace || ws_front < copy_bytes)  // the size query counted the copies
+      return fail(FLY_ERROR_WORKSPACE,
                   "%s; with a workspace of %" PRId64 " bytes (fly_attention_fwd_workspace_size; %zu given) the call "
                   "runs on aligned copies",
                   c.pack_why.c_str(), workspace_need(c), params->workspace_bytes);
     ws_front = (ws_front - copy_bytes) / 256 * 256;
+  }
+  for (const fly_tensor* t : {c.q, c.k, c.v, c.o, c.lse}) {
+    const char* which = t == c.q ? "q" : t == c.k ? "k" : t == c.v ? "v" : t == c.o ? "o" : "lse";
+    FLY_TRY(check_workspace_disjoint(params->workspace, params->workspace_bytes, t, which));
   }
 
   ScopedContext guard;

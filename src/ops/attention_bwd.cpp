@@ -66,7 +66,8 @@ bool ranges_overlap(const fly_tensor& a, const fly_tensor& b) {
   return alo < bhi && blo < ahi;
 }
 
-fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
+// `query`: the workspace size query, which validates everything but the workspace itself.
+fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out, bool query = false) {
   if (!prm) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
   FLY_TRY(attn_common::check_struct_size(prm->struct_size, kBwdParamsV1Size, sizeof(fly_attention_bwd_params),
                                         "fly_attention_bwd_params"));
@@ -113,15 +114,11 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
     return fail(FLY_ERROR_INVALID_ARGUMENT, "softmax_scale: must be finite, got %g", prm->softmax_scale);
   if (prm->softmax_scale < 0)
     return fail(FLY_ERROR_UNSUPPORTED, "softmax_scale: negative scales (%g) are not supported", prm->softmax_scale);
-  if (!prm->workspace && prm->workspace_bytes > 0)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", prm->workspace_bytes);
-  if (prm->workspace && reinterpret_cast<uintptr_t>(prm->workspace) % 256 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 256-byte aligned (cudaMalloc's alignment)", prm->workspace);
   for (int i = 0; i < 8; ++i) {
     const fly_tensor* t = i < 7 ? same[i] : &q;
     const char* name = i < 7 ? same_names[i] : "q";
     if (t->sizes[3] > 1 && t->strides[3] != 1)
-      return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: the head dim must be innermost (stride 1), got stride %" PRId64, name,
+      return fail(FLY_ERROR_UNSUPPORTED, "%s: the head dim must be innermost (stride 1), got stride %" PRId64, name,
                   t->strides[3]);
   }
   const fly_tensor* outs[] = {&dq, &dk, &dv};
@@ -139,6 +136,11 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
       if (ranges_overlap(*outs[i], *ins[j]))
         return fail(FLY_ERROR_INVALID_ARGUMENT, "%s and %s: an output shares memory with an input (in-place is not supported)",
                     out_names[i], in_names[j]);
+  if (!query && prm->workspace)
+    for (int j = 0; j < 9; ++j) {
+      const fly_tensor* t = j < 3 ? outs[j] : ins[j - 3];
+      FLY_TRY(check_workspace_disjoint(prm->workspace, prm->workspace_bytes, t, j < 3 ? out_names[j] : in_names[j - 3]));
+    }
   out->dt = dt;
   out->prm = prm;
   out->s = attn::Shape{B, Hq, Hkv, Sq, Sk, D, prm->causal == 1};
@@ -175,13 +177,15 @@ fly_status validate(const fly_attention_bwd_params* prm, BwdCall* out) {
   }
   const int64_t own = attn::bwd_ws_bytes(B, Hq, Sq);
   out->need = out->copy_bytes ? (own + 255) / 256 * 256 + out->copy_bytes : own;
+  if (query) return FLY_SUCCESS;
+  FLY_TRY(check_optional_workspace(prm->workspace, prm->workspace_bytes));
   const int64_t given = prm->workspace ? int64_t(prm->workspace_bytes) : 0;
-  if (given < own)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
+  if (given < own)  // a workspace that is too small: FLY_ERROR_WORKSPACE, as every op's
+    return fail(FLY_ERROR_WORKSPACE,
                 "workspace: %zu bytes, the backward needs %" PRId64 " (fly_attention_bwd_workspace_size)", size_t(given),
                 out->need);
-  if (given < out->need)  // room for the backward, not for the copies: as the forward, unsupported
-    return fail(FLY_ERROR_UNSUPPORTED,
+  if (given < out->need)  // room for the backward, not for the copies the size query counted
+    return fail(FLY_ERROR_WORKSPACE,
                 "%s; with a workspace of %" PRId64 " bytes (fly_attention_bwd_workspace_size; %zu given) the call runs "
                 "on aligned copies",
                 out->pack_why.c_str(), out->need, size_t(given));
@@ -217,14 +221,8 @@ extern "C" FLY_API fly_status fly_attention_bwd_workspace_size(const fly_attenti
   *bytes = 0;
   if (!params) return fail(FLY_ERROR_INVALID_ARGUMENT, "params: NULL pointer");
   // The size depends only on the shapes: validate everything but the workspace itself.
-  fly_attention_bwd_params p = *params;
-  if (p.struct_size >= kBwdParamsV1Size && p.struct_size <= sizeof(fly_attention_bwd_params) && p.q &&
-      p.q->rank == 4 && p.q->sizes[0] >= 0 && p.q->sizes[1] >= 0 && p.q->sizes[2] >= 0) {
-    p.workspace = reinterpret_cast<void*>(uintptr_t(256));  // a placeholder, never dereferenced
-    p.workspace_bytes = size_t(1) << 62;  // more than any call needs (validate computes the need)
-  }
   BwdCall c;
-  FLY_TRY(validate(&p, &c));
+  FLY_TRY(validate(params, &c, /*query=*/true));
   if (!c.empty) *bytes = size_t(c.need);
   return FLY_SUCCESS;
 }

@@ -357,6 +357,13 @@ extern "C" FLY_API fly_status fly_gemm(const fly_tensor* a, const fly_tensor* b,
   FLY_TRY(validate(a, b, c, bias, &call));
   // The workspace is optional (stream-K variants run as plain persistent launches without one).
   FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
+  // The output against the inputs, the workspace against every argument (host arithmetic, before
+  // the device check).
+  FLY_TRY(check_disjoint(c, "c", a, "a"));
+  FLY_TRY(check_disjoint(c, "c", b, "b"));
+  FLY_TRY(check_disjoint(c, "c", bias, "bias"));
+  for (const fly_tensor* t : {a, b, c, bias})
+    FLY_TRY(check_workspace_disjoint(workspace, workspace_bytes, t, t == a ? "a" : t == b ? "b" : t == c ? "c" : "bias"));
   if (call.pr.M == 0 || call.pr.N == 0) return FLY_SUCCESS;
 
   ScopedContext guard;

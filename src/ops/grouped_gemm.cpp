@@ -92,8 +92,8 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
   // Strides: A and C row-major, offs and bias rows unit stride.
   if (K > 1 && a->strides[1] != 1)
     return fail(FLY_ERROR_UNSUPPORTED, "a: inner stride must be 1 (row-major [T, K]), got %" PRId64, a->strides[1]);
-  if (T > 1 && a->strides[0] < K)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: row stride %" PRId64 " is smaller than K = %" PRId64 " (rows overlap)",
+  if (T > 1 && a->strides[0] < K)  // an input layout no kernel reads (an output's would be a mistake)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: row stride %" PRId64 " is smaller than K = %" PRId64 " (rows overlap)",
                 a->strides[0], K);
   if (N > 1 && c->strides[1] != 1)
     return fail(FLY_ERROR_UNSUPPORTED, "c: inner stride must be 1 (row-major [T, N]), got %" PRId64, c->strides[1]);
@@ -105,7 +105,7 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
   if (bias && N > 1 && bias->strides[1] != 1)
     return fail(FLY_ERROR_UNSUPPORTED, "bias: inner stride must be 1 ([G, N] rows), got %" PRId64, bias->strides[1]);
   if (bias && G > 1 && bias->strides[0] < N)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "bias: row stride %" PRId64 " is smaller than N = %" PRId64,
+    return fail(FLY_ERROR_UNSUPPORTED, "bias: row stride %" PRId64 " is smaller than N = %" PRId64,
                 bias->strides[0], N);
   // B [G, K, N]: N contiguous (w) or K contiguous (w.transpose(-2, -1)); groups must not overlap.
   const int64_t sg = b->strides[0], sk = b->strides[1], sn = b->strides[2];
@@ -122,7 +122,7 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
   const int64_t ld = kmajor ? (N > 1 ? sn : K) : (K > 1 ? sk : N);
   const int64_t group_extent = kmajor ? (N - 1) * ld + K : (K - 1) * ld + N;
   if (G > 1 && K > 0 && N > 0 && sg < group_extent)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: group stride %" PRId64 " is smaller than one group's extent %" PRId64
+    return fail(FLY_ERROR_UNSUPPORTED, "b: group stride %" PRId64 " is smaller than one group's extent %" PRId64
                 " (groups overlap)", sg, group_extent);
   out->dt = dt;
   out->T = T;
@@ -146,11 +146,11 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
   // TMA's 16-byte rules (base address, strides of the outer dimensions).
   const int eb = 2;
   if (reinterpret_cast<uintptr_t>(out->a) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "a: base address is not 16-byte aligned (TMA)");
+    return fail(FLY_ERROR_MISALIGNED, "a: base address is not 16-byte aligned (TMA)");
   if (T > 1 && (out->lda * eb) % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: row stride %" PRId64 " * 2 bytes is not a multiple of 16 (TMA)", out->lda);
   if (reinterpret_cast<uintptr_t>(out->b) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "b: base address is not 16-byte aligned (TMA)");
+    return fail(FLY_ERROR_MISALIGNED, "b: base address is not 16-byte aligned (TMA)");
   if ((kmajor ? N : K) > 1 && (ld * eb) % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "b: stride %" PRId64 " of its %s * 2 bytes is not a multiple of 16 (TMA)", ld,
                 kmajor ? "n lines" : "k lines");
@@ -292,15 +292,30 @@ fly_status validate_k(const fly_tensor* a, const fly_tensor* b, const fly_tensor
   // TMA's 16-byte rules (base address, stride of the outer dimension).
   const int eb = 2;
   if (reinterpret_cast<uintptr_t>(out->a) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "a: base address is not 16-byte aligned (TMA)");
+    return fail(FLY_ERROR_MISALIGNED, "a: base address is not 16-byte aligned (TMA)");
   if (Ktot > 1 && (a_ld * eb) % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: stride %" PRId64 " of its k columns * 2 bytes is not a multiple of 16 (TMA)",
                 a_ld);
   if (reinterpret_cast<uintptr_t>(out->b) % 16 != 0)
-    return fail(FLY_ERROR_UNSUPPORTED, "b: base address is not 16-byte aligned (TMA)");
+    return fail(FLY_ERROR_MISALIGNED, "b: base address is not 16-byte aligned (TMA)");
   if (Ktot > 1 && (b_ld * eb) % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "b: stride %" PRId64 " of its k rows * 2 bytes is not a multiple of 16 (TMA)",
                 b_ld);
+  return FLY_SUCCESS;
+}
+
+// The output against the inputs, the workspace against every argument (both modes; host
+// arithmetic, before the device check).
+fly_status check_arguments_disjoint(const fly_tensor* a, const fly_tensor* b, const fly_tensor* offs,
+                                    const fly_tensor* bias, const fly_tensor* c, const void* workspace,
+                                    size_t workspace_bytes) {
+  FLY_TRY(check_disjoint(c, "c", a, "a"));
+  FLY_TRY(check_disjoint(c, "c", b, "b"));
+  FLY_TRY(check_disjoint(c, "c", offs, "offs"));
+  FLY_TRY(check_disjoint(c, "c", bias, "bias"));
+  const fly_tensor* all[5] = {a, b, offs, bias, c};
+  const char* names[5] = {"a", "b", "offs", "bias", "c"};
+  for (int i = 0; i < 5; ++i) FLY_TRY(check_workspace_disjoint(workspace, workspace_bytes, all[i], names[i]));
   return FLY_SUCCESS;
 }
 
@@ -334,7 +349,7 @@ fly_status run_k(const KCall& call, void* workspace, size_t workspace_bytes, voi
   if (call.G == 0 || call.M == 0 || call.N == 0) return FLY_SUCCESS;
   const int64_t need = k_workspace_bytes(call);
   if (!workspace || int64_t(workspace_bytes) < need)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
+    return fail(FLY_ERROR_WORKSPACE,
                 "workspace: %zu bytes, the ragged-K mode needs %" PRId64 " (G = %" PRId64
                 " x 256: fly_grouped_gemm_workspace_size)", workspace ? workspace_bytes : size_t(0), need, call.G);
 
@@ -465,11 +480,13 @@ extern "C" FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_te
   if (is_k_mode(a, b)) {  // 2-D a and b: the ragged-K mode (weight gradient)
     KCall kc;
     FLY_TRY(validate_k(a, b, offs, bias, c, &kc));
+    FLY_TRY(check_arguments_disjoint(a, b, offs, bias, c, workspace, workspace_bytes));
     return run_k(kc, workspace, workspace_bytes, stream);
   }
   GroupedCall call;
   FLY_TRY(validate(a, b, offs, bias, c, &call));
   FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
+  FLY_TRY(check_arguments_disjoint(a, b, offs, bias, c, workspace, workspace_bytes));
   if (call.T == 0 || call.N == 0) return FLY_SUCCESS;
 
   ScopedContext guard;

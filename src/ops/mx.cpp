@@ -13,12 +13,13 @@
 namespace fly {
 namespace {
 
-// Rows of a rank-2 tensor: unit inner stride (or one column), rows not overlapping.
-fly_status check_rows(const fly_tensor& t, const char* what) {
+// Rows of a rank-2 tensor: unit inner stride (or one column), rows not overlapping. A layout no
+// kernel reads is FLY_ERROR_UNSUPPORTED; an output whose rows overlap FLY_ERROR_INVALID_ARGUMENT.
+fly_status check_rows(const fly_tensor& t, const char* what, bool output) {
   if (t.sizes[1] > 1 && t.strides[1] != 1)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: inner stride must be 1, got %" PRId64, what, t.strides[1]);
+    return fail(FLY_ERROR_UNSUPPORTED, "%s: inner stride must be 1, got %" PRId64, what, t.strides[1]);
   if (t.sizes[0] > 1 && t.strides[0] < t.sizes[1])
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: row stride %" PRId64 " is smaller than the row length %" PRId64
+    return fail(output ? FLY_ERROR_INVALID_ARGUMENT : FLY_ERROR_UNSUPPORTED, "%s: row stride %" PRId64 " is smaller than the row length %" PRId64
                 " (rows overlap)", what, t.strides[0], t.sizes[1]);
   return FLY_SUCCESS;
 }
@@ -27,8 +28,11 @@ fly_status check_dense(const fly_tensor& t, const char* what, int64_t rows, int6
   if (t.sizes[0] != rows || t.sizes[1] != cols)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
                 what, t.sizes[0], t.sizes[1], rows, cols);
+  if (cols > 1 && t.strides[1] == 1 && rows > 1 && t.strides[0] < cols)  // an output aliasing itself
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: row stride %" PRId64 " is smaller than the row length %" PRId64
+                " (rows overlap)", what, t.strides[0], cols);
   if ((cols > 1 && t.strides[1] != 1) || (rows > 1 && t.strides[0] != cols))
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: must be contiguous (strides [%" PRId64 ", 1]), got [%" PRId64 ", %" PRId64 "]",
+    return fail(FLY_ERROR_UNSUPPORTED, "%s: must be contiguous (strides [%" PRId64 ", 1]), got [%" PRId64 ", %" PRId64 "]",
                 what, cols, t.strides[0], t.strides[1]);
   return FLY_SUCCESS;
 }
@@ -175,8 +179,8 @@ extern "C" FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, c
   FLY_TRY(check_tensor(x, "x", 2));
   const fly_dtype dt = x->dtype;
   if (dt != FLY_F16 && dt != FLY_BF16 && dt != FLY_F32)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "x: dtype %s is not supported (fp16, bf16, fp32)", dtype_name(dt));
-  FLY_TRY(check_rows(*x, "x"));
+    return fail(FLY_ERROR_UNSUPPORTED, "x: dtype %s is not supported (fp16, bf16, fp32)", dtype_name(dt));
+  FLY_TRY(check_rows(*x, "x", false));
   const int64_t M = x->sizes[0], K = x->sizes[1];
   if (K % 32 != 0)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "x: K = %" PRId64 " is not a multiple of 32 (the MX block)", K);
@@ -189,6 +193,9 @@ extern "C" FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, c
   if (scales->dtype != FLY_E8M0)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "scales: dtype %s, expected e8m0", dtype_name(scales->dtype));
   FLY_TRY(check_dense(*scales, "scales", M, K / 32));
+  FLY_TRY(check_disjoint(q, "q", x, "x"));
+  FLY_TRY(check_disjoint(scales, "scales", x, "x"));
+  FLY_TRY(check_disjoint(scales, "scales", q, "q"));
   if (M == 0 || K == 0) return FLY_SUCCESS;
   if (M > (int64_t(1) << 40) / K)
     return fail(FLY_ERROR_UNSUPPORTED, "x: %" PRId64 " x %" PRId64 " elements exceed the kernel's limit", M, K);
@@ -239,7 +246,7 @@ extern "C" FLY_API fly_status fly_scaled_gemm_workspace_size(const fly_tensor* a
   FLY_TRY(check_tensor(b, "b", 2));
   FLY_TRY(check_tensor(c, "c", 2));
   if (a->dtype != FLY_F8_E4M3 && a->dtype != FLY_F4_E2M1X2)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: dtype %s, expected e4m3 or e2m1x2", dtype_name(a->dtype));
+    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (e4m3, e2m1x2)", dtype_name(a->dtype));
   if (b->dtype != a->dtype)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(a->dtype));
   const bool fp4 = a->dtype == FLY_F4_E2M1X2;
@@ -251,7 +258,7 @@ extern "C" FLY_API fly_status fly_scaled_gemm_workspace_size(const fly_tensor* a
     return fail(FLY_ERROR_INVALID_ARGUMENT, "c: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
                 c->sizes[0], c->sizes[1], M, N);
   if (c->dtype != FLY_F16 && c->dtype != FLY_BF16)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: dtype %s, expected fp16 or bf16", dtype_name(c->dtype));
+    return fail(FLY_ERROR_UNSUPPORTED, "c: dtype %s is not supported (fp16, bf16)", dtype_name(c->dtype));
   if (K % 32 != 0)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "a: K = %" PRId64 " is not a multiple of 32 (the MX block)", K);
   if (M == 0 || N == 0 || K == 0 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) return FLY_SUCCESS;
@@ -270,15 +277,15 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   FLY_TRY(check_tensor(scale_a, "scale_a", 2));
   FLY_TRY(check_tensor(scale_b, "scale_b", 2));
   if (a->dtype != FLY_F8_E4M3 && a->dtype != FLY_F4_E2M1X2)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: dtype %s, expected e4m3 or e2m1x2", dtype_name(a->dtype));
+    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (e4m3, e2m1x2)", dtype_name(a->dtype));
   if (b->dtype != a->dtype)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(a->dtype));
   const bool fp4 = a->dtype == FLY_F4_E2M1X2;
   if (c->dtype != FLY_F16 && c->dtype != FLY_BF16)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: dtype %s, expected fp16 or bf16", dtype_name(c->dtype));
-  FLY_TRY(check_rows(*a, "a"));
-  FLY_TRY(check_rows(*b, "b"));
-  FLY_TRY(check_rows(*c, "c"));
+    return fail(FLY_ERROR_UNSUPPORTED, "c: dtype %s is not supported (fp16, bf16)", dtype_name(c->dtype));
+  FLY_TRY(check_rows(*a, "a", false));
+  FLY_TRY(check_rows(*b, "b", false));
+  FLY_TRY(check_rows(*c, "c", true));
   const int64_t M = a->sizes[0], N = b->sizes[0], K = fp4 ? a->sizes[1] * 2 : a->sizes[1];
   if (b->sizes[1] != a->sizes[1])
     return fail(FLY_ERROR_INVALID_ARGUMENT, "b: %" PRId64 " columns (K%s) do not match a's %" PRId64, b->sizes[1],
@@ -295,9 +302,14 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   FLY_TRY(check_dense(*scale_a, "scale_a", M, K / 32));
   FLY_TRY(check_dense(*scale_b, "scale_b", N, K / 32));
   if (bias) FLY_TRY(check_vector(bias, "bias", N, c->dtype));
-  if (workspace_bytes > 0 && !workspace)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with %zu bytes", workspace_bytes);
-  if (workspace && workspace_bytes > 0) FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
+  FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
+  // The output against the inputs, the workspace against every argument (before the device check).
+  {
+    const fly_tensor* all[6] = {a, b, scale_a, scale_b, bias, c};
+    const char* names[6] = {"a", "b", "scale_a", "scale_b", "bias", "c"};
+    for (int i = 0; i < 5; ++i) FLY_TRY(check_disjoint(c, "c", all[i], names[i]));
+    for (int i = 0; i < 6; ++i) FLY_TRY(check_workspace_disjoint(workspace, workspace_bytes, all[i], names[i]));
+  }
   if (M == 0 || N == 0) return FLY_SUCCESS;
   if (K == 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported by the MX kernels");

@@ -90,7 +90,7 @@ fly_status check_matrix(const fly_tensor* t, const char* what, int64_t rows, int
     return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
                 what, t->sizes[0], t->sizes[1], rows, cols);
   if (cols > 1 && t->strides[1] != 1)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: inner stride must be 1, got %" PRId64, what, t->strides[1]);
+    return fail(FLY_ERROR_UNSUPPORTED, "%s: inner stride must be 1, got %" PRId64, what, t->strides[1]);
   if (output && rows > 1 && t->strides[0] < cols)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: row stride %" PRId64 " is smaller than the row length %" PRId64
                 " (rows overlap)", what, t->strides[0], cols);
@@ -104,7 +104,7 @@ fly_status check_x_k(const fly_tensor* x, int64_t k) {
     return fail(FLY_ERROR_UNSUPPORTED, "x: dtype %s is not supported (fp32)", dtype_name(x->dtype));
   const int64_t R = x->sizes[0], C = x->sizes[1];
   if (C > 1 && x->strides[1] != 1)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "x: inner stride must be 1, got %" PRId64, x->strides[1]);
+    return fail(FLY_ERROR_UNSUPPORTED, "x: inner stride must be 1, got %" PRId64, x->strides[1]);
   if (k < 1 || k > C)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "k: %" PRId64 " is outside 1..C (C = %" PRId64 ")", k, C);
   if (C >= (int64_t(1) << 31) || R >= (int64_t(1) << 31))
@@ -144,13 +144,21 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
   FLY_TRY(check_matrix(indices, "indices", R, k, true));
   if (indices->dtype != FLY_I64)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "indices: dtype %s, expected int64", dtype_name(indices->dtype));
+  FLY_TRY(check_optional_workspace(workspace, workspace_bytes, 16));
   const int64_t need = workspace_need(R, C, k);
   if (need < 0) return workspace_too_large(R, C, k);
   if (need > 0 && (!workspace || workspace_bytes < size_t(need)))
     return fail(FLY_ERROR_WORKSPACE, "workspace: %zu bytes at %p, this shape needs %" PRId64
                 " (fly_topk_workspace_size)", workspace_bytes, workspace, need);
-  if (need > 0 && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not 16-byte aligned", workspace);
+  // Outputs against the other arguments (host arithmetic, before the device check).
+  FLY_TRY(check_disjoint(values, "values", x, "x"));
+  FLY_TRY(check_disjoint(indices, "indices", x, "x"));
+  FLY_TRY(check_disjoint(indices, "indices", values, "values"));
+  if (need > 0) {
+    FLY_TRY(check_workspace_disjoint(workspace, size_t(need), x, "x"));
+    FLY_TRY(check_workspace_disjoint(workspace, size_t(need), values, "values"));
+    FLY_TRY(check_workspace_disjoint(workspace, size_t(need), indices, "indices"));
+  }
   if (R == 0) return FLY_SUCCESS;
 
   ScopedContext guard;
