@@ -3,6 +3,7 @@
 //   flybench <family> [--suite FILE] [--json FILE]
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <exception>
 
 #include "tool_common.hpp"
@@ -36,8 +37,13 @@ int main(int argc, char** argv) try {
        "suite json no-flush variant quant-variant"},
   };
   Args args = parse_args(argc, argv);
+  if (args.has("version")) {
+    print_version("flybench");
+    return 0;
+  }
+  check_values(args, "flybench");  // --data-dir (or any option that takes a value) without one
   if (args.has("data-dir")) set_data_dir(args.get("data-dir"));
-  if (args.family.empty() && !args.has("help")) check_options(args, "help data-dir", "flybench");
+  if (args.family.empty() && !args.has("help")) check_options(args, "help data-dir version", "flybench");
   if (args.family.empty() || args.has("help")) {
     // --help: usage on stdout, exit 0; no family: the same on stderr, exit 2.
     FILE* out = args.has("help") ? stdout : stderr;
@@ -45,19 +51,24 @@ int main(int argc, char** argv) try {
                 "Runs suites/<family>.json through the library's dispatch (CUDA events, warm-up,\n"
                 "median, L2 flushed) and prints time and throughput per case; --json writes them\n"
                 "for bench/<family>_torch.py, which adds the PyTorch baseline side by side.\nfamilies:\n");
-    for (auto& e : entries) std::fprintf(out, "  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");
+    int width = 0;
+    for (auto& e : entries) width = std::max(width, int(std::strlen(e.name)));
+    for (auto& e : entries) std::fprintf(out, "  %-*s  %s%s\n", width, e.name, e.what, e.fn ? "" : " (not built)");
     std::fprintf(out, "%s\n", data_dir_line().c_str());
+    std::fprintf(out, "--version prints the library version. Exit status: 0 done, 1 a run-time failure, 2 a usage\n"
+                      "error (checked before looking for a GPU), 3 no CUDA device (nothing timed).\n");
     return args.has("help") ? 0 : 2;
   }
   for (auto& e : entries)
     if (args.family == e.name) {
       if (!e.fn) { std::fprintf(stderr, "flybench: family %s is not in this build\n", e.name); return 2; }
-      if (e.options) check_options(args, std::string("help data-dir ") + e.options, "flybench");
+      if (e.options) check_options(args, std::string("help data-dir version ") + e.options, "flybench");
+      check_files(args);  // a --suite that is not there: diagnosed before looking for a device
       int count = 0;
       if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        std::printf("flybench: no CUDA device here: nothing to time. Bundled variants: %d (see flyinfo)\n",
-                    fly_variant_count());
-        return 0;
+        std::fprintf(stderr, "flybench: no CUDA device here: nothing to time. Bundled variants: %d (see flyinfo)\n",
+                     fly_variant_count());
+        return kExitNoDevice;
       }
       return e.fn(args);
     }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // flyinfo: what this build of libflykernels bundles, and what the current machine offers.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -14,11 +15,16 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--verbose" || a == "-v") {
       verbose = true;
+    } else if (a == "--version") {
+      std::printf("flyinfo %s\n", fly_version_string());
+      return 0;
     } else if (a == "--help" || a == "-h") {
-      std::printf("usage: flyinfo [--verbose]\n"
+      std::printf("usage: flyinfo [--verbose] [--version]\n"
                   "Prints the library version, the kernel variants bundled in it (per family; --verbose\n"
                   "lists each with its parameters), the device it would run on, and the environment\n"
-                  "variables it reads (FLYKERNELS_LOG, FLYKERNELS_TUNING_DB, ...).\n");
+                  "variables it reads (FLYKERNELS_LOG, FLYKERNELS_TUNING_DB, ...). --version prints the\n"
+                  "library version alone. Exit status: 0 (also without a GPU: the device line says why),\n"
+                  "2 a usage error.\n");
       return 0;
     } else {
       std::fprintf(stderr, "flyinfo: unknown option '%s' (try flyinfo --help)\n", a.c_str());
@@ -35,8 +41,14 @@ int main(int argc, char** argv) {
   }
   std::printf("bundled kernel variants: %d (sm_90a cubins, zstd-compressed, loaded on first use)\n",
               fly_variant_count());
+  // Columns sized to the longest family name ("grouped_gemm", "attention_bwd", ...) and count.
+  int name_w = 0, count_w = 0;
   for (auto& [fam, names] : by_family) {
-    std::printf("  %-8s %zu variants\n", fam.c_str(), names.size());
+    name_w = std::max(name_w, int(fam.size()));
+    count_w = std::max(count_w, int(std::to_string(names.size()).size()));
+  }
+  for (auto& [fam, names] : by_family) {
+    std::printf("  %-*s  %*zu variants\n", name_w, fam.c_str(), count_w, names.size());
     if (verbose)
       for (auto& n : names) std::printf("      %s\n", n.c_str());
   }

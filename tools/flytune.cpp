@@ -3,6 +3,7 @@
 //   flytune <family> [--db FILE] [--dump db/sm_90a.sql] [--suite FILE] [--quick] ...
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <exception>
 
 #include "tool_common.hpp"
@@ -36,8 +37,13 @@ int main(int argc, char** argv) try {
        "db dump suite quick times formats variants"},
   };
   Args args = parse_args(argc, argv);
+  if (args.has("version")) {
+    print_version("flytune");
+    return 0;
+  }
+  check_values(args, "flytune");  // --data-dir (or any option that takes a value) without one
   if (args.has("data-dir")) set_data_dir(args.get("data-dir"));
-  if (args.family.empty() && !args.has("help")) check_options(args, "help data-dir", "flytune");
+  if (args.family.empty() && !args.has("help")) check_options(args, "help data-dir version", "flytune");
   if (args.family.empty() || args.has("help")) {
     // --help: usage on stdout, exit 0; no family: the same on stderr, exit 2.
     FILE* out = args.has("help") ? stdout : stderr;
@@ -56,18 +62,23 @@ int main(int argc, char** argv) try {
                 "--times FILE appends every variant's time per key (tab-separated, fastest first).\n"
                 "attention --bwd tunes the backward (attention_bwd rows) on the suite's cases.\n"
                 "families:\n");
-    for (auto& e : entries) std::fprintf(out, "  %-8s %s%s\n", e.name, e.what, e.fn ? "" : " (not built)");
+    int width = 0;
+    for (auto& e : entries) width = std::max(width, int(std::strlen(e.name)));
+    for (auto& e : entries) std::fprintf(out, "  %-*s  %s%s\n", width, e.name, e.what, e.fn ? "" : " (not built)");
     std::fprintf(out, "%s\n", data_dir_line().c_str());
+    std::fprintf(out, "--version prints the library version. Exit status: 0 done, 1 a run-time failure, 2 a usage\n"
+                      "error (checked before looking for a GPU), 3 no CUDA device (nothing tuned).\n");
     return args.has("help") ? 0 : 2;
   }
   for (auto& e : entries)
     if (args.family == e.name) {
       if (!e.fn) { std::fprintf(stderr, "flytune: family %s is not in this build\n", e.name); return 2; }
-      if (e.options) check_options(args, std::string("help data-dir ") + e.options, "flytune");
+      if (e.options) check_options(args, std::string("help data-dir version ") + e.options, "flytune");
+      check_files(args);  // a --suite that is not there: diagnosed before looking for a device
       int count = 0;
       if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         std::fprintf(stderr, "flytune: no CUDA device: tuning needs the GPU it tunes for\n");
-        return 3;
+        return kExitNoDevice;
       }
       return e.fn(args);
     }

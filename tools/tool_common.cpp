@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -34,7 +35,12 @@ Args parse_args(int argc, char** argv) {
         key = key.substr(0, eq);
       } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
         val = argv[++i];
+      } else {
+        a.bare.insert(key);
+        a.opt[key] = val;
+        continue;
       }
+      a.bare.erase(key);  // the last occurrence decides
       a.opt[key] = val;
     } else if (a.family.empty()) {
       a.family = s;
@@ -45,15 +51,40 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
+const char* const kValueOptions =
+    "data-dir db dump suite json times dtype layouts formats variant variants quant-variant tolerance "
+    "max-minutes warm-ms max-m min-m reps rounds";
+
 void check_options(const Args& a, const std::string& known, const std::string& tool) {
-  std::set<std::string> names;
+  std::set<std::string> names, valued;
   std::stringstream ss(known);
   for (std::string n; ss >> n;) names.insert(n);
+  std::stringstream vs(kValueOptions);
+  for (std::string n; vs >> n;) valued.insert(n);
   for (auto& [k, v] : a.opt)
     if (!names.count(k))
       throw UsageError("unknown option --" + k + (a.family.empty() ? "" : " for " + tool + " " + a.family) +
                        " (try " + tool + " --help)");
+  for (auto& k : a.bare)
+    if (valued.count(k)) throw UsageError("--" + k + " needs a value (--" + k + " VALUE; try " + tool + " --help)");
 }
+
+void check_values(const Args& a, const std::string& tool) {
+  std::stringstream vs(kValueOptions);
+  for (std::string n; vs >> n;)
+    if (a.bare.count(n)) throw UsageError("--" + n + " needs a value (--" + n + " VALUE; try " + tool + " --help)");
+}
+
+void check_files(const Args& a) {
+  if (a.has("suite")) {
+    const std::string path = a.get("suite");
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || ::access(path.c_str(), R_OK) != 0)
+      throw UsageError("--suite " + path + ": no readable file there");
+  }
+}
+
+void print_version(const char* tool) { std::printf("%s %s\n", tool, fly_version_string()); }
 
 namespace {
 #ifndef FLY_DATA_FROM_BINDIR

@@ -25,6 +25,7 @@ namespace fly::tools {
 struct Args {
   std::string family;                 // first positional argument
   std::map<std::string, std::string> opt;  // --key value / --flag (value "1")
+  std::set<std::string> bare;         // options given without a value (--flag, or --key last / before --x)
   std::string get(const std::string& k, const std::string& d = "") const {
     auto it = opt.find(k);
     return it == opt.end() ? d : it->second;
@@ -40,8 +41,23 @@ Args parse_args(int argc, char** argv);
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-// Throws UsageError naming the first option of `a` that is not in `known` (space-separated names).
+// Throws UsageError naming the first option of `a` that is not in `known` (space-separated names),
+// or the first option that takes a value (kValueOptions) given without one ("--db" last).
 void check_options(const Args& a, const std::string& known, const std::string& tool);
+// Options that take a value (--db FILE, --suite FILE, ...): given bare they are a usage error.
+extern const char* const kValueOptions;
+// Only the second check of check_options (for before the family is known).
+void check_values(const Args& a, const std::string& tool);
+// Everything about the command line that needs no GPU: a named file that must exist (--suite)
+// is readable. Throws UsageError. The tools call it before looking for a device, so a mistake is
+// diagnosed (exit 2) on a machine without one too.
+void check_files(const Args& a);
+
+// Exit codes shared by flytune and flybench (their --help and docs/install.md say so):
+// 0 done, 1 a run-time failure, 2 a usage error, 3 no CUDA device (nothing was measured).
+constexpr int kExitNoDevice = 3;
+// "--version": prints "<tool> <library version>" (the library it runs against) to stdout.
+void print_version(const char* tool);
 
 // Data files (suites/, tuning/, db/schema.sql) are read from one directory: --data-dir DIR when
 // given (set_data_dir), else <the tool's bin dir>/../share/flykernels (the installed layout), else

@@ -16,11 +16,11 @@ namespace {
 using fly_test::mentions;
 
 // Fake, well-aligned addresses: validation must reject before anything touches them.
-void* const kQ = reinterpret_cast<void*>(0x100000);
-void* const kK = reinterpret_cast<void*>(0x200000);
-void* const kV = reinterpret_cast<void*>(0x300000);
-void* const kO = reinterpret_cast<void*>(0x400000);
-void* const kL = reinterpret_cast<void*>(0x500000);
+void* const kQ = reinterpret_cast<void*>(uintptr_t(0x1) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kK = reinterpret_cast<void*>(uintptr_t(0x2) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kV = reinterpret_cast<void*>(uintptr_t(0x3) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kO = reinterpret_cast<void*>(uintptr_t(0x4) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kL = reinterpret_cast<void*>(uintptr_t(0x5) << 36);  // 64 GiB apart: large shapes never overlap
 
 // BHSD contiguous [B, H, S, D].
 fly_tensor bhsd(void* p, fly_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d) {

@@ -16,16 +16,16 @@ namespace {
 
 using fly_test::mentions;
 
-void* const kQ = reinterpret_cast<void*>(0x100000);
-void* const kK = reinterpret_cast<void*>(0x200000);
-void* const kV = reinterpret_cast<void*>(0x300000);
-void* const kO = reinterpret_cast<void*>(0x400000);
-void* const kDO = reinterpret_cast<void*>(0x500000);
-void* const kL = reinterpret_cast<void*>(0x600000);
-void* const kDQ = reinterpret_cast<void*>(0x700000);
-void* const kDK = reinterpret_cast<void*>(0x800000);
-void* const kDV = reinterpret_cast<void*>(0x900000);
-void* const kWS = reinterpret_cast<void*>(0xa00000);
+void* const kQ = reinterpret_cast<void*>(uintptr_t(0x1) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kK = reinterpret_cast<void*>(uintptr_t(0x2) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kV = reinterpret_cast<void*>(uintptr_t(0x3) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kO = reinterpret_cast<void*>(uintptr_t(0x4) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kDO = reinterpret_cast<void*>(uintptr_t(0x5) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kL = reinterpret_cast<void*>(uintptr_t(0x6) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kDQ = reinterpret_cast<void*>(uintptr_t(0x7) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kDK = reinterpret_cast<void*>(uintptr_t(0x8) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kDV = reinterpret_cast<void*>(uintptr_t(0x9) << 36);  // 64 GiB apart: large shapes never overlap
+void* const kWS = reinterpret_cast<void*>(uintptr_t(0xa) << 36);  // 64 GiB apart: large shapes never overlap
 
 fly_tensor bhsd(void* p, fly_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d) {
   return flykernels::tensor(p, dt, {b, h, s, d});
@@ -219,7 +219,7 @@ TEST_CASE("attention_bwd rejects bad descriptors with a status and a message", "
       c.p.workspace_bytes = before;
     }
     c.dout.strides[2] = 128;
-    c.k.data = reinterpret_cast<void*>(0x200008);
+    c.k.data = static_cast<char*>(kK) + 8;
     CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("k: base address"));
     c.k.data = kK;
@@ -234,7 +234,7 @@ TEST_CASE("attention_bwd rejects bad descriptors with a status and a message", "
     CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("dk and k: an output shares memory with an input"));
     c.dk.data = kDK;
-    c.dq.data = reinterpret_cast<void*>(0x600000 + 256);  // inside lse's bytes
+    c.dq.data = static_cast<char*>(kL) + 256;  // inside lse's bytes
     CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("dq and lse"));
     c.dq.data = kDQ;
