@@ -3,7 +3,8 @@
 # What a user does after building, checked on a finished build (no second nvcc build):
 #   install to a prefix and move it (relocatable), build and run a C consumer through pkg-config
 #   and a CMake consumer through find_package, run the installed tools, build the TGZ and DEBs
-#   and check each DEB's files and that its Depends cover every library its binaries link against.
+#   and check each DEB's files and that its Depends cover every library its binaries link against;
+#   each DEB's changelog, maintainer, versioned libc6, ldconfig trigger and clean pkg-config output.
 # usage: .ci/install_check.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,6 +83,19 @@ for t in flytune flybench; do
     || fail "$t does not find its data under $prefix/share/flykernels: $(cd / && "$prefix/bin/$t" --help | grep '^data:')"
   (cd / && "$prefix/bin/$t" --help --data-dir "$src") | has "^data: $src " || fail "$t --data-dir does not override"
 done
+for t in flyinfo flytune flybench; do
+  v=$(cd / && env -u LD_LIBRARY_PATH "$prefix/bin/$t" --version) || fail "$t --version exited $?"
+  [ "$v" = "$t $(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")" ] || fail "$t --version printed '$v'"
+done
+# Usage errors before the device check (exit 2), no GPU 3 (GPUs hidden, whatever this machine has).
+rc=0; (cd / && CUDA_VISIBLE_DEVICES="" "$prefix/bin/flytune" rmsnorm --db) > /dev/null 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "flytune rmsnorm --db (no value) exited $rc, not 2"
+rc=0; (cd / && CUDA_VISIBLE_DEVICES="" "$prefix/bin/flybench" gemm --suite /nonexistent.json) > /dev/null 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "flybench gemm --suite /nonexistent.json exited $rc, not 2"
+for t in flytune flybench; do
+  rc=0; (cd / && CUDA_VISIBLE_DEVICES="" "$prefix/bin/$t" rmsnorm) > /dev/null 2>&1 || rc=$?
+  [ "$rc" = 3 ] || fail "$t rmsnorm without a GPU exited $rc, not 3"
+done
 rc=0; (cd / && "$prefix/bin/flytune" rmsnorm --quick --no-such-option) > /dev/null 2>&1 || rc=$?
 [ "$rc" = 2 ] || fail "flytune rmsnorm --no-such-option exited $rc, not 2"
 info=$(cd / && env -u LD_LIBRARY_PATH "$prefix/bin/flyinfo") || fail "installed flyinfo exited $?"
@@ -118,10 +132,54 @@ dpkg-deb -c "$dev_deb" | has "/usr/include/flykernels/flykernels.hpp" || fail "t
 dpkg-deb -c "$tools_deb" | has "/usr/share/flykernels/suites/" || fail "the tools DEB has no share/flykernels/suites"
 dpkg-deb -f "$dev_deb" Depends | has "libflykernels0 (= $version)" || fail "the dev DEB does not depend on libflykernels0 (= $version)"
 dpkg-deb -f "$tools_deb" Depends | has "libflykernels0 (= $version)" || fail "the tools DEB does not depend on libflykernels0 (= $version)"
-# The .pc inside the DEB resolves to /usr once installed there.
+# The .pc inside the DEB says prefix=/usr (a DEB is never moved): pkg-config prints clean paths,
+# no ${pcfiledir}/../../.. segments (the relocatable tree above keeps them: pkg-config does not
+# normalize paths). Checked under a sysroot, as if installed there.
 dpkg-deb -x "$dev_deb" "$work/dev_root"
+grep -qx "prefix=/usr" "$work/dev_root/usr/lib/$multiarch/pkgconfig/flykernels.pc" \
+  || fail "the DEB's .pc does not say prefix=/usr: $(grep '^prefix=' "$work/dev_root/usr/lib/$multiarch/pkgconfig/flykernels.pc")"
+pcflags=$(PKG_CONFIG_PATH='' PKG_CONFIG_LIBDIR="$work/dev_root/usr/lib/$multiarch/pkgconfig" \
+          PKG_CONFIG_SYSROOT_DIR="$work/dev_root" pkg-config --cflags --libs flykernels)
+echo "    DEB .pc: pkg-config --cflags --libs flykernels: $pcflags"
+case "$pcflags" in *..*) fail "the DEB's pkg-config output has '..' path segments: $pcflags" ;; esac
+echo "$pcflags" | has -- "-lflykernels" || fail "the DEB's pkg-config output has no -lflykernels: $pcflags"
 [ "$(PKG_CONFIG_PATH='' PKG_CONFIG_LIBDIR="$work/dev_root/usr/lib/$multiarch/pkgconfig" pkg-config --variable=includedir flykernels)" \
-  -ef "$work/dev_root/usr/include" ] || fail "the DEB's .pc does not resolve its includedir relative to itself"
+  = /usr/include ] || fail "the DEB's .pc includedir is not /usr/include"
+# Maintainer: a real address, not the old placeholder.
+for d in "$lib_deb" "$dev_deb" "$tools_deb"; do
+  m=$(dpkg-deb -f "$d" Maintainer)
+  echo "$m" | has -E '^[^<>]+ <[^@<> ]+@[^@<> ]+\.[a-z]+>$' || fail "$(basename "$d"): Maintainer '$m' is not 'Name <address>'"
+  case "$m" in *@localhost*) fail "$(basename "$d"): Maintainer '$m' is a placeholder" ;; esac
+done
+# Debian changelog in each DEB: /usr/share/doc/<package>/changelog.Debian.gz, gzip -9n (no name, no
+# time stamp in the header), its first entry this version.
+for d in "$lib_deb" "$dev_deb" "$tools_deb"; do
+  p=$(dpkg-deb -f "$d" Package)
+  dpkg-deb --fsys-tarfile "$d" | tar -xO "./usr/share/doc/$p/changelog.Debian.gz" > "$work/changelog.gz" 2>/dev/null \
+    || fail "$(basename "$d") has no /usr/share/doc/$p/changelog.Debian.gz"
+  gzip -t "$work/changelog.gz" || fail "$(basename "$d"): changelog.Debian.gz is not valid gzip"
+  # header bytes: 3 = flags (FNAME 0x08 must be clear), 4..7 = mtime (0 with -n)
+  hdr=$(od -An -tx1 -N8 "$work/changelog.gz" | tr -d ' \n')
+  [ "${hdr:6:2}" = "00" ] && [ "${hdr:8:8}" = "00000000" ] || fail "$(basename "$d"): changelog.Debian.gz was not made with gzip -n (header $hdr)"
+  gzip -dc "$work/changelog.gz" | sed -n 1p | has -E "^flykernels \($version\) " \
+    || fail "$(basename "$d"): changelog's first entry is not version $version: $(gzip -dc "$work/changelog.gz" | sed -n 1p)"
+done
+# Linker cache: the runtime DEB activates the ldconfig trigger (install and removal).
+dpkg-deb --ctrl-tarfile "$lib_deb" | tar -xO ./triggers 2>/dev/null | has -x "activate-noawait ldconfig" \
+  || fail "$(basename "$lib_deb") has no 'activate-noawait ldconfig' trigger"
+# libc6: a versioned dependency, at least the newest GLIBC_ symbol version the binaries use.
+glibc_need=$(for d in "$lib_deb" "$tools_deb"; do
+               r="$work/glibc_$(basename "$d" .deb)"; dpkg-deb -x "$d" "$r"
+               find "$r" -type f \( -name '*.so*' -o -path '*/bin/*' \) -exec objdump -T {} + 2>/dev/null
+             done | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
+[ -n "$glibc_need" ] || fail "no GLIBC_ symbol versions found in the packaged binaries"
+for d in "$lib_deb" "$tools_deb"; do
+  have=$(dpkg-deb -f "$d" Depends | tr ',' '\n' | sed -n 's/^ *libc6 (>= \([0-9.]*\)).*/\1/p')
+  [ -n "$have" ] || fail "$(basename "$d"): Depends has no versioned libc6: $(dpkg-deb -f "$d" Depends)"
+  [ "$(printf '%s\n%s\n' "$glibc_need" "$have" | sort -V | tail -1)" = "$have" ] \
+    || fail "$(basename "$d"): libc6 (>= $have), but its binaries need GLIBC_$glibc_need"
+  echo "    $(dpkg-deb -f "$d" Package): libc6 (>= $have) (binaries need GLIBC_$glibc_need)"
+done
 # Every library a packaged binary links against must come from a package its Depends names.
 checked=0
 for d in "$lib_deb" "$tools_deb"; do
