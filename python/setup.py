@@ -167,7 +167,9 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         [f"csrc/{name}.cpp" for name in ("common", "rmsnorm", "topk", "attention", "grouped_mm", "scaled_mm", "gemm",
                                          "decisions", "module")],
         include_dirs=[str(ROOT / "include")],
-        extra_compile_args=["-O2"],
+        # -g0: no debug info (Python's CFLAGS carry -g): a third less compile time, a .so of a
+        # few MB instead of 34
+        extra_compile_args=["-O2", "-g0"],
         # The library travels beside the extension, found through $ORIGIN.
         extra_link_args=[f"-l:{LIB}", "-Wl,-rpath,$ORIGIN"],
     )
