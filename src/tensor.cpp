@@ -111,7 +111,8 @@ fly_status check_optional_workspace(const void* workspace, size_t bytes, size_t 
   if (!workspace && bytes > 0) return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace: NULL with workspace_bytes = %zu", bytes);
   if (bytes >= (size_t(1) << 47))
     return fail(FLY_ERROR_INVALID_ARGUMENT, "workspace_bytes: %zu is larger than any allocation", bytes);
-  if (workspace && reinterpret_cast<uintptr_t>(workspace) % align != 0)
+  // (a pointer with 0 bytes is no workspace, as NULL: its alignment does not matter)
+  if (workspace && bytes > 0 && reinterpret_cast<uintptr_t>(workspace) % align != 0)
     return fail(FLY_ERROR_MISALIGNED, "workspace: %p is not %zu-byte aligned%s", workspace, align,
                 align == 256 ? " (cudaMalloc's alignment)" : "");
   return FLY_SUCCESS;

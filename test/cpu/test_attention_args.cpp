@@ -136,7 +136,7 @@ TEST_CASE("attention_fwd rejects bad descriptors with a status and a message", "
   }
   SECTION("head dim innermost, within 1..512") {
     c.q.strides[3] = 2;
-    CHECK(c.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("q: the head dim must be innermost"));
     Call big(1, 2, 2, 16, 16, 513);
     CHECK(big.run() == FLY_ERROR_INVALID_ARGUMENT);
@@ -164,16 +164,16 @@ TEST_CASE("attention_fwd rejects bad descriptors with a status and a message", "
     CHECK(over.run() == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("q: head dim D = 520 exceeds the maximum 512"));
     Call odd(1, 2, 2, 16, 16, 300);  // the TMA rule still applies: contiguous 600-byte rows
-    CHECK(odd.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(odd.run() == FLY_ERROR_WORKSPACE);
     CHECK(mentions("q: sequence stride 300 elements is not a multiple of 8"));
   }
   SECTION("TMA rules: 16-byte strides and bases; without room for the copies, refused") {
     Call odd(1, 2, 2, 16, 16, 100);  // contiguous rows of 200 bytes
-    CHECK(odd.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(odd.run() == FLY_ERROR_WORKSPACE);
     CHECK(mentions("q: sequence stride 100 elements is not a multiple of 8"));
     CHECK(mentions("with a workspace of"));
     c.k.data = reinterpret_cast<char*>(kK) + 2;
-    CHECK(c.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(c.run() == FLY_ERROR_WORKSPACE);
     CHECK(mentions("k: base address is not 16-byte aligned"));
   }
   SECTION("the packed path: the query adds the copies, a workspace that holds them passes validation") {
@@ -188,7 +188,7 @@ TEST_CASE("attention_fwd rejects bad descriptors with a status and a message", "
     odd.p.workspace_bytes = need;
     CHECK(passes_validation(odd.run()));
     odd.p.workspace_bytes = 3 * copy - 256;  // one chunk short
-    CHECK(odd.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(odd.run() == FLY_ERROR_WORKSPACE);
     CHECK(mentions("q: sequence stride 100"));
     // Only K misaligned: one copy.
     c.k.data = reinterpret_cast<char*>(kK) + 2;

@@ -177,7 +177,7 @@ TEST_CASE("grouped gemm args: strides and TMA alignment", "[cpu][grouped_gemm]")
   {
     P p;  // A rows overlap
     p.a = flykernels::tensor(kA, FLY_BF16, {256, 512}, {256, 1});
-    CHECK(p.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(p.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("a: row stride"));
   }
   {
@@ -189,13 +189,13 @@ TEST_CASE("grouped gemm args: strides and TMA alignment", "[cpu][grouped_gemm]")
   {
     P p;  // misaligned base of A (element aligned, not 16-byte)
     p.a.data = reinterpret_cast<char*>(kA) + 2;
-    CHECK(p.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(p.run() == FLY_ERROR_MISALIGNED);
     CHECK(mentions("a: base address"));
   }
   {
     P p;
     p.b.data = reinterpret_cast<char*>(kB) + 8;
-    CHECK(p.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(p.run() == FLY_ERROR_MISALIGNED);
     CHECK(mentions("b: base address"));
   }
   {
@@ -213,7 +213,7 @@ TEST_CASE("grouped gemm args: strides and TMA alignment", "[cpu][grouped_gemm]")
   {
     P p;  // B groups overlap
     p.b = flykernels::tensor(kB, FLY_BF16, {4, 512, 384}, {384, 384, 1});
-    CHECK(p.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(p.run() == FLY_ERROR_UNSUPPORTED);
     CHECK(mentions("groups overlap"));
   }
   {

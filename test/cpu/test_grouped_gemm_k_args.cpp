@@ -234,11 +234,11 @@ TEST_CASE("grouped gemm k args: shape, dtype, stride and bias errors name the ar
     CHECK(mentions("b: stride"));
     P r;
     r.a.data = reinterpret_cast<char*>(kA) + 8;
-    CHECK(r.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(r.run() == FLY_ERROR_MISALIGNED);
     CHECK(mentions("a: base address"));
     P t;
     t.b.data = reinterpret_cast<char*>(kB) + 2;
-    CHECK(t.run() == FLY_ERROR_UNSUPPORTED);
+    CHECK(t.run() == FLY_ERROR_MISALIGNED);
     CHECK(mentions("b: base address"));
   }
   {
@@ -255,14 +255,14 @@ TEST_CASE("grouped gemm k args: the workspace is required, large enough and alig
     P p;
     p.ws = nullptr;
     p.ws_bytes = 0;
-    CHECK(p.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(p.run() == FLY_ERROR_WORKSPACE);
     CHECK(mentions("workspace"));
     CHECK(mentions("1024"));
   }
   {
     P p;
     p.ws_bytes = 4 * 256 - 1;
-    CHECK(p.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(p.run() == FLY_ERROR_WORKSPACE);
     CHECK(mentions("workspace"));
   }
   {
@@ -284,7 +284,7 @@ TEST_CASE("grouped gemm k args: the workspace is required, large enough and alig
     p.b = flykernels::tensor(kB, FLY_BF16, {0, 384}, {384, 1});
     p.ws = nullptr;
     p.ws_bytes = 0;
-    CHECK(p.run() == FLY_ERROR_INVALID_ARGUMENT);
+    CHECK(p.run() == FLY_ERROR_WORKSPACE);
     CHECK(mentions("workspace"));
   }
 }

@@ -229,7 +229,7 @@ TEST_CASE("attention_bwd: q and k TMA cannot take are copied to 16-byte rows fir
   // Room for the backward but not the copies: refused, saying how much would run it.
   c.p.workspace_bytes = own;
   fake_cuda_clear_records();
-  CHECK(fly_attention_bwd(&c.p, s) == FLY_ERROR_UNSUPPORTED);
+  CHECK(fly_attention_bwd(&c.p, s) == FLY_ERROR_WORKSPACE);
   CHECK(std::string(fly_get_last_error()).find("with a workspace of " + std::to_string(bytes)) != std::string::npos);
   CHECK(fake_cuda_launch_count() == 0);
 }

@@ -59,7 +59,7 @@ TEST_CASE("attention_fwd: rows TMA cannot take are copied to 16-byte rows first"
 
     // No workspace: refused before any launch, saying how much would run it.
     fake_cuda_clear_records();
-    CHECK(fly_attention_fwd(&f.p, s) == FLY_ERROR_UNSUPPORTED);
+    CHECK(fly_attention_fwd(&f.p, s) == FLY_ERROR_WORKSPACE);
     CHECK(std::string(fly_get_last_error()).find("with a workspace of " + std::to_string(need)) != std::string::npos);
     CHECK(fake_cuda_launch_count() == 0);
 
