@@ -10,6 +10,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -409,6 +410,12 @@ std::string explain_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // only, no device and no memory touched. The output is described as SDPA allocates it.
   fly_tensor qd = desc_nd(q), kd = desc_nd(k), vd = desc_nd(v), od = qd;
   for (int i = 3; i >= 0; --i) od.strides[i] = i == 3 ? 1 : od.strides[i + 1] * od.sizes[i + 1];
+  // A fresh buffer's address: past every input (the library refuses an output sharing their memory).
+  uintptr_t end = 0;
+  for (const at::Tensor* t : {&q, &k, &v})
+    end = std::max(end, reinterpret_cast<uintptr_t>(t->data_ptr()) +
+                            static_cast<uintptr_t>(t->storage().nbytes() + t->element_size()));
+  od.data = reinterpret_cast<void*>((end + 4095) / 4096 * 4096);
   fly_attention_fwd_params prm{};
   prm.struct_size = sizeof(prm);
   prm.q = &qd;

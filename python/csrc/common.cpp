@@ -168,8 +168,10 @@ at::Tensor empty_unfilled(c10::IntArrayRef sizes, at::ScalarType dtype) {
 }
 
 bool status_means_fallback(fly_status st) {
+  // WORKSPACE too: the overrides size workspaces from the library's query, so a refusal means a
+  // path (e.g. aligned copies of odd strides) they did not provide for; stock runs the call.
   return st == FLY_ERROR_UNSUPPORTED || st == FLY_ERROR_INVALID_ARGUMENT || st == FLY_ERROR_MISALIGNED ||
-         st == FLY_ERROR_ARCH_NOT_BUILT || st == FLY_ERROR_NO_DEVICE;
+         st == FLY_ERROR_ARCH_NOT_BUILT || st == FLY_ERROR_NO_DEVICE || st == FLY_ERROR_WORKSPACE;
 }
 
 std::optional<double> opt_double(const c10::IValue& v) {

@@ -414,7 +414,7 @@ def test_gemm_family_does_not_import_inductor_until_torch_does():
     """)
     assert r.returncode == 0, r.stderr
     assert ("ACTIVE ['rms_norm', 'topk', 'grouped_mm', 'scaled_mm', 'gemm', 'grouped_mm_compile', 'sdpa', 'sdpa_cudnn',"
-            " 'sdpa_bwd'] False") in r.stdout
+            " 'sdpa_bwd', 'patch'] False") in r.stdout
     assert "WRAPPED True" in r.stdout and "RESTORED True" in r.stdout
 
 
