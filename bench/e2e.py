@@ -35,6 +35,8 @@ each switch; "off" blocks run inside flykernels.torch.disabled(). CUDA events pe
 bench/timing.py (timed_calls: L2 flushed, a spin so the host is ahead). Reported: medians over all
 calls of a state, ratio = stock / ours (> 1: FlyKernels faster), and the noise floor: the largest
 spread between two adjacent blocks of the same state (off-off and on-on); a ratio within it is '~'.
+--breakdown: one profiled call per state more, GPU kernel time by class (GEMM, attention, grouped
+GEMM, the glue: everything else), stock against FlyKernels.
 Also: dispatch counts per op over one "on" call (flykernels.torch.dispatch_counts), the FlyKernels
 candidates in the compiled code, and outputs on against off (logits; loss and gradients for train),
 beside stock against stock (the numerical floor of the stock kernels themselves).
@@ -423,6 +425,48 @@ class Workload:
         return out.detach().clone(), g
 
 
+# GPU time by class (issue 47's method): every kernel of one call, by name. Attention first (cuDNN's
+# SDPA kernels carry "sdpa", FlashAttention's "flash"/"fmha", ours "attn"/"attention"), then
+# grouped GEMM, then dense GEMM (cuBLAS's nvjet / sm90_xmma, CUTLASS, ours "gemm"); the rest is the
+# glue: elementwise, reductions, copies, norms, softmax, top-k, gathers.
+KERNEL_CLASSES = ("gemm", "attention", "grouped_gemm", "glue")
+
+
+def kernel_class(name):
+    n = name.lower()
+    if any(t in n for t in ("sdpa", "flash", "fmha", "attn", "attention")):
+        return "attention"
+    if "grouped" in n:
+        return "grouped_gemm"
+    if any(t in n for t in ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "wgmma", "mma_", "mxfp_")):
+        return "gemm"
+    return "glue"
+
+
+def gpu_breakdown(run, dev):
+    """{class: ms} of the GPU kernels of one run() (torch.profiler, CUDA activity); {} off CUDA."""
+    if dev.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+    run()  # warm: lazy loads and caching allocations out of the profile
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        sync(dev)
+    out = dict.fromkeys(KERNEL_CLASSES, 0.0)
+    for e in prof.events():
+        if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
+            t = getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)  # us
+            if t:
+                out[kernel_class(e.name)] += t / 1000.0
+    return out
+
+
+def fmt_breakdown(b):
+    tot = sum(b.values()) or 1.0
+    return ", ".join(f"{k} {100 * b[k] / tot:.0f}%" for k in KERNEL_CLASSES) + f" ({tot:.2f} ms)"
+
+
 def compare(wl, fly, fns, tol):
     """Outputs of one call per state (and a second stock call): on against off, off against off."""
     res = {}
@@ -578,6 +622,14 @@ def run_config(model, info, key, mode, batch, compiled, a, dev, fly):
                     fns[st]()
                 sync(dev)
         row.update(summarize_times(abba(fly, fns, rounds, reps, dev)))
+        if a.breakdown:
+            row["breakdown"] = {}
+            for st in ("off", "on"):
+                with fly.state(st):
+                    row["breakdown"][st] = gpu_breakdown(fns[st], dev)
+                if row["breakdown"][st]:
+                    log(f"  GPU time by class, {'stock' if st == 'off' else 'FlyKernels'}: "
+                        f"{fmt_breakdown(row['breakdown'][st])}")
         row["recompiles_after_first_call"] = dynamo_counters()[1] - g0
         if compiled and row["recompiles_after_first_call"]:
             log(f"  WARNING: {row['recompiles_after_first_call']} graphs compiled after the first calls "
@@ -757,6 +809,9 @@ def parse_args():
                          "(by default, with torch < 2.14, it passes SDPA an explicit mask there, which keeps SDPA stock)")
     ap.add_argument("--patch", dest="patch", action=argparse.BooleanOptionalAction, default=True,
                     help="flykernels.patch(model) in the on state (default; --no-patch: the import alone)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also profile one call per state and report GPU time by kernel class (GEMM, attention, "
+                         "grouped GEMM, glue)")
     ap.add_argument("--fly-ops", default=None, help="FlyKernels families in the on state (default: the default set)")
     ap.add_argument("--sdpa-backend", default="default", choices=("default", "flash", "efficient", "cudnn", "math"),
                     help="run every call under torch.nn.attention.sdpa_kernel(this) (both states)")
