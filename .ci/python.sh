@@ -17,6 +17,12 @@ wheel_venv=${FLY_CI_WHEEL_VENV:-/tmp/flykernels-ci-wheel-venv}  # the wheel alon
 dist=${FLY_CI_DIST:-/tmp/flykernels-ci-dist}
 torch_version=2.11.0  # the GPU machine runs 2.11.0+cu130; PyPI's Linux wheel is that cu130 build
 t0=$SECONDS
+# --prepare: only the build venv (torch from PyPI: network-bound, so .ci/run starts it beside the
+# nvcc build); a later plain run finds it ready (the marker) and goes on from the wheel.
+prepared="$venv/.flykernels-ci-prepared-$torch_version"
+if [ "${1:-}" != "--prepare" ] && [ -f "$prepared" ]; then
+  echo "python.sh: torch $torch_version prepared in the background while the library built"
+else
 python3 -m venv "$venv"
 # ninja: the extension's C++ files compile in parallel (MAX_JOBS); without it one after the other.
 # --no-compile: no .pyc for torch's thousands of files now; those imported are compiled on first use
@@ -24,6 +30,9 @@ python3 -m venv "$venv"
   pytest numpy
 if "$venv/bin/pip" show -q flykernels 2>/dev/null; then "$venv/bin/pip" uninstall -q -y flykernels; fi  # an older run's
 echo "python.sh: torch $torch_version installed in $((SECONDS - t0)) s"
+touch "$prepared"
+fi
+[ "${1:-}" = "--prepare" ] && exit 0
 
 t1=$SECONDS
 rm -rf "$dist"
