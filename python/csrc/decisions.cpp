@@ -44,8 +44,8 @@ struct KeyEq {
 };
 // The answer per key (no string formatting on the call path); cleared when the rows change.
 std::unordered_map<DecisionKey, Decided, KeyHash, KeyEq> g_cache;
-std::unordered_set<std::string> g_logged;
-std::atomic<bool> g_log{false};
+std::unordered_set<std::string> g_decisions_logged;
+std::atomic<bool> g_decisions_log{false};
 std::atomic<bool> g_autotune{false};
 py::object* g_autotune_cb = nullptr;  // leaked on purpose: never destroyed after interpreter exit
 thread_local int t_forced = 0;
@@ -147,11 +147,11 @@ bool autotune_measure(const DecisionKey& key, const std::function<TimingCall()>&
 }
 
 void log_once(const DecisionKey& key, const Decided& d) {
-  if (!g_log.load(std::memory_order_relaxed)) return;
+  if (!g_decisions_log.load(std::memory_order_relaxed)) return;
   const std::string s = key.str();
   {
     std::unique_lock<std::shared_mutex> lock(g_mu);
-    if (!g_logged.insert(s).second) return;
+    if (!g_decisions_logged.insert(s).second) return;
   }
   std::fprintf(stderr, "flykernels: %s -> %s (%s)\n", s.c_str(), d.choice == Choice::kOurs ? "ours" : "stock",
                d.rule.c_str());
@@ -197,7 +197,7 @@ Decided decide(const DecisionKey& key, const std::function<TimingCall()>& timing
 
 bool take_ours(const DecisionKey& key, const std::function<TimingCall()>& timing) {
   // The call path: a cached key answers with its choice alone (no copy of the rule's text).
-  if (t_forced == 0 && !g_log.load(std::memory_order_relaxed)) {
+  if (t_forced == 0 && !g_decisions_log.load(std::memory_order_relaxed)) {
     std::shared_lock<std::shared_mutex> lock(g_mu);
     auto it = g_cache.find(key);
     if (it != g_cache.end()) return it->second.choice == Choice::kOurs;
@@ -238,7 +238,7 @@ void register_decision_bindings(py::module_& m) {
         std::unique_lock<std::shared_mutex> lock(g_mu);
         g_rows = std::move(v);
         g_cache.clear();
-        g_logged.clear();
+        g_decisions_logged.clear();
       },
       "replace the decision rows: (arch, op, dtype, layout, k0, k1, k2, k3, ours_us, stock_us, source), later "
       "rows over earlier ones of the same key");
@@ -297,9 +297,9 @@ void register_decision_bindings(py::module_& m) {
   m.def(
       "set_decision_log",
       [](bool on) {
-        g_log = on;
+        g_decisions_log = on;
         std::unique_lock<std::shared_mutex> lock(g_mu);
-        g_logged.clear();
+        g_decisions_logged.clear();
       },
       "print each key's decision once (FLYKERNELS_LOG=info)");
 }
