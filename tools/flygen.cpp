@@ -17,6 +17,12 @@
 // do not mention a launch axis mean its first value. "launch_suffix" may instead be an object of
 // one pattern per launch axis ({"split": "_sk{split}", "gm": "_g{gm}"}): each is appended, in the
 // axes' (alphabetical) order, only where that axis is off its first value.
+//
+// Host axes: "host_axes" lists compile axes that stay in the variant's name and params (the
+// launcher reads them) but do not shape the kernel (its source reads no FLY_<AXIS>): the variant's
+// image is the one of the axis's first value, so variants that differ only there share one cubin
+// instead of compiling byte-identical copies (gemm's swap: the launcher exchanges the operands;
+// topk split's chunk: the launcher's plan).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -184,7 +190,7 @@ std::string expand_name(const std::string& pattern, const Point& p) {
 struct Variant {
   std::string name, family, params, source;
   std::string image;  // compile unit (cubin) name: the name over the compile axes only
-  Point point;        // compile axes only: what the generated unit defines
+  Point point;        // compile axes only (host axes at their first value): what the generated unit defines
 };
 
 bool point_matches(const Point& p, const json& partial) {
@@ -300,6 +306,14 @@ int main(int argc, char** argv) try {
       }
       if (axes.size() > n_compile && suffix.empty() && axis_suffix.empty())
         throw std::runtime_error(file.string() + ": launch_axes need a launch_suffix that encodes them");
+      std::map<std::string, Value> host_first;  // host axis -> its first value (the shared image's)
+      for (auto& h : space.value("host_axes", json::array())) {
+        const std::string k = h.get<std::string>();
+        size_t a = 0;
+        while (a < n_compile && axes[a].first != k) ++a;
+        if (a == n_compile) throw std::runtime_error(file.string() + ": host axis " + k + " is not a compile axis");
+        host_first.emplace(k, axes[a].second[0]);
+      }
       std::vector<std::string> constraints;
       if (space.contains("constraints"))
         for (auto& c : space["constraints"]) constraints.push_back(c.get<std::string>());
@@ -326,8 +340,10 @@ int main(int argc, char** argv) try {
               if (idx[a] != 0) first_launch = false;
             }
           }
-          v.image = expand_name(pattern, compile);
-          v.name = v.image;
+          Point image = compile;  // host axes at their first value
+          for (auto& [k, first] : host_first) image[k] = first;
+          v.image = expand_name(pattern, image);
+          v.name = expand_name(pattern, compile);
           if (!axis_suffix.empty()) {
             for (size_t a = n_compile; a < axes.size(); ++a)
               if (idx[a] != 0) {
@@ -339,7 +355,7 @@ int main(int argc, char** argv) try {
           }
           v.family = family;
           v.source = source;
-          v.point = compile;
+          v.point = image;
           for (auto& [k, val] : axes) {
             if (!v.params.empty()) v.params += ';';
             v.params += k + "=" + p[k].text();

@@ -179,6 +179,33 @@ TEST_CASE("flygen per-axis launch suffixes name only the axes off their first va
   CHECK(demo_1_row(manifest, "demo_1_g16_sk1", "a=1;gm=16;split=1"));
 }
 
+// Host axes: in the name and the params (the launcher reads them), not in the compile unit:
+// variants that differ only there share the unit of the axis's first value.
+const char* kHostSpace = R"({
+  "family": "demo",
+  "spaces": [{
+    "source": "demo/demo.cu",
+    "name": "demo_{a}_h{h}",
+    "axes": {"a": [1, 2], "h": [0, 1, 2]},
+    "host_axes": ["h"]
+  }]
+})";
+
+TEST_CASE("flygen host axes keep every name and share the first value's compile unit", "[flygen]") {
+  Tree t(kHostSpace);
+  Run r = run_flygen(t.args("--all"));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("6 of 6 variants selected (all), 2 compile units") != std::string::npos);
+  CHECK(fs::exists(t.root / "gen" / "demo_1_h0.cu"));
+  CHECK(fs::exists(t.root / "gen" / "demo_2_h0.cu"));
+  CHECK(!fs::exists(t.root / "gen" / "demo_1_h1.cu"));
+  CHECK(slurp(t.root / "gen" / "demo_1_h0.cu").find("#define FLY_H 0\n") != std::string::npos);
+  const std::string manifest = slurp(t.root / "gen" / "manifest.tsv");
+  CHECK(manifest.find("demo_1_h2\tdemo\tdemo/demo.cu\tdemo_1_h0\ta=1;h=2\n") != std::string::npos);
+  CHECK(manifest.find("demo_2_h1\tdemo\tdemo/demo.cu\tdemo_2_h0\ta=2;h=1\n") != std::string::npos);
+}
+
 // flygen on `space` with its text `from` replaced by `to` must fail and say `says`.
 static void check_refused(std::string space, const std::string& from, const std::string& to, const char* says) {
   const size_t at = space.find(from);
@@ -205,6 +232,9 @@ TEST_CASE("flygen refuses broken spaces with a message", "[flygen]") {
   }
   SECTION("a per-axis launch suffix without a pattern for an axis") {
     check_refused(kAxisSuffixSpace, ", \"gm\": \"_g{gm}\"", "", "no pattern for launch axis gm");
+  }
+  SECTION("a host axis that is not a compile axis") {
+    check_refused(kHostSpace, "\"host_axes\": [\"h\"]", "\"host_axes\": [\"z\"]", "host axis z is not a compile axis");
   }
   SECTION("an unknown argument") {
     Tree t(kSpace);
