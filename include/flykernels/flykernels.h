@@ -119,6 +119,23 @@ FLY_API fly_status fly_device_arch(void* stream, const char** arch);
 FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_tensor* weight, double eps,
                                     const fly_tensor* y, const fly_tensor* rstd, void* stream);
 
+/* ---- Gated linear units (SwiGLU, GeGLU) ---------------------------------------------------
+ * Forward:  out = act(gate) * up
+ * Backward: dgate = dout * up * act'(gate), dup = dout * act(gate)
+ * Every tensor: rank 2 [M, N], one dtype (FP16/BF16/FP32), unit inner stride, any row stride
+ * (>= N; gate and up may be the two halves of one [M, 2N] projection). Outputs may be an input
+ * exactly (in place), never a shifted or partial view of one, and dgate and dup are disjoint.
+ * Math in FP32 with one rounding per output. M == 0 or N == 0 is a successful no-op. */
+typedef enum {
+  FLY_GLU_SILU = 0,      /* x * sigmoid(x): SwiGLU (Llama, Mistral, Qwen) */
+  FLY_GLU_GELU_TANH = 1, /* GELU, tanh approximation: GeGLU (Gemma's gelu_pytorch_tanh) */
+  FLY_GLU_GELU = 2       /* GELU, exact (erf) */
+} fly_glu_activation;
+FLY_API fly_status fly_glu_fwd(const fly_tensor* gate, const fly_tensor* up, int activation,
+                               const fly_tensor* out, void* stream);
+FLY_API fly_status fly_glu_bwd(const fly_tensor* dout, const fly_tensor* gate, const fly_tensor* up,
+                               int activation, const fly_tensor* dgate, const fly_tensor* dup, void* stream);
+
 /* ---- TopK ---------------------------------------------------------------------------------
  * values[R,k], indices[R,k] = topk(x[R,C], k, dim=-1, largest, sorted=True).
  * x: FP32 (see docs for FP16/BF16), rank 2, unit inner stride, leading stride allowed.
