@@ -178,3 +178,95 @@ def test_traceable(patch_on):
         ref = m(x)
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
     flykernels.unpatch(m)
+
+
+# ---- gated MLPs and the experts' gate (flykernels::glu; its CPU implementation is the composition)
+class SiLUActivation(nn.Module):
+    def forward(self, x):
+        return nn.functional.silu(x)
+
+
+class GELUTanh(nn.Module):
+    def forward(self, x):
+        return nn.functional.gelu(x, approximate="tanh")
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, h, i, act):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(h, i, bias=False), nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+        self.act_fn = act
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+Gemma3MLP = type("Gemma3MLP", (LlamaMLP,), {})
+
+
+def _default_apply_gate(self, gate_up_out):  # transformers' integrations/moe.py default
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    return self.act_fn(gate) * up
+
+
+class Qwen3MoeExperts(nn.Module):
+    _apply_gate = _default_apply_gate
+
+    def __init__(self, h, i, e):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * i, h) * 0.1)
+        self.act_fn = SiLUActivation()
+
+    def forward(self, x, expert):
+        return self._apply_gate(x @ self.gate_up_proj[expert].t())
+
+
+glu_op = pytest.mark.skipif(not hasattr(torch.ops.flykernels, "glu"),
+                            reason="this build of the extension has no flykernels::glu")
+
+
+@glu_op
+def test_glu_op_matches_the_composition_and_its_gradient():
+    torch.manual_seed(2)
+    for act, ref_fn in ((0, nn.functional.silu), (1, lambda t: nn.functional.gelu(t, approximate="tanh")),
+                        (2, nn.functional.gelu)):
+        g = torch.randn(5, 3, 24, dtype=torch.float64, requires_grad=True)
+        u = torch.randn(5, 3, 24, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda a, b: torch.ops.flykernels.glu(a, b, act), (g, u))
+        assert torch.allclose(torch.ops.flykernels.glu(g, u, act), ref_fn(g) * u)
+    with pytest.raises(RuntimeError, match="act must be"):
+        torch.ops.flykernels.glu(g, u, 7)
+
+
+@glu_op
+def test_glu_op_traces_with_fake_tensors():
+    x = torch.randn(4, 32)
+    f = torch.compile(lambda a: torch.ops.flykernels.glu(*a.chunk(2, dim=-1), 0), backend="aot_eager", fullgraph=True)
+    assert torch.allclose(f(x), nn.functional.silu(x[:, :16]) * x[:, 16:])
+
+
+@glu_op
+@pytest.mark.parametrize("mlp_cls,act", [(LlamaMLP, SiLUActivation), (Gemma3MLP, GELUTanh)])
+def test_mlp_and_experts_patched(mlp_cls, act, patch_on):
+    torch.manual_seed(3)
+    m = nn.ModuleDict({"mlp": mlp_cls(32, 64, act()), "experts": Qwen3MoeExperts(32, 16, 4),
+                       "other": LlamaMLP(32, 64, nn.ReLU())})
+    x = torch.randn(6, 32)
+    ref = (m["mlp"](x), m["experts"](x, 1), m["other"](x))
+    report = flykernels.patch(m)
+    assert report["patched"] == {mlp_cls.__name__: 1, "Qwen3MoeExperts": 1}
+    assert "ReLU" in report["skipped"]["LlamaMLP"]  # an activation the fused op does not compute
+    assert "_apply_gate" in m["experts"].__dict__ and "forward" not in m["experts"].__dict__
+    got = (m["mlp"](x), m["experts"](x, 1), m["other"](x))
+    for a, b in zip(got, ref):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert flykernels.unpatch(m) == 2 and "_apply_gate" not in m["experts"].__dict__
+
+
+def test_mlp_left_alone_without_the_op(patch_on, monkeypatch):
+    monkeypatch.setattr(_patch._loader, "ext", None)
+    m = LlamaMLP(8, 16, SiLUActivation())
+    report = flykernels.patch(m, rms_norm=False)
+    assert report["patched"] == {} and "extension is not loaded" in report["skipped"]["LlamaMLP"]
+    assert flykernels.patch(m, glu=False) == {"patched": {}, "skipped": {}}
