@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """flykernels.patch on Hugging Face models (small configs, random weights, bf16, on the GPU):
 logits and gradients of the patched model against the same model unpatched, eager, under
-torch.compile and in a CUDA graph, and every RMSNorm module of each family patched."""
+torch.compile and in a CUDA graph; every RMSNorm module of each family patched, and its MLPs or
+experts' gate (flykernels::glu)."""
 import pytest
 import torch
 
@@ -57,19 +58,21 @@ def test_patched_model_matches_stock(cfg_name):
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         return out.logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()
-                                     if p.grad is not None and "norm" in n}
+                                     if p.grad is not None and any(t in n for t in ("norm", "mlp", "experts"))}
     ref_logits, ref_grads = run()
     report = flykernels.patch(model)
     try:
         assert report["skipped"] == {}
-        assert sum(report["patched"].values()) == _norm_count(model) > 0
+        norms = sum(c for k, c in report["patched"].items() if k.endswith("RMSNorm"))
+        assert norms == _norm_count(model) > 0
+        assert sum(report["patched"].values()) > norms  # the MLPs or the experts' gate as well
         logits, grads = run()
         assert _rel(logits, ref_logits) < 2e-2
         assert grads.keys() == ref_grads.keys()
         for n in grads:
             assert _rel(grads[n], ref_grads[n]) < 5e-2, n
     finally:
-        assert flykernels.unpatch(model) == _norm_count(model)
+        assert flykernels.unpatch(model) == sum(report["patched"].values())
 
 
 def test_patched_model_compiles_and_graphs():
