@@ -35,14 +35,22 @@ fly_status check_operand(const fly_tensor* t, const char* what, fly_dtype dt, in
   return FLY_SUCCESS;
 }
 
-// Byte ranges [first, last) of two operands intersect. A row-strided matrix touches less than its
-// span, so this is conservative for interleaved layouts (gate and up as the halves of one [M, 2N]
-// projection are inputs, never checked against each other).
-bool spans_overlap(const fly_tensor& a, const fly_tensor& b) {
+// Whether two [M, N] operands share a byte. Exact for the layouts this family sees: one row
+// (contiguous spans), disjoint spans, or rows of one common stride (gate and up as the halves of
+// one [M, 2N] projection interleave without touching: each row of one lies in the other's gap).
+// Anything else whose spans meet counts as overlapping.
+bool operands_overlap(const fly_tensor& a, const fly_tensor& b, int64_t es) {
   const int64_t ea = extent_bytes(a), eb = extent_bytes(b);
   if (ea == 0 || eb == 0) return false;
-  const uintptr_t a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
-  return a0 < b0 + uintptr_t(eb) && b0 < a0 + uintptr_t(ea);
+  const int64_t a0 = int64_t(reinterpret_cast<uintptr_t>(a.data)), b0 = int64_t(reinterpret_cast<uintptr_t>(b.data));
+  if (!(a0 < b0 + eb && b0 < a0 + ea)) return false;
+  const int64_t M = a.sizes[0], row = a.sizes[1] * es;
+  if (M > 1 && a.strides[0] == b.strides[0]) {
+    const int64_t L = a.strides[0] * es;
+    const int64_t d = ((b0 - a0) % L + L) % L;  // b's rows start d bytes into a's period
+    return !(d >= row && L - d >= row);
+  }
+  return true;
 }
 bool same_view(const fly_tensor& a, const fly_tensor& b) {
   return a.data == b.data && a.strides[0] == b.strides[0] && a.strides[1] == b.strides[1];
@@ -50,7 +58,7 @@ bool same_view(const fly_tensor& a, const fly_tensor& b) {
 // An output may be an input exactly (elementwise: each element is read before it is written, by
 // the same thread), never a shifted or partial view of it.
 fly_status check_output_vs(const fly_tensor* out, const char* out_name, const fly_tensor* in, const char* in_name) {
-  if (spans_overlap(*out, *in) && !same_view(*out, *in))
+  if (operands_overlap(*out, *in, int64_t(dtype_size(out->dtype))) && !same_view(*out, *in))
     return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: overlaps %s without being the same view (in place needs the same "
                 "pointer and strides)", out_name, in_name);
   return FLY_SUCCESS;
@@ -86,7 +94,7 @@ fly_status run(bool fwd, const fly_tensor* dout, const fly_tensor* gate, const f
     FLY_TRY(check_output_vs(dup, "dup", gate, "gate"));
     FLY_TRY(check_output_vs(dup, "dup", up, "up"));
     FLY_TRY(check_output_vs(dup, "dup", dout, "dout"));
-    if (spans_overlap(*out, *dup))
+    if (operands_overlap(*out, *dup, int64_t(dtype_size(dt))))
       return fail(FLY_ERROR_INVALID_ARGUMENT, "dup: overlaps dgate (the two gradients need their own memory)");
   }
   if (M == 0 || N == 0) return FLY_SUCCESS;

@@ -87,3 +87,20 @@ TEST_CASE("glu: in place, the halves of one projection, and empty work", "[glu][
   CHECK(fly_glu_fwd(&e, &e, FLY_GLU_SILU, &e, nullptr) == FLY_SUCCESS);
   CHECK(fly_glu_bwd(&e, &e, &e, FLY_GLU_SILU, &e, &e, nullptr) == FLY_SUCCESS);
 }
+
+TEST_CASE("glu: outputs interleaved with inputs are told apart from overlapping ones", "[glu][args]") {
+  // out = the gate half of a [8, 128] buffer, up = the other half: they share no byte.
+  fly_tensor g = mat(at(0), FLY_BF16, 8, 64, 128), u = mat(static_cast<char*>(at(0)) + 128, FLY_BF16, 8, 64, 128);
+  fly_tensor o = mat(static_cast<char*>(at(0)) + 64, FLY_BF16, 8, 64, 128);  // half a row into gate: overlaps both
+  CHECK(fly_glu_fwd(&g, &u, FLY_GLU_SILU, &o, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("out: overlaps gate"));
+  fly_tensor d = mat(at(1), FLY_BF16, 8, 64, 128), du = mat(static_cast<char*>(at(1)) + 128, FLY_BF16, 8, 64, 128);
+  fly_tensor dg = d;  // dgate in place of dout, dup in its other half: valid
+  const char* arch = nullptr;
+  const fly_status dev = fly_device_arch(nullptr, &arch);
+  const fly_status s = fly_glu_bwd(&d, &g, &u, FLY_GLU_SILU, &dg, &du, nullptr);
+  if (dev == FLY_ERROR_NO_DEVICE) CHECK(s == FLY_ERROR_NO_DEVICE);
+  else CHECK((s == FLY_ERROR_INVALID_ARGUMENT && mentions("not device memory")));
+  du.data = static_cast<char*>(at(1)) + 64;  // now half a row into dgate
+  CHECK(fly_glu_bwd(&d, &g, &u, FLY_GLU_SILU, &dg, &du, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+}
