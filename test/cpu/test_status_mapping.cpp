@@ -188,6 +188,25 @@ std::vector<Call> calls() {
     c.query = [](Call& c, size_t* b) { return fly_scaled_gemm_workspace_size(&c.t[0], &c.t[1], &c.t[4], b); };
     v.push_back(c);
   }
+  {
+    Call c;
+    c.name = "glu_fwd";
+    c.t = {t2(0, FLY_BF16, 8, 64), t2(1, FLY_BF16, 8, 64), t2(2, FLY_BF16, 8, 64)};
+    c.out = 2;
+    c.run = [](Call& c) { return fly_glu_fwd(&c.t[0], &c.t[1], FLY_GLU_SILU, &c.t[2], nullptr); };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "glu_bwd";  // gate, up, dout, dgate, dup
+    c.t = {t2(0, FLY_BF16, 8, 64), t2(1, FLY_BF16, 8, 64), t2(2, FLY_BF16, 8, 64), t2(3, FLY_BF16, 8, 64),
+           t2(4, FLY_BF16, 8, 64)};
+    c.out = 3;
+    c.run = [](Call& c) {
+      return fly_glu_bwd(&c.t[2], &c.t[0], &c.t[1], FLY_GLU_GELU_TANH, &c.t[3], &c.t[4], nullptr);
+    };
+    v.push_back(c);
+  }
   // The workspace each size query asks for, in a slot of its own.
   for (Call& c : v)
     if (c.query) {
