@@ -65,8 +65,9 @@ __device__ __forceinline__ Unit<kE> load(const void* base, int64_t ld, int64_t r
   Unit<kE> u;
   const T* p = static_cast<const T*>(base) + r * ld + c * kE;
   if constexpr (kE * sizeof(T) == 16) {
+    // A plain load, not the read-only (.nc) path: an output may be this very input (in place).
     fly::Vec16<T> v;
-    v.raw = fly::ld16_stream(p);
+    v.raw = *reinterpret_cast<const uint4*>(p);
 #pragma unroll
     for (int i = 0; i < kE; ++i) u.e[i] = v.e[i];
   } else {
