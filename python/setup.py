@@ -164,7 +164,7 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         "flykernels._C",
         # one file per family around the override table (csrc/overrides.hpp), the shared parts, the
         # decisions (ours or stock per call) and the module definition
-        [f"csrc/{name}.cpp" for name in ("common", "rmsnorm", "topk", "attention", "grouped_mm", "scaled_mm", "gemm", "glu",
+        [f"csrc/{name}.cpp" for name in ("common", "rmsnorm", "topk", "attention", "grouped_mm", "scaled_mm", "gemm", "glu", "rope",
                                          "decisions", "module")],
         include_dirs=[str(ROOT / "include")],
         # -g0: no debug info (Python's CFLAGS carry -g): a third less compile time, a .so of a

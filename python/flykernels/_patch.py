@@ -15,11 +15,17 @@ What it replaces:
 - their gated MLPs, down_proj(act(gate_proj(x)) * up_proj(x)), and the gate of transformers'
   fused experts (act(gate) * up over the halves of one projection): the activation and the
   product become one flykernels::glu call (SwiGLU or GeGLU, forward and backward fused, from
-  libflykernels' glu family).
+  libflykernels' glu family);
+- the rotary embeddings of their attention (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin
+  and the same for k, ten elementwise ops): one flykernels::rope call for q and k, forward and
+  backward (libflykernels' rope family).
 
 How: the module's `forward` (the experts' `_apply_gate`) becomes an instance attribute (the class
 is untouched, so other models are not affected) that calls the fused op while the "patch" family
-is active
+is active. Rotary embeddings are a function of the model's module (modeling_llama, ...), not a
+method: it is replaced in that module while at least one patched model of the family is alive, so
+it serves every model of that family in the process meanwhile (it computes the same thing), and is
+restored when the last one is unpatched
 (flykernels.torch.disabled() turns it off like every family, so one switch compares patched and
 stock in one process) and the module's own forward otherwise, or where an input is outside what
 the fused op matches exactly (a weight of another dtype than the input). Before a class is patched
@@ -31,6 +37,7 @@ CUDA graphs (no host synchronization).
 """
 import copy
 import logging
+import sys
 import types
 import weakref
 
@@ -134,6 +141,95 @@ def _apply_gate(act):
     return apply_gate
 
 
+# Attention classes whose module's apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) is the
+# rotate-half composition over q, k [B, H, S, D] and tables [B, S, W]: W = D (Hugging Face's
+# cat(freqs, freqs)) or W = D / 2 (gpt-oss: one angle per pair). Which of the two a module's function
+# takes, its probe finds out (the other shape raises there).
+ROPE_ATTENTION_CLASSES = ("LlamaAttention", "MistralAttention", "MixtralAttention", "Qwen2Attention", "Qwen3Attention",
+                          "Qwen3MoeAttention", "Gemma2Attention", "Gemma3Attention", "GptOssAttention")
+_rope_state = {}  # modeling module -> [its own apply_rotary_pos_emb, WeakSet of the patched attention modules]
+_rope_half = {}   # modeling module name -> True where its tables have one angle per pair (W = D / 2)
+
+
+def _rope_fused(q, k, cos, sin, unsqueeze_dim):
+    if unsqueeze_dim == 2:  # q, k as [B, S, H, D]: the op's [B, H, S, D] is a view of them
+        qo, ko = torch.ops.flykernels.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, q.shape[-1])
+        return qo.transpose(1, 2), ko.transpose(1, 2)
+    return torch.ops.flykernels.rope(q, k, cos, sin, q.shape[-1])
+
+
+def _rope_apply(own, half):
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *args, **kwargs):
+        if (not _family.on or args or kwargs or unsqueeze_dim not in (1, 2)
+                or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
+                or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape or not q.is_cuda
+                or not (q.dtype == k.dtype == cos.dtype == sin.dtype) or q.shape[-1] % 2
+                or cos.shape[-1] != (q.shape[-1] // 2 if half else q.shape[-1])):
+            return own(q, k, cos, sin, unsqueeze_dim, *args, **kwargs)
+        return _rope_fused(q, k, cos, sin, unsqueeze_dim)
+    apply_rotary_pos_emb.__flykernels_patch__ = "rope"
+    apply_rotary_pos_emb.__wrapped__ = own
+    return apply_rotary_pos_emb
+
+
+def _rope_module(mod):
+    return sys.modules.get(type(mod).__module__)
+
+
+def _rope_own(m):
+    """The modeling module's own apply_rotary_pos_emb (ours replaced it while a model is patched)."""
+    st = _rope_state.get(m)
+    return st[0] if st else getattr(m, "apply_rotary_pos_emb", None)
+
+
+def _rope_attach(mod):
+    m = _rope_module(mod)
+    st = _rope_state.get(m)
+    if st is None:
+        own = m.apply_rotary_pos_emb
+        st = _rope_state[m] = [own, weakref.WeakSet()]
+        m.apply_rotary_pos_emb = _rope_apply(own, _rope_half.get(m.__name__, m.__name__.endswith("gpt_oss")))
+    st[1].add(mod)
+
+
+def _rope_detach(mod):
+    m = _rope_module(mod)
+    st = _rope_state.get(m)
+    if st is None:
+        return
+    st[1].discard(mod)
+    if not len(st[1]):
+        m.apply_rotary_pos_emb = st[0]
+        del _rope_state[m]
+
+
+def _rope_check(mod):
+    m = _rope_module(mod)
+    own = _rope_own(m)
+    p = next(mod.parameters(), None)
+    if p is None or p.device.type == "meta":
+        return "no parameters, or on the meta device: cannot check"
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        D = 64
+        q = torch.randn(2, 3, 5, D, generator=gen).to(device=p.device, dtype=p.dtype)
+        k = torch.randn(2, 1, 5, D, generator=gen).to(device=p.device, dtype=p.dtype)
+        ang = (torch.randn(2, 5, D // 2, generator=gen) * 3).to(p.device)
+        for half in (False, True):  # which table width the module's function takes
+            t = ang if half else torch.cat((ang, ang), dim=-1)
+            cos, sin = t.cos().to(p.dtype), t.sin().to(p.dtype)
+            try:
+                ref = own(q, k, cos, sin)
+            except (RuntimeError, ValueError):
+                continue
+            _rope_half[m.__name__] = half
+            got = _rope_fused(q, k, cos, sin, 1)
+            return torch.cat([ref[0].flatten(), ref[1].flatten()]), torch.cat([got[0].flatten(), got[1].flatten()])
+        raise RuntimeError("apply_rotary_pos_emb took neither table width")
+    return _probe((m, "rope", p.dtype, p.device.type), p.dtype, run)
+
+
 def _rel_err(got, ref):
     return ((got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
@@ -197,9 +293,13 @@ def _gate_check(mod, act, dtype, device):
     return _probe((type(mod), "gate", act, dtype, device.type), dtype, run)
 
 
-def _candidates(mod, rms_norm, glu):
+def _candidates(mod, rms_norm, glu, rope):
     """(attribute, replacement factory, check) for a module patch() knows, or a skip reason, or None."""
     cls = type(mod).__name__
+    if rope and cls in ROPE_ATTENTION_CLASSES:
+        if not callable(getattr(_rope_module(mod), "apply_rotary_pos_emb", None)):
+            return "no apply_rotary_pos_emb in its module (not the layout this patch knows)"
+        return "rope", None, lambda: _rope_check(mod)
     if rms_norm and cls in RMS_NORM_CLASSES:
         flavour = RMS_NORM_CLASSES[cls]
         w = getattr(mod, "weight", None)
@@ -225,20 +325,22 @@ def _candidates(mod, rms_norm, glu):
     return None
 
 
-def patch(model, *, rms_norm=True, glu=True, check=True):
+def patch(model, *, rms_norm=True, glu=True, rope=True, check=True):
     """Patches the modules of `model` (an nn.Module: a whole model or one block) that FlyKernels
     knows, in place; returns {"patched": {class: count}, "skipped": {class: reason}}. rms_norm:
     the RMSNorm modules; glu: the gated MLPs (SwiGLU / GeGLU) and the gate of transformers' fused
-    experts, onto flykernels::glu. Patching a patched module again does nothing. `check=False`
-    skips the probe of each class (see above)."""
+    experts, onto flykernels::glu; rope: the rotary embeddings of the attention modules, onto
+    flykernels::rope. Patching a patched module again does nothing. `check=False` skips the probe
+    of each class (see above)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"flykernels.patch: model must be a torch.nn.Module, not {type(model).__name__}")
     report = {"patched": {}, "skipped": {}}
     have_glu = glu and _loader.ext is not None and hasattr(torch.ops.flykernels, "glu")
+    have_rope = rope and _loader.ext is not None and hasattr(torch.ops.flykernels, "rope")
     for mod in model.modules():
         if mod in _patched:
             continue
-        cand = _candidates(mod, rms_norm, glu)
+        cand = _candidates(mod, rms_norm, glu, rope)
         if cand is None:
             continue
         cls = type(mod).__name__
@@ -247,7 +349,7 @@ def patch(model, *, rms_norm=True, glu=True, check=True):
             continue
         attr, make, check_fn = cand
         why = ""
-        if (attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu:
+        if (attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu or attr == "rope" and not have_rope:
             why = f"the flykernels extension is not loaded ({_loader.reason or 'unknown'})"
         elif attr in mod.__dict__:
             why = (f"its {attr} is wrapped already (an instance-level attribute, e.g. a device-placement hook), "
@@ -258,7 +360,10 @@ def patch(model, *, rms_norm=True, glu=True, check=True):
             report["skipped"][cls] = why
             continue
         _patched[mod] = attr
-        setattr(mod, attr, types.MethodType(make(), mod))
+        if attr == "rope":
+            _rope_attach(mod)
+        else:
+            setattr(mod, attr, types.MethodType(make(), mod))
         report["patched"][cls] = report["patched"].get(cls, 0) + 1
     for cls, why in report["skipped"].items():
         _log.warning("flykernels.patch: %s left as it is: %s", cls, why)
@@ -274,13 +379,16 @@ def unpatch(model):
         attr = _patched.pop(mod, None)
         if attr is None:
             continue
-        mod.__dict__.pop(attr, None)
+        if attr == "rope":
+            _rope_detach(mod)
+        else:
+            mod.__dict__.pop(attr, None)
         n += 1
     return n
 
 
 def is_patched(module):
-    """Whether patch() replaced this module's forward."""
+    """Whether patch() replaced this module's forward (or, for attention, its rotary embeddings)."""
     return module in _patched
 
 
