@@ -59,8 +59,8 @@ bool same_view(const fly_tensor& a, const fly_tensor& b) {
 // the same thread), never a shifted or partial view of it.
 fly_status check_output_vs(const fly_tensor* out, const char* out_name, const fly_tensor* in, const char* in_name) {
   if (operands_overlap(*out, *in, int64_t(dtype_size(out->dtype))) && !same_view(*out, *in))
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: overlaps %s without being the same view (in place needs the same "
-                "pointer and strides)", out_name, in_name);
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s and %s: the output shares memory with the input without being the same "
+                "view (in place needs the same pointer and strides)", out_name, in_name);
   return FLY_SUCCESS;
 }
 
@@ -95,7 +95,7 @@ fly_status run(bool fwd, const fly_tensor* dout, const fly_tensor* gate, const f
     FLY_TRY(check_output_vs(dup, "dup", up, "up"));
     FLY_TRY(check_output_vs(dup, "dup", dout, "dout"));
     if (operands_overlap(*out, *dup, int64_t(dtype_size(dt))))
-      return fail(FLY_ERROR_INVALID_ARGUMENT, "dup: overlaps dgate (the two gradients need their own memory)");
+      return fail(FLY_ERROR_INVALID_ARGUMENT, "dup and dgate: the outputs share memory (the two gradients need their own)");
   }
   if (M == 0 || N == 0) return FLY_SUCCESS;
 

@@ -19,6 +19,8 @@ constexpr int64_t kMaxHeadDim = 1 << 16;
 // twice): the non-trivial dimensions ordered by stride, each stride at least the extent of the
 // ones inside it.
 bool injective(const fly_tensor& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.sizes[i] == 0) return true;  // no element at all
   int64_t dims[FLY_MAX_RANK];
   int n = 0;
   for (int i = 0; i < t.rank; ++i)
