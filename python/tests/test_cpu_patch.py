@@ -329,7 +329,7 @@ def test_rope_op_one_output_used_and_bad_arguments():
     with pytest.raises(RuntimeError, match="rotary_dim must be even"):
         torch.ops.flykernels.rope(q, k, cos, sin, 7)
     with pytest.raises(RuntimeError, match="neither rotary_dim"):
-        torch.ops.flykernels.rope(q, k, cos, sin, 12)
+        torch.ops.flykernels.rope(q, k, cos, sin, 4)  # tables of width 8: neither 4 nor 2
     with pytest.raises(RuntimeError, match="must be \\[B, H, S, D\\]"):
         torch.ops.flykernels.rope(q[0], k, cos, sin, 8)
 
