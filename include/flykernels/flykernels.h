@@ -119,6 +119,40 @@ FLY_API fly_status fly_device_arch(void* stream, const char** arch);
 FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_tensor* weight, double eps,
                                     const fly_tensor* y, const fly_tensor* rstd, void* stream);
 
+/* ---- Gated linear units (SwiGLU, GeGLU) ---------------------------------------------------
+ * Forward:  out = act(gate) * up
+ * Backward: dgate = dout * up * act'(gate), dup = dout * act(gate)
+ * Every tensor: rank 2 [M, N], one dtype (FP16/BF16/FP32), unit inner stride, any row stride
+ * (>= N; gate and up may be the two halves of one [M, 2N] projection). Outputs may be an input
+ * exactly (in place), never a shifted or partial view of one, and dgate and dup are disjoint.
+ * Math in FP32 with one rounding per output. M == 0 or N == 0 is a successful no-op. */
+typedef enum {
+  FLY_GLU_SILU = 0,      /* x * sigmoid(x): SwiGLU (Llama, Mistral, Qwen) */
+  FLY_GLU_GELU_TANH = 1, /* GELU, tanh approximation: GeGLU (Gemma's gelu_pytorch_tanh) */
+  FLY_GLU_GELU = 2       /* GELU, exact (erf) */
+} fly_glu_activation;
+FLY_API fly_status fly_glu_fwd(const fly_tensor* gate, const fly_tensor* up, int activation,
+                               const fly_tensor* out, void* stream);
+FLY_API fly_status fly_glu_bwd(const fly_tensor* dout, const fly_tensor* gate, const fly_tensor* up,
+                               int activation, const fly_tensor* dgate, const fly_tensor* dup, void* stream);
+
+/* ---- Rotary position embeddings (rotate-half layout) ---------------------------------------
+ * Forward, for c < R/2 (R = rotary_dim, columns [R, D) pass through unchanged):
+ *   out[c]       = x[c] cos[c] - x[c + R/2] sin[c]
+ *   out[c + R/2] = x[c + R/2] cos[c + R/2] + x[c] sin[c + R/2]
+ * applied to q [B, Hq, S, D] and k [B, Hk, S, D] in one launch (k and k_out may both be NULL).
+ * cos, sin: [B or 1, S, W], W = R (an angle per column, Hugging Face's tables) or R/2 (one per
+ * pair). Backward: the adjoint, from the outputs' gradients to the inputs'. One dtype for every
+ * tensor (FP16/BF16/FP32), unit stride in the last dimension, any other strides; an output may be
+ * its input exactly (in place), never another argument or a part of one. Math in FP32, one
+ * rounding per output. Nothing to rotate (a zero size) is a successful no-op. */
+FLY_API fly_status fly_rope_fwd(const fly_tensor* q, const fly_tensor* k, const fly_tensor* cos,
+                                const fly_tensor* sin, int rotary_dim, const fly_tensor* q_out,
+                                const fly_tensor* k_out, void* stream);
+FLY_API fly_status fly_rope_bwd(const fly_tensor* dq_out, const fly_tensor* dk_out, const fly_tensor* cos,
+                                const fly_tensor* sin, int rotary_dim, const fly_tensor* dq,
+                                const fly_tensor* dk, void* stream);
+
 /* ---- TopK ---------------------------------------------------------------------------------
  * values[R,k], indices[R,k] = topk(x[R,C], k, dim=-1, largest, sorted=True).
  * x: FP32 (see docs for FP16/BF16), rank 2, unit inner stride, leading stride allowed.

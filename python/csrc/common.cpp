@@ -24,7 +24,8 @@ namespace flyk {
 const char* const kOpNames[kOpCount] = {"rms_norm",       "topk",       "topk.values",       "mm",
                                         "addmm",          "sdpa_flash", "sdpa_efficient",    "sdpa_cudnn",
                                         "sdpa_flash_bwd", "sdpa_efficient_bwd", "grouped_mm",
-                                        "scaled_mm",      "scaled_mm_v1"};
+                                        "scaled_mm",      "scaled_mm_v1", "glu",            "glu_bwd",
+                                        "rope",           "rope_bwd"};
 
 namespace {
 struct OpCounts {

@@ -10,5 +10,7 @@
 #include "grouped_mm.cpp"
 #include "scaled_mm.cpp"
 #include "gemm.cpp"
+#include "glu.cpp"
+#include "rope.cpp"
 #include "decisions.cpp"
 #include "module.cpp"

@@ -7,30 +7,44 @@ kernels, in place, undoable.
     flykernels.unpatch(model)      # the model's own forwards again
     with flykernels.patched(model): ...
 
-What it replaces today: the RMSNorm modules of the Llama, Mistral, Mixtral, Qwen2, Qwen3,
-Qwen3-MoE, gpt-oss, Gemma-2 and Gemma-3 families (their forward is six to eight separate
-elementwise and reduction ops in FP32; patched, it is one F.rms_norm call: our kernel where the
-decision rows say it is faster, PyTorch's fused kernel otherwise).
+What it replaces:
+- the RMSNorm modules of the Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss, Gemma-2
+  and Gemma-3 families (their forward is six to eight separate elementwise and reduction ops in
+  FP32; patched, it is one F.rms_norm call: our kernel where the decision rows say it is faster,
+  PyTorch's fused kernel otherwise);
+- their gated MLPs, down_proj(act(gate_proj(x)) * up_proj(x)), and the gate of transformers'
+  fused experts (act(gate) * up over the halves of one projection): the activation and the
+  product become one flykernels::glu call (SwiGLU or GeGLU, forward and backward fused, from
+  libflykernels' glu family);
+- the rotary embeddings of their attention (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin
+  and the same for k, ten elementwise ops): one flykernels::rope call for q and k, forward and
+  backward (libflykernels' rope family).
 
-How: the module's `forward` becomes an instance attribute (the class is untouched, so other
-models are not affected) that calls the fused op while the "patch" family is active
+How: the module's `forward` (the experts' `_apply_gate`) becomes an instance attribute (the class
+is untouched, so other models are not affected) that calls the fused op while the "patch" family
+is active. Rotary embeddings are a function of the model's module (modeling_llama, ...), not a
+method: it is replaced in that module while at least one patched model of the family is alive, so
+it serves every model of that family in the process meanwhile (it computes the same thing), and is
+restored when the last one is unpatched
 (flykernels.torch.disabled() turns it off like every family, so one switch compares patched and
 stock in one process) and the module's own forward otherwise, or where an input is outside what
 the fused op matches exactly (a weight of another dtype than the input). Before a class is patched
 the first time, its own forward and the fused one run on a small random input on the module's
 device and must agree to within the input dtype's rounding, so a transformers release that
 changes a module's meaning is left alone, with a message, rather than computed differently.
-Works under torch.compile (F.rms_norm is traceable) and CUDA graphs (no host synchronization).
+Works under torch.compile (F.rms_norm is traceable, flykernels::glu has shape functions) and in
+CUDA graphs (no host synchronization).
 """
 import copy
 import logging
+import sys
 import types
 import weakref
 
 import torch
 import torch.nn.functional as F
 
-from . import _ops
+from . import _loader, _ops
 
 _log = logging.getLogger("flykernels")
 
@@ -55,7 +69,7 @@ _CHECK_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 _family = _ops.REGISTRY["patch"]
-# the modules patch() replaced the forward of (each had its class's forward before)
+# module -> the attribute patch() set on it ("forward" or "_apply_gate"; the class's own before)
 _patched = weakref.WeakKeyDictionary()
 _checked = {}  # (class, flavour, dtype, device type) -> '' (agrees) or why not
 
@@ -83,64 +97,273 @@ def _rms_forward(flavour):
     return forward
 
 
-def _self_check(mod, flavour):
-    """'' when the module's own forward and the fused one agree on a probe input, else why not."""
-    w = mod.weight
-    key = (type(mod), flavour, w.dtype, w.device.type)
+# Hugging Face MLP classes computing down_proj(act_fn(gate_proj(x)) * up_proj(x)), and the
+# activation modules whose function fly_glu_* computes (0 SiLU, 1 GELU tanh, 2 GELU erf).
+MLP_CLASSES = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen3MoeMLP", "Gemma2MLP", "Gemma3MLP")
+_ACTS = {"SiLUActivation": 0, "SiLU": 0, "GELUTanh": 1, "PytorchGELUTanh": 1, "NewGELUActivation": 1,
+         "GELUActivation": 2}
+
+
+def _act_code(act_fn):
+    name = type(act_fn).__name__
+    if name == "GELU":  # torch.nn.GELU
+        return 1 if getattr(act_fn, "approximate", "none") == "tanh" else 2
+    return _ACTS.get(name)
+
+
+def _glu(gate, up, act):
+    return torch.ops.flykernels.glu(gate, up, act)
+
+
+def _mlp_fused(mod, act, x):
+    return mod.down_proj(_glu(mod.gate_proj(x), mod.up_proj(x), act))
+
+
+def _mlp_forward(act):
+    def forward(self, x, *args, **kwargs):
+        if not _family.on or args or kwargs or not isinstance(x, torch.Tensor) or x.dtype != self.gate_proj.weight.dtype:
+            return type(self).forward(self, x, *args, **kwargs)
+        return _mlp_fused(self, act, x)
+    return forward
+
+
+def _gate_fused(act, gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)  # the two halves: the kernel reads them in place
+    return _glu(gate, up, act)
+
+
+def _apply_gate(act):
+    # transformers' experts (integrations/moe.py): gate and up come as one [S, 2 I] projection
+    def apply_gate(self, gate_up_out):
+        if not _family.on:
+            return type(self)._apply_gate(self, gate_up_out)
+        return _gate_fused(act, gate_up_out)
+    return apply_gate
+
+
+# Attention classes whose module's apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) is the
+# rotate-half composition over q, k [B, H, S, D] and tables [B, S, W]: W = D (Hugging Face's
+# cat(freqs, freqs)) or W = D / 2 (gpt-oss: one angle per pair). Which of the two a module's function
+# takes, its probe finds out (the other shape raises there).
+ROPE_ATTENTION_CLASSES = ("LlamaAttention", "MistralAttention", "MixtralAttention", "Qwen2Attention", "Qwen3Attention",
+                          "Qwen3MoeAttention", "Gemma2Attention", "Gemma3Attention", "GptOssAttention")
+_rope_state = {}  # modeling module -> [its own apply_rotary_pos_emb, WeakSet of the patched attention modules]
+_rope_half = {}   # modeling module name -> True where its tables have one angle per pair (W = D / 2)
+
+
+def _rope_fused(q, k, cos, sin, unsqueeze_dim):
+    if unsqueeze_dim == 2:  # q, k as [B, S, H, D]: the op's [B, H, S, D] is a view of them
+        qo, ko = torch.ops.flykernels.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, q.shape[-1])
+        return qo.transpose(1, 2), ko.transpose(1, 2)
+    return torch.ops.flykernels.rope(q, k, cos, sin, q.shape[-1])
+
+
+def _rope_apply(own, half):
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *args, **kwargs):
+        if (not _family.on or args or kwargs or unsqueeze_dim not in (1, 2)
+                or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
+                or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape or not q.is_cuda
+                or not (q.dtype == k.dtype == cos.dtype == sin.dtype) or q.shape[-1] % 2
+                or cos.shape[-1] != (q.shape[-1] // 2 if half else q.shape[-1])):
+            return own(q, k, cos, sin, unsqueeze_dim, *args, **kwargs)
+        return _rope_fused(q, k, cos, sin, unsqueeze_dim)
+    apply_rotary_pos_emb.__flykernels_patch__ = "rope"
+    apply_rotary_pos_emb.__wrapped__ = own
+    return apply_rotary_pos_emb
+
+
+def _rope_module(mod):
+    return sys.modules.get(type(mod).__module__)
+
+
+def _rope_own(m):
+    """The modeling module's own apply_rotary_pos_emb (ours replaced it while a model is patched)."""
+    st = _rope_state.get(m)
+    return st[0] if st else getattr(m, "apply_rotary_pos_emb", None)
+
+
+def _rope_attach(mod):
+    m = _rope_module(mod)
+    st = _rope_state.get(m)
+    if st is None:
+        own = m.apply_rotary_pos_emb
+        st = _rope_state[m] = [own, weakref.WeakSet()]
+        m.apply_rotary_pos_emb = _rope_apply(own, _rope_half.get(m.__name__, m.__name__.endswith("gpt_oss")))
+    st[1].add(mod)
+
+
+def _rope_detach(mod):
+    m = _rope_module(mod)
+    st = _rope_state.get(m)
+    if st is None:
+        return
+    st[1].discard(mod)
+    if not len(st[1]):
+        m.apply_rotary_pos_emb = st[0]
+        del _rope_state[m]
+
+
+def _rope_check(mod):
+    m = _rope_module(mod)
+    own = _rope_own(m)
+    p = next(mod.parameters(), None)
+    if p is None or p.device.type == "meta":
+        return "no parameters, or on the meta device: cannot check"
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        D = 64
+        q = torch.randn(2, 3, 5, D, generator=gen).to(device=p.device, dtype=p.dtype)
+        k = torch.randn(2, 1, 5, D, generator=gen).to(device=p.device, dtype=p.dtype)
+        ang = (torch.randn(2, 5, D // 2, generator=gen) * 3).to(p.device)
+        for half in (False, True):  # which table width the module's function takes
+            t = ang if half else torch.cat((ang, ang), dim=-1)
+            cos, sin = t.cos().to(p.dtype), t.sin().to(p.dtype)
+            try:
+                ref = own(q, k, cos, sin)
+            except (RuntimeError, ValueError):
+                continue
+            _rope_half[m.__name__] = half
+            got = _rope_fused(q, k, cos, sin, 1)
+            return torch.cat([ref[0].flatten(), ref[1].flatten()]), torch.cat([got[0].flatten(), got[1].flatten()])
+        raise RuntimeError("apply_rotary_pos_emb took neither table width")
+    return _probe((m, "rope", p.dtype, p.device.type), p.dtype, run)
+
+
+def _rel_err(got, ref):
+    return ((got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def _probe(key, dtype, run):
+    """'' when run() -> (ref, got) agree to within dtype's tolerance, else why not; cached per key."""
     if key in _checked:
         return _checked[key]
-    if w.device.type == "meta" or w.dtype not in _CHECK_TOL:
-        return f"weight on {w.device.type} in {w.dtype}: cannot check"
-    n = w.shape[0]
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(4, n, generator=gen).to(device=w.device, dtype=w.dtype)
-    # The probe: a shallow copy of the module with its weight perturbed (a fresh model's weight is
-    # all ones or zeros and would not tell a dropped or mis-offset weight apart); the module itself
-    # is not touched.
-    probe = copy.copy(mod)
-    probe._parameters = dict(mod._parameters)
-    probe._parameters["weight"] = torch.nn.Parameter(
-        w.detach() + 0.25 * torch.randn(n, generator=gen).to(device=w.device, dtype=w.dtype), requires_grad=False)
+    if dtype not in _CHECK_TOL:
+        return f"{dtype}: cannot check"
     with torch.no_grad():
         try:
-            ref = type(mod).forward(probe, x).float()
-            got = _rms_fused(probe, flavour, x).float()
+            ref, got = run()
         except Exception as e:  # noqa: BLE001  (any failure means: leave this class alone)
             why = f"probe failed: {type(e).__name__}: {e}"
         else:
-            err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            why = "" if err <= _CHECK_TOL[w.dtype] else f"its forward disagrees with the fused op (rel. L2 {err:.2e})"
+            err = _rel_err(got, ref)
+            why = "" if err <= _CHECK_TOL[dtype] else f"its forward disagrees with the fused op (rel. L2 {err:.2e})"
     _checked[key] = why
     return why
 
 
-def patch(model, *, rms_norm=True, check=True):
+def _rms_check(mod, flavour):
+    w = mod.weight
+    if w.device.type == "meta":
+        return "weight on the meta device: cannot check"
+    n = w.shape[0]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        x = torch.randn(4, n, generator=gen).to(device=w.device, dtype=w.dtype)
+        # A shallow copy of the module with its weight perturbed (a fresh model's weight is all
+        # ones or zeros and would not tell a dropped or mis-offset weight apart); the module itself
+        # is not touched.
+        probe = copy.copy(mod)
+        probe._parameters = dict(mod._parameters)
+        probe._parameters["weight"] = torch.nn.Parameter(
+            w.detach() + 0.25 * torch.randn(n, generator=gen).to(device=w.device, dtype=w.dtype), requires_grad=False)
+        return type(mod).forward(probe, x), _rms_fused(probe, flavour, x)
+    return _probe((type(mod), flavour, w.dtype, w.device.type), w.dtype, run)
+
+
+def _mlp_check(mod, act):
+    w = mod.gate_proj.weight
+    if w.device.type == "meta":
+        return "weights on the meta device: cannot check"
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        x = torch.randn(4, w.shape[1], generator=gen).to(device=w.device, dtype=w.dtype)
+        return type(mod).forward(mod, x), _mlp_fused(mod, act, x)
+    return _probe((type(mod), act, w.dtype, w.device.type), w.dtype, run)
+
+
+def _gate_check(mod, act, dtype, device):
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        x = torch.randn(4, 64, generator=gen).to(device=device, dtype=dtype)
+        return type(mod)._apply_gate(mod, x), _gate_fused(act, x)
+    return _probe((type(mod), "gate", act, dtype, device.type), dtype, run)
+
+
+def _candidates(mod, rms_norm, glu, rope):
+    """(attribute, replacement factory, check) for a module patch() knows, or a skip reason, or None."""
+    cls = type(mod).__name__
+    if rope and cls in ROPE_ATTENTION_CLASSES:
+        if not callable(getattr(_rope_module(mod), "apply_rotary_pos_emb", None)):
+            return "no apply_rotary_pos_emb in its module (not the layout this patch knows)"
+        return "rope", None, lambda: _rope_check(mod)
+    if rms_norm and cls in RMS_NORM_CLASSES:
+        flavour = RMS_NORM_CLASSES[cls]
+        w = getattr(mod, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 1 or _eps(mod) is None:
+            return "no 1-D weight or no eps attribute (not the layout this patch knows)"
+        return "forward", lambda: _rms_forward(flavour), lambda: _rms_check(mod, flavour)
+    if not glu:
+        return None
+    if cls in MLP_CLASSES:
+        act = _act_code(getattr(mod, "act_fn", None))
+        if act is None or not all(isinstance(getattr(mod, n, None), torch.nn.Linear)
+                                  for n in ("gate_proj", "up_proj", "down_proj")):
+            return f"activation {type(getattr(mod, 'act_fn', None)).__name__} or projections not the ones fused"
+        return "forward", lambda: _mlp_forward(act), lambda: _mlp_check(mod, act)
+    gate = getattr(type(mod), "_apply_gate", None)
+    if getattr(gate, "__name__", "") == "_default_apply_gate" and hasattr(mod, "act_fn"):
+        act = _act_code(mod.act_fn)
+        params = [p for p in mod.parameters(recurse=False)]
+        if act is None or not params:
+            return f"activation {type(mod.act_fn).__name__} not one the fused op computes"
+        return ("_apply_gate", lambda: _apply_gate(act),
+                lambda: _gate_check(mod, act, params[0].dtype, params[0].device))
+    return None
+
+
+def patch(model, *, rms_norm=True, glu=True, rope=True, check=True):
     """Patches the modules of `model` (an nn.Module: a whole model or one block) that FlyKernels
-    knows, in place; returns {"patched": {class: count}, "skipped": {class: reason}}. Patching a
-    patched module again does nothing. `check=False` skips the probe of each class (see above)."""
+    knows, in place; returns {"patched": {class: count}, "skipped": {class: reason}}. rms_norm:
+    the RMSNorm modules; glu: the gated MLPs (SwiGLU / GeGLU) and the gate of transformers' fused
+    experts, onto flykernels::glu; rope: the rotary embeddings of the attention modules, onto
+    flykernels::rope. Patching a patched module again does nothing. `check=False` skips the probe
+    of each class (see above)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"flykernels.patch: model must be a torch.nn.Module, not {type(model).__name__}")
     report = {"patched": {}, "skipped": {}}
-    if not rms_norm:
-        return report
+    have_glu = glu and _loader.ext is not None and hasattr(torch.ops.flykernels, "glu")
+    have_rope = rope and _loader.ext is not None and hasattr(torch.ops.flykernels, "rope")
     for mod in model.modules():
+        if mod in _patched:
+            continue
+        cand = _candidates(mod, rms_norm, glu, rope)
+        if cand is None:
+            continue
         cls = type(mod).__name__
-        flavour = RMS_NORM_CLASSES.get(cls)
-        if flavour is None or mod in _patched:
+        if isinstance(cand, str):
+            report["skipped"][cls] = cand
             continue
-        w = getattr(mod, "weight", None)
-        if not isinstance(w, torch.Tensor) or w.dim() != 1 or _eps(mod) is None:
-            report["skipped"][cls] = "no 1-D weight or no eps attribute (not the layout this patch knows)"
-            continue
-        why = ("its forward is wrapped already (an instance-level forward, e.g. a device-placement hook), "
-               "which the fused op would bypass") if "forward" in mod.__dict__ else ""
-        if not why and check:
-            why = _self_check(mod, flavour)
+        attr, make, check_fn = cand
+        why = ""
+        if (attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu or attr == "rope" and not have_rope:
+            why = f"the flykernels extension is not loaded ({_loader.reason or 'unknown'})"
+        elif attr in mod.__dict__:
+            why = (f"its {attr} is wrapped already (an instance-level attribute, e.g. a device-placement hook), "
+                   "which the fused op would bypass")
+        elif check:
+            why = check_fn()
         if why:
             report["skipped"][cls] = why
             continue
-        _patched[mod] = True
-        mod.forward = types.MethodType(_rms_forward(flavour), mod)
+        _patched[mod] = attr
+        if attr == "rope":
+            _rope_attach(mod)
+        else:
+            setattr(mod, attr, types.MethodType(make(), mod))
         report["patched"][cls] = report["patched"].get(cls, 0) + 1
     for cls, why in report["skipped"].items():
         _log.warning("flykernels.patch: %s left as it is: %s", cls, why)
@@ -150,19 +373,22 @@ def patch(model, *, rms_norm=True, check=True):
 
 
 def unpatch(model):
-    """Restores the forwards patch() replaced in `model`; returns how many modules it restored."""
+    """Restores what patch() replaced in `model`; returns how many modules it restored."""
     n = 0
     for mod in model.modules():
-        if mod not in _patched:
+        attr = _patched.pop(mod, None)
+        if attr is None:
             continue
-        del _patched[mod]
-        mod.__dict__.pop("forward", None)
+        if attr == "rope":
+            _rope_detach(mod)
+        else:
+            mod.__dict__.pop(attr, None)
         n += 1
     return n
 
 
 def is_patched(module):
-    """Whether patch() replaced this module's forward."""
+    """Whether patch() replaced this module's forward (or, for attention, its rotary embeddings)."""
     return module in _patched
 
 

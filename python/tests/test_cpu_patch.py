@@ -178,3 +178,257 @@ def test_traceable(patch_on):
         ref = m(x)
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
     flykernels.unpatch(m)
+
+
+# ---- gated MLPs and the experts' gate (flykernels::glu; its CPU implementation is the composition)
+class SiLUActivation(nn.Module):
+    def forward(self, x):
+        return nn.functional.silu(x)
+
+
+class GELUTanh(nn.Module):
+    def forward(self, x):
+        return nn.functional.gelu(x, approximate="tanh")
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, h, i, act):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(h, i, bias=False), nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+        self.act_fn = act
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+Gemma3MLP = type("Gemma3MLP", (LlamaMLP,), {})
+
+
+def _default_apply_gate(self, gate_up_out):  # transformers' integrations/moe.py default
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    return self.act_fn(gate) * up
+
+
+class Qwen3MoeExperts(nn.Module):
+    _apply_gate = _default_apply_gate
+
+    def __init__(self, h, i, e):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * i, h) * 0.1)
+        self.act_fn = SiLUActivation()
+
+    def forward(self, x, expert):
+        return self._apply_gate(x @ self.gate_up_proj[expert].t())
+
+
+glu_op = pytest.mark.skipif(not hasattr(torch.ops.flykernels, "glu"),
+                            reason="this build of the extension has no flykernels::glu")
+
+
+@glu_op
+def test_glu_op_matches_the_composition_and_its_gradient():
+    torch.manual_seed(2)
+    for act, ref_fn in ((0, nn.functional.silu), (1, lambda t: nn.functional.gelu(t, approximate="tanh")),
+                        (2, nn.functional.gelu)):
+        g = torch.randn(5, 3, 24, dtype=torch.float64, requires_grad=True)
+        u = torch.randn(5, 3, 24, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda a, b: torch.ops.flykernels.glu(a, b, act), (g, u))
+        assert torch.allclose(torch.ops.flykernels.glu(g, u, act), ref_fn(g) * u)
+    with pytest.raises(RuntimeError, match="act must be"):
+        torch.ops.flykernels.glu(g, u, 7)
+
+
+@glu_op
+def test_glu_op_traces_with_fake_tensors():
+    x = torch.randn(4, 32)
+    f = torch.compile(lambda a: torch.ops.flykernels.glu(*a.chunk(2, dim=-1), 0), backend="aot_eager", fullgraph=True)
+    assert torch.allclose(f(x), nn.functional.silu(x[:, :16]) * x[:, 16:])
+
+
+@glu_op
+@pytest.mark.parametrize("mlp_cls,act", [(LlamaMLP, SiLUActivation), (Gemma3MLP, GELUTanh)])
+def test_mlp_and_experts_patched(mlp_cls, act, patch_on):
+    torch.manual_seed(3)
+    m = nn.ModuleDict({"mlp": mlp_cls(32, 64, act()), "experts": Qwen3MoeExperts(32, 16, 4),
+                       "other": LlamaMLP(32, 64, nn.ReLU())})
+    x = torch.randn(6, 32)
+    ref = (m["mlp"](x), m["experts"](x, 1), m["other"](x))
+    report = flykernels.patch(m)
+    assert report["patched"] == {mlp_cls.__name__: 1, "Qwen3MoeExperts": 1}
+    assert "ReLU" in report["skipped"]["LlamaMLP"]  # an activation the fused op does not compute
+    assert "_apply_gate" in m["experts"].__dict__ and "forward" not in m["experts"].__dict__
+    got = (m["mlp"](x), m["experts"](x, 1), m["other"](x))
+    for a, b in zip(got, ref):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert flykernels.unpatch(m) == 2 and "_apply_gate" not in m["experts"].__dict__
+
+
+def test_mlp_left_alone_without_the_op(patch_on, monkeypatch):
+    monkeypatch.setattr(_patch._loader, "ext", None)
+    m = LlamaMLP(8, 16, SiLUActivation())
+    report = flykernels.patch(m, rms_norm=False)
+    assert report["patched"] == {} and "extension is not loaded" in report["skipped"]["LlamaMLP"]
+    assert flykernels.patch(m, glu=False) == {"patched": {}, "skipped": {}}
+
+
+# ---- rotary embeddings ---------------------------------------------------------------------------
+rope_op = pytest.mark.skipif(not hasattr(torch.ops.flykernels, "rope"),
+                             reason="this build of the extension has no flykernels::rope")
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _hf_rope(q, k, cos, sin, unsqueeze_dim=1):  # transformers' apply_rotary_pos_emb (Llama)
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _tables(B, S, W, dtype=torch.float64):
+    ang = torch.randn(B, S, W, dtype=torch.float64) * 3
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+@rope_op
+def test_rope_op_matches_the_composition_and_its_gradient():
+    torch.manual_seed(5)
+    q = torch.randn(2, 4, 6, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 6, 16, dtype=torch.float64, requires_grad=True)
+    cos, sin = _tables(2, 6, 16)
+    got = torch.ops.flykernels.rope(q, k, cos, sin, 16)
+    for a, b in zip(got, _hf_rope(q, k, cos, sin)):
+        assert torch.allclose(a, b)
+    assert torch.autograd.gradcheck(lambda a, b: torch.ops.flykernels.rope(a, b, cos, sin, 16), (q, k))
+    # an angle per pair (gpt-oss), one table for every batch, partial rotary (columns 8.. unchanged)
+    c8, s8 = _tables(1, 6, 8)
+    got = torch.ops.flykernels.rope(q, k, c8, s8, 16)
+    ref = _hf_rope(q, k, torch.cat((c8, c8), -1), torch.cat((s8, s8), -1))
+    assert all(torch.allclose(a, b) for a, b in zip(got, ref))
+    assert torch.autograd.gradcheck(lambda a, b: torch.ops.flykernels.rope(a, b, c8, s8, 8), (q, k))
+    qo, ko = torch.ops.flykernels.rope(q, k, c8, s8, 8)
+    assert torch.equal(qo[..., 8:], q[..., 8:])
+    assert torch.allclose(qo[..., :8], _hf_rope(q[..., :8], k[..., :8], c8, s8)[0])
+    # gradients of the tables themselves (not a model's case): through the composition
+    ct = cos.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda c: torch.ops.flykernels.rope(q, k, c, sin, 16)[0], (ct,))
+
+
+@rope_op
+def test_rope_op_one_output_used_and_bad_arguments():
+    q = torch.randn(1, 2, 3, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 3, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = _tables(1, 3, 8)
+    torch.ops.flykernels.rope(q, k, cos, sin, 8)[0].sum().backward()  # k's output unused
+    q2 = q.detach().requires_grad_()
+    _hf_rope(q2, k.detach(), cos, sin)[0].sum().backward()
+    assert torch.allclose(q.grad, q2.grad)
+    assert k.grad is None or torch.count_nonzero(k.grad) == 0
+    with pytest.raises(RuntimeError, match="rotary_dim must be even"):
+        torch.ops.flykernels.rope(q, k, cos, sin, 7)
+    with pytest.raises(RuntimeError, match="neither rotary_dim"):
+        torch.ops.flykernels.rope(q, k, cos, sin, 4)  # tables of width 8: neither 4 nor 2
+    with pytest.raises(RuntimeError, match="must be \\[B, H, S, D\\]"):
+        torch.ops.flykernels.rope(q[0], k, cos, sin, 8)
+
+
+@rope_op
+def test_rope_op_traces_with_fake_tensors():
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    cos, sin = _tables(2, 5, 16, torch.float32)
+    f = torch.compile(lambda *a: torch.ops.flykernels.rope(*a, 16), backend="aot_eager", fullgraph=True)
+    for a, b in zip(f(q, k, cos, sin), _hf_rope(q, k, cos, sin)):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def _modeling_module(name, apply_src):
+    """A stand-in for transformers' modeling_<family> module: apply_rotary_pos_emb and an attention
+    class whose forward looks it up in the module at call time, as Hugging Face's does."""
+    import sys
+    import types
+    m = types.ModuleType(name)
+    m.torch, m.nn = torch, nn
+    exec(apply_src, m.__dict__)
+    exec('''
+class {cls}(nn.Module):
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.d, self.heads = d, heads
+        self.q_proj = nn.Linear(d * heads, d * heads, bias=False)
+        self.k_proj = nn.Linear(d * heads, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, -1, self.d).transpose(1, 2)
+        k = self.k_proj(x).view(B, S, -1, self.d).transpose(1, 2)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+'''.format(cls="GptOssAttention" if "gpt_oss" in name else "LlamaAttention"), m.__dict__)
+    sys.modules[name] = m
+    return m
+
+
+_LLAMA_APPLY = '''
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+'''
+_GPT_OSS_APPLY = '''
+def _apply_rotary_emb(x, cos, sin):
+    first_half, second_half = torch.chunk(x, 2, dim=-1)
+    return torch.cat((first_half * cos - second_half * sin, second_half * cos + first_half * sin), dim=-1)
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return _apply_rotary_emb(q, cos, sin), _apply_rotary_emb(k, cos, sin)
+'''
+
+
+@rope_op
+@pytest.mark.parametrize("name,src,half", [("fly_test_models.modeling_llama", _LLAMA_APPLY, False),
+                                           ("fly_test_models.modeling_gpt_oss", _GPT_OSS_APPLY, True)])
+def test_attention_rope_patched_in_its_module_and_restored(name, src, half, patch_on):
+    import sys
+    m = _modeling_module(name, src)
+    try:
+        own = m.apply_rotary_pos_emb
+        cls = getattr(m, "GptOssAttention" if half else "LlamaAttention")
+        a, b = cls(), cls()
+        x = torch.randn(2, 5, 32)
+        cos, sin = _tables(2, 5, 8 if half else 16, torch.float32)
+        ref = a(x, cos, sin)
+        report = flykernels.patch(a)
+        assert report["patched"] == {cls.__name__: 1} and flykernels.is_patched(a)
+        assert m.apply_rotary_pos_emb is not own and m.apply_rotary_pos_emb.__wrapped__ is own
+        assert _patch._rope_half[name] is half  # the probe found the table width the function takes
+        got = a(x, cos, sin)  # CPU tensors: the module's own function computes it (the fused op is CUDA's)
+        assert all(torch.allclose(u, v) for u, v in zip(got, ref))
+        flykernels.patch(b)
+        assert flykernels.unpatch(a) == 1 and m.apply_rotary_pos_emb is not own  # b still patched
+        assert flykernels.unpatch(b) == 1 and m.apply_rotary_pos_emb is own
+    finally:
+        del sys.modules[name]
+
+
+@rope_op
+def test_attention_rope_refused_when_its_function_differs(patch_on):
+    import sys
+    name = "fly_test_models.modeling_llama_changed"
+    m = _modeling_module(name, _LLAMA_APPLY.replace("(q * cos) + (rotate_half(q) * sin)",
+                                                    "(q * cos) - (rotate_half(q) * sin)"))
+    try:
+        own = m.apply_rotary_pos_emb
+        report = flykernels.patch(m.LlamaAttention())
+        assert report["patched"] == {} and "disagrees" in report["skipped"]["LlamaAttention"]
+        assert m.apply_rotary_pos_emb is own
+        assert flykernels.patch(m.LlamaAttention(), rope=False) == {"patched": {}, "skipped": {}}
+    finally:
+        del sys.modules[name]

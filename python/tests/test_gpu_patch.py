@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """flykernels.patch on Hugging Face models (small configs, random weights, bf16, on the GPU):
 logits and gradients of the patched model against the same model unpatched, eager, under
-torch.compile and in a CUDA graph, and every RMSNorm module of each family patched."""
+torch.compile and in a CUDA graph; every RMSNorm module of each family patched, its MLPs or
+experts' gate (flykernels::glu) and its attention's rotary embeddings (flykernels::rope)."""
 import pytest
 import torch
 
@@ -57,19 +58,23 @@ def test_patched_model_matches_stock(cfg_name):
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         return out.logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()
-                                     if p.grad is not None and "norm" in n}
+                                     if p.grad is not None
+                                     and any(t in n for t in ("norm", "mlp", "experts", "q_proj", "k_proj"))}
     ref_logits, ref_grads = run()
     report = flykernels.patch(model)
     try:
         assert report["skipped"] == {}
-        assert sum(report["patched"].values()) == _norm_count(model) > 0
+        norms = sum(c for k, c in report["patched"].items() if k.endswith("RMSNorm"))
+        assert norms == _norm_count(model) > 0
+        assert sum(report["patched"].values()) > norms  # the MLPs or the experts' gate as well
+        assert any(k.endswith("Attention") for k in report["patched"])  # the rotary embeddings
         logits, grads = run()
         assert _rel(logits, ref_logits) < 2e-2
         assert grads.keys() == ref_grads.keys()
         for n in grads:
             assert _rel(grads[n], ref_grads[n]) < 5e-2, n
     finally:
-        assert flykernels.unpatch(model) == _norm_count(model)
+        assert flykernels.unpatch(model) == sum(report["patched"].values())
 
 
 def test_patched_model_compiles_and_graphs():
@@ -100,3 +105,34 @@ def test_patched_model_compiles_and_graphs():
         finally:
             flykernels.unpatch(model)
             torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rope_op_against_the_composition(dtype, fly):
+    """flykernels::rope on the GPU (the kernel, counted) against Hugging Face's composition in
+    FP64, forward and gradients, in the layout Hugging Face hands over (q a transposed view)."""
+    torch.manual_seed(1)
+    B, S, Hq, Hk, D = 2, 37, 8, 2, 128
+    q64 = torch.randn(B, S, Hq, D, dtype=torch.float64, device="cuda").transpose(1, 2)
+    k64 = torch.randn(B, S, Hk, D, dtype=torch.float64, device="cuda").transpose(1, 2)
+    ang = torch.randn(B, S, D // 2, dtype=torch.float64, device="cuda") * 5
+    cos64, sin64 = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+    q, k, cos, sin = (t.to(dtype) for t in (q64, k64, cos64, sin64))
+    q.requires_grad_(), k.requires_grad_()
+
+    def rot(x):
+        return torch.cat((-x[..., D // 2:], x[..., :D // 2]), -1)
+    fly.reset_counts()
+    qo, ko = torch.ops.flykernels.rope(q, k, cos, sin, D)
+    assert fly.dispatch_counts()["rope"][0] == 1  # the kernel ran, not the composition
+    g = torch.randn_like(qo), torch.randn_like(ko)
+    torch.autograd.backward((qo, ko), g)
+    assert fly.dispatch_counts()["rope_bwd"][0] == 1
+    qd, kd, c, s_ = (t.detach().double() for t in (q, k, cos, sin))
+    tol = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-6}[dtype]
+    for got, x, gr, gx in ((qo, qd, g[0], q.grad), (ko, kd, g[1], k.grad)):
+        ref = x * c.unsqueeze(1) + rot(x) * s_.unsqueeze(1)
+        assert _rel(got, ref) < tol
+        xg = x.clone().requires_grad_()
+        (xg * c.unsqueeze(1) + rot(xg) * s_.unsqueeze(1)).backward(gr.double())
+        assert _rel(gx, xg.grad) < tol

@@ -25,6 +25,7 @@ void* shifted(void* p, int64_t bytes) { return static_cast<char*>(p) + bytes; }
 
 fly_tensor t2(int i, fly_dtype dt, int64_t r, int64_t c) { return flykernels::tensor(slot(i), dt, {r, c}); }
 fly_tensor t1(int i, fly_dtype dt, int64_t n) { return flykernels::tensor(slot(i), dt, {n}); }
+fly_tensor t3(int i, fly_dtype dt, int64_t b, int64_t s, int64_t w) { return flykernels::tensor(slot(i), dt, {b, s, w}); }
 fly_tensor t4(int i, fly_dtype dt, int64_t b, int64_t h, int64_t s, int64_t d) {
   return flykernels::tensor(slot(i), dt, {b, h, s, d});
 }
@@ -186,6 +187,37 @@ std::vector<Call> calls() {
       return fly_scaled_gemm(&c.t[0], &c.t[2], &c.t[1], &c.t[3], nullptr, &c.t[4], c.ws, c.ws_bytes, nullptr);
     };
     c.query = [](Call& c, size_t* b) { return fly_scaled_gemm_workspace_size(&c.t[0], &c.t[1], &c.t[4], b); };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "glu_fwd";
+    c.t = {t2(0, FLY_BF16, 8, 64), t2(1, FLY_BF16, 8, 64), t2(2, FLY_BF16, 8, 64)};
+    c.out = 2;
+    c.run = [](Call& c) { return fly_glu_fwd(&c.t[0], &c.t[1], FLY_GLU_SILU, &c.t[2], nullptr); };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "glu_bwd";  // gate, up, dout, dgate, dup
+    c.t = {t2(0, FLY_BF16, 8, 64), t2(1, FLY_BF16, 8, 64), t2(2, FLY_BF16, 8, 64), t2(3, FLY_BF16, 8, 64),
+           t2(4, FLY_BF16, 8, 64)};
+    c.out = 3;
+    c.run = [](Call& c) {
+      return fly_glu_bwd(&c.t[2], &c.t[0], &c.t[1], FLY_GLU_GELU_TANH, &c.t[3], &c.t[4], nullptr);
+    };
+    v.push_back(c);
+  }
+  for (bool bwd : {false, true}) {
+    Call c;
+    c.name = bwd ? "rope_bwd" : "rope_fwd";  // q (dq_out), k, cos, sin, q_out (dq), k_out
+    c.t = {t4(0, FLY_BF16, 2, 4, 8, 64), t4(1, FLY_BF16, 2, 2, 8, 64), t3(2, FLY_BF16, 2, 8, 64),
+           t3(3, FLY_BF16, 2, 8, 64), t4(4, FLY_BF16, 2, 4, 8, 64), t4(5, FLY_BF16, 2, 2, 8, 64)};
+    c.out = 4;
+    if (bwd)
+      c.run = [](Call& c) { return fly_rope_bwd(&c.t[0], &c.t[1], &c.t[2], &c.t[3], 64, &c.t[4], &c.t[5], nullptr); };
+    else
+      c.run = [](Call& c) { return fly_rope_fwd(&c.t[0], &c.t[1], &c.t[2], &c.t[3], 64, &c.t[4], &c.t[5], nullptr); };
     v.push_back(c);
   }
   // The workspace each size query asks for, in a slot of its own.
