@@ -4,8 +4,9 @@
 #   bash bench/probes/glu/verify_device.sh [OUT]
 # builds the library, fly_gpu_tests and the PyTorch package, then: the [glu] and [rope] GPU tests,
 # compute-sanitizer memcheck and racecheck over them, the patched-model GPU tests and
-# bench/glu_torch.py (the fused op against the composition on the e2e models' shapes).
-# Logs and bench/glu_torch.py's JSON land in OUT (default /tmp/glu-verify).
+# bench/glu_torch.py and bench/rope_torch.py (the fused ops against the compositions on the
+# e2e models' shapes).
+# Logs and the benchmarks' JSON land in OUT (default /tmp/glu-verify).
 set -uo pipefail
 root=$(pwd); OUT=${1:-/tmp/glu-verify}; mkdir -p "$OUT"
 tools/device_run.sh build > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
@@ -19,3 +20,4 @@ compute-sanitizer --tool racecheck ./build/test/fly_gpu_tests "$small" > "$OUT/r
 (cd /tmp && python3 -m pytest -q -rs -p no:cacheprovider "$root/python/tests/test_gpu_patch.py" "$root/python/tests/test_cpu_patch.py") \
   > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/pytest.log"
 (cd /tmp && python3 "$root/bench/glu_torch.py" --json "$OUT/glu_torch.json")
+(cd /tmp && python3 "$root/bench/rope_torch.py" --json "$OUT/rope_torch.json")
