@@ -4,23 +4,16 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import flykernels
+from _subproc import run_py
 from flykernels._ops import gemm
 
 HAS_GPU = torch.cuda.is_available()
-
-
-def run_py(code, env=None, cwd=None):
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=e, cwd=cwd or "/")
 
 
 def test_extension_loaded_and_library_bundled():

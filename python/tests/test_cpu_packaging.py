@@ -9,26 +9,19 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
 import flykernels
+from _subproc import run_py
 import flykernels.__main__ as cli
 from flykernels import _loader
 
 HAS_GPU = torch.cuda.is_available()
 SETUP_PY = Path(__file__).resolve().parents[1] / "setup.py"
 PKG = Path(flykernels.__file__).resolve().parent
-
-
-def run_py(code, env=None, cwd="/", unset=()):
-    e = {k: v for k, v in os.environ.items() if k not in unset}
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=e, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
