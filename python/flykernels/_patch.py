@@ -158,13 +158,26 @@ def _rope_fused(q, k, cos, sin, unsqueeze_dim):
     return torch.ops.flykernels.rope(q, k, cos, sin, q.shape[-1])
 
 
+def _rope_takes(q, k, cos, sin, unsqueeze_dim, half):
+    """Whether flykernels::rope computes what the rotate-half composition computes for these."""
+    # (older transformers passed position_ids fifth: anything but the int 1 or 2 is not ours)
+    if type(unsqueeze_dim) is not int or unsqueeze_dim not in (1, 2):
+        return False
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)) or not q.is_cuda:
+        return False
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
+        return False
+    if not (q.dtype == k.dtype == cos.dtype == sin.dtype) or q.shape[-1] % 2:
+        return False
+    B, S, D = q.shape[0], q.shape[2 if unsqueeze_dim == 1 else 1], q.shape[-1]
+    ks = k.shape[2 if unsqueeze_dim == 1 else 1]
+    return (k.shape[0] == B and ks == S and k.shape[-1] == D and cos.shape[0] in (1, B) and cos.shape[1] == S
+            and cos.shape[2] == (D // 2 if half else D))
+
+
 def _rope_apply(own, half):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *args, **kwargs):
-        if (not _family.on or args or kwargs or unsqueeze_dim not in (1, 2)
-                or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
-                or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape or not q.is_cuda
-                or not (q.dtype == k.dtype == cos.dtype == sin.dtype) or q.shape[-1] % 2
-                or cos.shape[-1] != (q.shape[-1] // 2 if half else q.shape[-1])):
+        if not _family.on or args or kwargs or not _rope_takes(q, k, cos, sin, unsqueeze_dim, half):
             return own(q, k, cos, sin, unsqueeze_dim, *args, **kwargs)
         return _rope_fused(q, k, cos, sin, unsqueeze_dim)
     apply_rotary_pos_emb.__flykernels_patch__ = "rope"

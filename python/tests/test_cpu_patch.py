@@ -432,3 +432,25 @@ def test_attention_rope_refused_when_its_function_differs(patch_on):
         assert flykernels.patch(m.LlamaAttention(), rope=False) == {"patched": {}, "skipped": {}}
     finally:
         del sys.modules[name]
+
+
+def test_rope_takes_only_what_the_fused_op_computes(monkeypatch):
+    """The patched apply_rotary_pos_emb's test of a call: CPU calls are never taken; with is_cuda
+    made true, the shapes, dtypes and arguments decide."""
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    cos, sin = _tables(2, 5, 16, torch.float32)
+    takes = _patch._rope_takes
+    assert not takes(q, k, cos, sin, 1, False)  # CPU tensors
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert takes(q, k, cos, sin, 1, False)
+    assert takes(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2, False)  # [B, S, H, D]
+    assert takes(q, k, cos[:1], sin[:1], 1, False)  # one table for every batch
+    assert takes(q, k, cos[..., :8], sin[..., :8], 1, True)  # an angle per pair (gpt-oss)
+    assert not takes(q, k, cos[..., :8], sin[..., :8], 1, False)
+    assert not takes(q, k, cos, sin, torch.tensor([1]), False)  # position_ids where unsqueeze_dim is now
+    assert not takes(q, k, cos, sin, None, False)
+    assert not takes(q, k, cos, sin, 3, False)
+    assert not takes(q, k[:, :, :4], cos, sin, 1, False)  # k's sequence differs
+    assert not takes(q, k, cos[:, :4], sin[:, :4], 1, False)
+    assert not takes(q, k.double(), cos, sin, 1, False)
+    assert not takes(q[..., :15], k[..., :15], cos[..., :15], sin[..., :15], 1, False)  # odd head dim
