@@ -22,7 +22,8 @@
 // launcher reads them) but do not shape the kernel (its source reads no FLY_<AXIS>): the variant's
 // image is the one of the axis's first value, so variants that differ only there share one cubin
 // instead of compiling byte-identical copies (gemm's swap: the launcher exchanges the operands;
-// topk split's chunk: the launcher's plan).
+// topk split's chunk: the launcher's plan). The image name is only a name: its point need not pass
+// the space's constraints (topk_split_fp32_t1024_c8192 holds the t1024 kernels of every chunk).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
