@@ -21,11 +21,14 @@ constexpr int64_t kMaxHeadDim = 1 << 16;
 bool injective(const fly_tensor& t) {
   for (int i = 0; i < t.rank; ++i)
     if (t.sizes[i] == 0) return true;  // no element at all
-  int64_t dims[FLY_MAX_RANK];
+  int dims[FLY_MAX_RANK];
   int n = 0;
-  for (int i = 0; i < t.rank; ++i)
-    if (t.sizes[i] > 1) dims[n++] = i;
-  std::sort(dims, dims + n, [&](int64_t a, int64_t b) { return t.strides[a] < t.strides[b]; });
+  for (int i = 0; i < t.rank && i < FLY_MAX_RANK; ++i) {  // insertion by stride: at most 8
+    if (t.sizes[i] <= 1) continue;
+    int j = n++;
+    for (; j > 0 && t.strides[dims[j - 1]] > t.strides[i]; --j) dims[j] = dims[j - 1];
+    dims[j] = i;
+  }
   int64_t extent = 1;  // elements spanned by the dimensions inside this one
   for (int j = 0; j < n; ++j) {
     if (t.strides[dims[j]] < extent) return false;

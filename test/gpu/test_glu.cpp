@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "host_elems.hpp"
 #include "flykernels/flykernels.h"
 #include "test_tensors.hpp"
 
@@ -24,17 +25,9 @@ using fly_test::mat;
 
 constexpr double kPi = 3.14159265358979323846;
 
-size_t esize(fly_dtype dt) { return dt == FLY_F32 ? 4 : 2; }
-double load(const std::vector<uint8_t>& h, size_t i, fly_dtype dt) {
-  if (dt == FLY_F32) { float f; std::memcpy(&f, &h[i * 4], 4); return f; }
-  if (dt == FLY_F16) { __half v; std::memcpy(&v, &h[i * 2], 2); return __half2float(v); }
-  __nv_bfloat16 v; std::memcpy(&v, &h[i * 2], 2); return __bfloat162float(v);
-}
-void store(std::vector<uint8_t>& h, size_t i, fly_dtype dt, float f) {
-  if (dt == FLY_F32) std::memcpy(&h[i * 4], &f, 4);
-  else if (dt == FLY_F16) { __half v = __float2half(f); std::memcpy(&h[i * 2], &v, 2); }
-  else { __nv_bfloat16 v = __float2bfloat16(f); std::memcpy(&h[i * 2], &v, 2); }
-}
+using fly_test::esize;
+using fly_test::load;
+using fly_test::store;
 
 // act(g) and act'(g) in FP64, and the sums of the absolute values of their terms (am, dm): the
 // scale an FP32 evaluation's rounding is relative to (d cancels to near 0 where act has its

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "host_elems.hpp"
 #include "flykernels/flykernels.h"
 #include "flykernels/flykernels.hpp"
 
@@ -22,17 +23,9 @@ namespace {
 
 #define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
 
-size_t esize(fly_dtype dt) { return dt == FLY_F32 ? 4 : 2; }
-double load(const std::vector<uint8_t>& h, size_t i, fly_dtype dt) {
-  if (dt == FLY_F32) { float f; std::memcpy(&f, &h[i * 4], 4); return f; }
-  if (dt == FLY_F16) { __half v; std::memcpy(&v, &h[i * 2], 2); return __half2float(v); }
-  __nv_bfloat16 v; std::memcpy(&v, &h[i * 2], 2); return __bfloat162float(v);
-}
-void store(std::vector<uint8_t>& h, size_t i, fly_dtype dt, float f) {
-  if (dt == FLY_F32) std::memcpy(&h[i * 4], &f, 4);
-  else if (dt == FLY_F16) { __half v = __float2half(f); std::memcpy(&h[i * 2], &v, 2); }
-  else { __nv_bfloat16 v = __float2bfloat16(f); std::memcpy(&h[i * 2], &v, 2); }
-}
+using fly_test::esize;
+using fly_test::load;
+using fly_test::store;
 bool is_nan_bits(const std::vector<uint8_t>& h, size_t i, fly_dtype dt) { return std::isnan(load(h, i, dt)); }
 
 struct Case {
