@@ -168,6 +168,16 @@ struct LaunchConfig {
   unsigned smem = 0;          // dynamic shared memory bytes (attribute raised when > 48 KiB)
   unsigned cluster[3] = {1, 1, 1};
 };
+// A grid-stride kernel's launch (memory-bound elementwise families): CTAs of `threads`, enough to
+// give every unit of work a thread but at most `per_sm` per SM: that many resident threads keep HBM
+// busy, and the kernel's grid-stride loop walks the rest.
+inline LaunchConfig grid_stride_launch(int64_t units, int threads, int sm_count, int per_sm) {
+  const int64_t want = (units + threads - 1) / threads, cap = int64_t(sm_count) * per_sm;
+  LaunchConfig cfg;
+  cfg.grid[0] = unsigned(want < 1 ? 1 : want < cap ? want : cap);
+  cfg.block[0] = unsigned(threads);
+  return cfg;
+}
 // Launches `f` on `stream` with one or more kernel parameters (pointers to the values).
 fly_status launch(CUfunction f, const LaunchConfig& cfg, void* stream, void** args);
 // Convenience: a single by-value parameter struct.

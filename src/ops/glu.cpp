@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // fly_glu_fwd / fly_glu_bwd: validation, dispatch and launch of the glu family (kernels/glu/).
-#include <algorithm>
 #include <cinttypes>
 #include <string>
 
@@ -138,14 +137,7 @@ fly_status run(bool fwd, const fly_tensor* dout, const fly_tensor* gate, const f
   p.ld_dup = fwd ? 0 : row_stride(*dup, M, N);
   p.act = act;
   p.vec = vec ? 1 : 0;
-  // Enough resident threads to keep HBM busy, no more: the grid-stride loop covers the rest.
-  const int64_t units = M * p.cols;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((units + kThreads - 1) / kThreads,
-                                                                int64_t(dc->sm_count) * kBlocksPerSm));
-  LaunchConfig cfg;
-  cfg.grid[0] = unsigned(blocks);
-  cfg.block[0] = kThreads;
-  return launch1(rk.f, cfg, stream, p);
+  return launch1(rk.f, grid_stride_launch(M * p.cols, kThreads, dc->sm_count, kBlocksPerSm), stream, p);
 }
 
 }  // namespace

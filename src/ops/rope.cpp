@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // fly_rope_fwd / fly_rope_bwd: validation, dispatch and launch of the rope family (kernels/rope/).
-#include <algorithm>
 #include <cinttypes>
 #include <string>
 
@@ -187,13 +186,7 @@ fly_status run(bool bwd, const fly_tensor* q, const fly_tensor* k, const fly_ten
   p.bwd = bwd ? 1 : 0;
   p.vec = vec ? 1 : 0;
   if (p.units == 0) return FLY_SUCCESS;
-  const int64_t units = rows * p.units;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((units + kThreads - 1) / kThreads,
-                                                                int64_t(dc->sm_count) * kBlocksPerSm));
-  LaunchConfig cfg;
-  cfg.grid[0] = unsigned(blocks);
-  cfg.block[0] = kThreads;
-  return launch1(rk.f, cfg, stream, p);
+  return launch1(rk.f, grid_stride_launch(rows * p.units, kThreads, dc->sm_count, kBlocksPerSm), stream, p);
 }
 
 }  // namespace
