@@ -13,17 +13,10 @@
 // and column of the next unit follow from the stride by one add and one compare (no division in
 // the loop). Every byte is read once and written once: the kernel is bound by HBM bandwidth.
 #include "common/vec.cuh"
+#include "common/variant_elem.cuh"
 #include "glu/glu_params.h"
 
-#if defined(FLY_DTYPE_IS_FP16)
-using T = __half;
-#elif defined(FLY_DTYPE_IS_BF16)
-using T = __nv_bfloat16;
-#elif defined(FLY_DTYPE_IS_FP32)
-using T = float;
-#else
-#error "glu: FLY_DTYPE_IS_* not defined"
-#endif
+using T = fly::VariantElem;
 
 namespace {
 

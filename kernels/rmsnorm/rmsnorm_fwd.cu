@@ -14,17 +14,10 @@
 // registers, because the grid walks rows class by class.
 #include "common/sm90.h"
 #include "common/vec.cuh"
+#include "common/variant_elem.cuh"
 #include "rmsnorm/rmsnorm_params.h"
 
-#if defined(FLY_DTYPE_IS_FP16)
-using T = __half;
-#elif defined(FLY_DTYPE_IS_BF16)
-using T = __nv_bfloat16;
-#elif defined(FLY_DTYPE_IS_FP32)
-using T = float;
-#else
-#error "rmsnorm_fwd: FLY_DTYPE_IS_* not defined"
-#endif
+using T = fly::VariantElem;
 
 namespace {
 

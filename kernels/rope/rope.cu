@@ -20,17 +20,10 @@
 // written once (HBM bound), the tables are read per row of every head (L1 / L2 hits after the
 // first head).
 #include "common/vec.cuh"
+#include "common/variant_elem.cuh"
 #include "rope/rope_params.h"
 
-#if defined(FLY_DTYPE_IS_FP16)
-using T = __half;
-#elif defined(FLY_DTYPE_IS_BF16)
-using T = __nv_bfloat16;
-#elif defined(FLY_DTYPE_IS_FP32)
-using T = float;
-#else
-#error "rope: FLY_DTYPE_IS_* not defined"
-#endif
+using T = fly::VariantElem;
 
 namespace {
 
