@@ -69,8 +69,6 @@ std::tuple<at::Tensor, at::Tensor> rope_composite(const at::Tensor& q, const at:
   return {rope_composite_one(q, c, s, rot, bwd), rope_composite_one(k, c, s, rot, bwd)};
 }
 
-fly_tensor desc_4d(const at::Tensor& t) { return desc_nd(t); }
-
 bool eligible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
   if (!q.is_cuda() || !is_fly_float(q.scalar_type()) || device_unsupported(q.device()) != nullptr) return false;
   for (const at::Tensor* t : {&k, &cos, &sin})
@@ -86,8 +84,8 @@ std::tuple<at::Tensor, at::Tensor> rope_cuda_impl(const at::Tensor& q, const at:
     c10::DeviceGuard guard(q.device());
     // The outputs in the inputs' layout (Hugging Face's q is a transposed [B, S, H, D] buffer).
     at::Tensor qo = at::empty_like(q), ko = at::empty_like(k);
-    const fly_tensor tq = desc_4d(q), tk = desc_4d(k), tc = desc_nd(cos), ts = desc_nd(sin);
-    const fly_tensor tqo = desc_4d(qo), tko = desc_4d(ko);
+    const fly_tensor tq = desc_nd(q), tk = desc_nd(k), tc = desc_nd(cos), ts = desc_nd(sin);
+    const fly_tensor tqo = desc_nd(qo), tko = desc_nd(ko);
     const fly_status st = bwd ? fly_rope_bwd(&tq, &tk, &tc, &ts, int(rot), &tqo, &tko, current_stream(q.device()))
                               : fly_rope_fwd(&tq, &tk, &tc, &ts, int(rot), &tqo, &tko, current_stream(q.device()));
     if (st == FLY_SUCCESS) {
