@@ -99,6 +99,10 @@ def find_ninja():
     return False
 
 
+# Linked by name ahead of the driver's -lstdc++ (see the extension's link arguments below).
+SHARED_CXX_RUNTIME = ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
+
+
 def sqlite_args(user_args):
     """The carried SQLite headers (.devdeps, as tools/device_run.sh) when the caller names none."""
     inc = ROOT / ".devdeps" / "usr" / "include"
@@ -171,8 +175,14 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         # -g0: no debug info (Python's CFLAGS carry -g): a third less compile time, a .so of a
         # few MB instead of 34
         extra_compile_args=["-O2", "-g0"],
-        # The library travels beside the extension, found through $ORIGIN.
-        extra_link_args=[f"-l:{LIB}", "-Wl,-rpath,$ORIGIN"],
+        # The library travels beside the extension, found through $ORIGIN. The C++ runtime is the
+        # process's shared libstdc++.so.6, named before the compiler driver's own -lstdc++: where
+        # that would resolve to libstdc++.a (as on the GPU machine's image), the extension gets a
+        # private copy of the iostream and locale code, Python's -Wl,-Bsymbolic-functions binds
+        # the extension's calls to that copy while its data (the locale's facet ids) binds to the
+        # shared runtime's, and every std::ostringstream (every TORCH_CHECK message, the
+        # decisions' rule text) dereferences a missing facet: a segmentation fault.
+        extra_link_args=[f"-l:{LIB}", "-Wl,-rpath,$ORIGIN", *SHARED_CXX_RUNTIME],
     )
 
     setup(

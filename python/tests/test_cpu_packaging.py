@@ -84,6 +84,26 @@ def test_package_is_typed_and_carries_its_library():
     assert libs and all(Path(p).resolve().parent == PKG for p in libs), libs
 
 
+# Code that exists only inside libstdc++ itself (not inline, not a template users instantiate): a
+# copy of it in the extension means a link that took libstdc++.a, and with Python's
+# -Bsymbolic-functions every std::ostringstream then crashes (setup.py, SHARED_CXX_RUNTIME).
+_CXX_RUNTIME_INTERNALS = re.compile(r"^_ZN(K)?St(6locale|7codecvt|20__codecvt_utf|8ios_base)|^_ZNSo9_M_insert")
+
+
+def test_extension_uses_the_shared_cxx_runtime():
+    if _loader.ext is None:
+        pytest.skip(f"the extension did not load: {_loader.load_error}")
+    nm, readelf = shutil.which("nm"), shutil.which("readelf")
+    if not nm or not readelf:
+        pytest.skip("binutils (nm, readelf) not installed")
+    so = _loader.ext.__file__
+    out = subprocess.run([nm, "-D", "--defined-only", so], capture_output=True, text=True, check=True).stdout
+    private = [f[-1] for f in (line.split() for line in out.splitlines()) if f and _CXX_RUNTIME_INTERNALS.match(f[-1])]
+    assert private == [], f"{so} carries its own copy of libstdc++ code: {private[:5]}"
+    dyn = subprocess.run([readelf, "-d", so], capture_output=True, text=True, check=True).stdout
+    assert "[libstdc++.so.6]" in dyn
+
+
 # ---- the running torch against the one the build was made for (_loader.torch_mismatch) ----------
 def test_major_minor():
     assert _loader.major_minor("2.11.0+cu130") == (2, 11)
