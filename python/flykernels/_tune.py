@@ -209,7 +209,7 @@ def _grouped_cases(ext, suite_dir, models, rnd):
             if key is None:
                 continue
             out.append(Case(f"grouped_mm {what} T{T} G{G} K{K} N{N}", key,
-                            fn=lambda x=x, y=y: torch._grouped_mm(x, y, offs)))
+                            fn=lambda x=x, y=y, offs=offs: torch._grouped_mm(x, y, offs)))
     return out
 
 
@@ -250,6 +250,14 @@ def _mm_cases(ext, suite_dir, models, rnd):
 
 
 _random_n = 0
+
+
+def _context_lost(e):
+    """Whether an error leaves this process's CUDA context unusable (sticky: a device-side assert,
+    an illegal address), so no later case can run."""
+    text = str(e)
+    return any(s in text for s in ("device-side assert", "illegal memory access", "illegal instruction",
+                                    "unspecified launch failure", "CUDA_ERROR_ASSERT", "CUDA_ERROR_ILLEGAL_ADDRESS"))
 
 
 def _time_case(case, reps, check=False):
@@ -321,13 +329,20 @@ def main(argv=None):
     tag, gpu = _decisions.device_tag(), torch.cuda.get_device_name()
     reps = 7 if args.quick else 15
     rows, results, t0 = {}, [], time.time()
+    broken = None  # the first case after which CUDA errors out (a device-side assert poisons the context)
     for op in ops:
+        if broken:
+            break
         cases = builders[op]()
         for i, case in enumerate(cases):
             try:
                 ours, stock = _time_case(case, reps, args.check)
             except (RuntimeError, torch.OutOfMemoryError) as e:
-                print(f"\n  {case.label}: skipped ({str(e).splitlines()[0][:120]})", file=sys.stderr)
+                msg = str(e).splitlines()[0][:120]
+                print(f"\n  {case.label}: skipped ({msg})", file=sys.stderr)
+                if _context_lost(e):
+                    broken = (case.label, msg)
+                    break
                 continue
             kop, dt, layout, *k = case.key
             if args.check:
@@ -339,7 +354,14 @@ def main(argv=None):
                              f"{case.label[:48]:48s} {stock / ours:5.2f}x")
             sys.stderr.flush()
         sys.stderr.write("\n")
-        torch.cuda.empty_cache()
+        if not broken:
+            torch.cuda.empty_cache()
+        if not args.check:  # what is measured so far is kept, whatever happens to a later op
+            _decisions.write_rows(Path(args.db) if args.db else _decisions.tuned_path(), list(rows.values()))
+    if broken:
+        print(f"flykernels tune: stopped at {broken[0]}: {broken[1]}; CUDA cannot go on in this process. "
+              f"The rows measured before it are kept. Rerun with CUDA_LAUNCH_BLOCKING=1 to name the call that "
+              f"failed exactly, and --ops without its op to tune the rest", file=sys.stderr)
     if args.check:
         _check_report(results)
         return 0
@@ -366,4 +388,4 @@ def main(argv=None):
         print(f"  {r[1]:22s} {r[2]:8s} {r[3]:8s} {str(r[4:8]):28s} ours {ours:9.1f} us  stock {stock:9.1f} us  "
               f"{stock / ours:5.2f}x -> {r[8]}")
     _decisions.load()
-    return 0
+    return 1 if broken else 0

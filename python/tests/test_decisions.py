@@ -6,12 +6,13 @@ import multiprocessing
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import flykernels
-from flykernels import _decisions, _loader
+from flykernels import _decisions, _loader, _tune
 
 ext = _loader.ext
 pytestmark = pytest.mark.skipif(ext is None, reason="the extension did not load")
@@ -234,6 +235,55 @@ def test_tune_without_gpu_says_why():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert r.returncode == 2 and "cannot run here" in r.stderr
+
+
+def _late_bound_names(tree):
+    """(function, line, name) for each lambda or def inside a for loop that reads a name the loop
+    (re)binds without taking it as a default argument: it would see the last iteration's value."""
+    import ast
+    found = []
+
+    def bound_in(nodes):
+        names = set()
+        for n in nodes:
+            for sub in ast.walk(n):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+        return names
+
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
+            rebound = bound_in([loop.target, *loop.body])
+            for inner in ast.walk(loop):
+                if not isinstance(inner, (ast.Lambda, ast.FunctionDef)) or inner is fn:
+                    continue
+                params = {a.arg for a in inner.args.args + inner.args.kwonlyargs}
+                body = inner.body if isinstance(inner.body, list) else [inner.body]
+                local = bound_in(body)
+                for sub in (x for b in body for x in ast.walk(b)):
+                    if (isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id in rebound
+                            and sub.id not in params and sub.id not in local):
+                        found.append((fn.name, sub.lineno, sub.id))
+    return sorted(set(found))
+
+
+def test_tune_cases_bind_their_inputs_when_made():
+    """Each timing case's callable keeps the tensors of its own shape: a closure over a loop variable
+    (grouped_mm's offsets once) times every case with the last shape's value."""
+    import ast
+    src = Path(_tune.__file__).read_text()
+    assert _late_bound_names(ast.parse(src)) == []
+    bad = "def f(xs):\n    out = []\n    for x in xs:\n        y = x + 1\n        out.append(lambda x=x: x + y)\n    return out\n"
+    assert _late_bound_names(ast.parse(bad)) == [("f", 5, "y")]
+
+
+def test_tune_knows_which_cuda_errors_end_the_process_context():
+    assert _tune._context_lost(RuntimeError("CUDA error: device-side assert triggered"))
+    assert _tune._context_lost(RuntimeError("flykernels grouped_mm: FLY_ERROR_CUDA: cuTensorMapEncodeTiled (a): "
+                                            "CUDA_ERROR_ASSERT (device-side assert triggered)"))
+    assert _tune._context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not _tune._context_lost(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not _tune._context_lost(RuntimeError("No available kernel. Aborting execution."))
 
 
 def test_status_lists_decision_sources():
