@@ -18,7 +18,7 @@ bash tools/device_run.sh build-asan -DCMAKE_BUILD_TYPE=Sanitize -DFLY_PREBUILT_B
 cmake --build build-asan --target flykernels -j"$(nproc)" > "$OUT/asan_build.log" 2>&1 ||
   { grep -A5 error "$OUT/asan_build.log" | head -30; exit 1; }
 # The package from a copy of python/ whose extension carries the sanitizers too.
-tree=/tmp/asan-tree; rm -rf "$tree"; mkdir -p "$tree"; cp -r include python "$tree"/
+tree=/tmp/asan-tree; rm -rf "$tree"; mkdir -p "$tree"; cp -r include python CMakeLists.txt "$tree"/  # setup.py reads the version there
 sed -i "s/extra_compile_args=\[[^]]*\]/extra_compile_args=[\"-O1\", \"-g\", $(printf '"%s", ' $san)]/; \
 s/extra_link_args=\[/extra_link_args=[$(printf '"%s", ' $san)/" "$tree/python/setup.py"
 grep -n "extra_" "$tree/python/setup.py" > "$OUT/asan_setup_args.txt"
