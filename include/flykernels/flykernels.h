@@ -251,8 +251,9 @@ FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* params, voi
  *    as the forward's (0 means 1/sqrt(D); causal top-left).
  * nondeterministic: 0 (the default): the same bits on every run. 1 allows faster non-deterministic
  *    kernels; this version has none and runs the deterministic ones.
- * Workspace (required unless B, Hq or Sq is 0): FP32 Delta = rowsum(dO * O) and LSE rows,
- *    2 * 4 * B * Hq * round_up(Sq, 128) bytes (256-aligned halves), plus the copies above where
+ * Workspace (required unless B, Hq or Sq is 0): FP32 Delta = rowsum(dO * O), LSE and row-max rows
+ *    (the max: rows whose |LSE| is large get their softmax statistics recomputed exactly),
+ *    3 * round256(4 * B * Hq * round_up(Sq, 128)) bytes, plus the copies above where
  *    needed; query fly_attention_bwd_workspace_size and pass a 256-byte aligned device buffer at
  *    least that big
  *    (contents need no initialization; not shared by two calls running at once). Smaller or

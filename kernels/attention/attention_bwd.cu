@@ -7,7 +7,8 @@
 // register A operand and an MN-major B tile, pack_p = accumulator -> A fragment regroup).
 //
 // dK/dV kernel, transposed (a warpgroup's 64 rows are keys, the columns are the QM queries):
-//   S^T = K Q^T, dP^T = V dO^T (mma_qk), P^T = exp2(S^T scale_log2 - LSE2[col]) (0 where causal
+//   S^T = K Q^T, dP^T = V dO^T (mma_qk), P^T = exp2((S^T - A[col]) scale_log2 - LSE2[col]) (A = 0
+//   but for rows fly_attn_bwd_pre recomputed exactly, attention_math.h bwd_prob_arg; 0 where causal
 //   hides it or the query is padding), dV += P^T dO, dS^T = P^T (dP^T - Delta[col]),
 //   dK += dS^T Q (mma_pv: dO and Q tiles as MN-major B operands). Wide heads (192, 256) split the
 //   dK/dV columns over DS warpgroups that each recompute S^T and dP^T of the same 64 keys.
@@ -152,22 +153,104 @@ __device__ __forceinline__ int dq_key_tiles(const AttnBwdParams& p, int m0) {
   return (kv_end + NQ - 1) / NQ;
 }
 
-// P^T and dS^T of a transposed tile in place: s (S^T) becomes P^T = exp2(S^T scale_log2 - LSE2[col]),
-// 0 where causal hides query m0 + col from the thread's keys; dp (dP^T) becomes P^T (dP^T - Delta[col]).
-// l2s / dls: the thread's column pairs' LSE2 and Delta; kmax: the tile's last key (causal check).
+// FP16 inputs: dS = P (dP - Delta) is rounded to FP16 for the dK / dQ products, and |dS| can pass
+// FP16's range where the outputs do not (large V or dO against small Q, K; issue 46): inf there,
+// where an FP32 reference stays finite. Each accumulator row (the thread's two rows: keys in the
+// dK/dV kernel, queries in the dQ kernel) keeps a power-of-two scale sig, 1 until a tile's
+// max |dS| sig of the row reaches kDsLimit; then sig halves until it is below, the row's
+// accumulator is rescaled by the same factor (exact), and from then on the row's dS are
+// multiplied by sig before packing; finish() divides it back out before the store. While every
+// sig of the warp is 1 and nothing reaches the limit (ordinary data) the tile costs one FMNMX per
+// score, a quad reduction and a vote, and the results are bit for bit the unscaled ones. BF16 has
+// FP32's range: compiled out.
+constexpr float kDsLimit = 32768.f;
+struct DsScale {
+  float sig[2] = {1.f, 1.f};
+
+  // ds: the tile's dS (fragment rows e >> 1, as acc's); acc: the row's accumulator, its previous
+  // products landed.
+  template <int N, int NA>
+  __device__ __forceinline__ void apply(float (&ds)[N], float (&acc)[NA]) {
+    if constexpr (!kBF16) {
+      float mx[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], fabsf(ds[4 * j + e]));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      }
+      const bool need = mx[0] * sig[0] >= kDsLimit || mx[1] * sig[1] >= kDsLimit || sig[0] != 1.f || sig[1] != 1.f;
+      if (!__any_sync(0xffffffffu, need)) return;
+      slow(ds, acc, mx);
+    }
+  }
+
+  template <int N, int NA>
+  __device__ __forceinline__ void slow(float (&ds)[N], float (&acc)[NA], const float (&mx)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sn = sig[i];
+      if (mx[i] < INFINITY)  // an inf / NaN dS overflowed FP32 itself (so does a reference): left alone
+        while (mx[i] * sn >= kDsLimit) sn *= 0.5f;
+      if (sn != sig[i]) {
+        const float f = sn / sig[i];  // a power of two
+#pragma unroll
+        for (int j = 0; j < NA / 4; ++j) {
+          acc[4 * j + 2 * i] *= f;
+          acc[4 * j + 2 * i + 1] *= f;
+        }
+        sig[i] = sn;
+      }
+      if (sn != 1.f) {
+#pragma unroll
+        for (int j = 0; j < N / 4; ++j) {
+          ds[4 * j + 2 * i] *= sn;
+          ds[4 * j + 2 * i + 1] *= sn;
+        }
+      }
+    }
+  }
+
+  // The accumulator back at its true scale (before the store).
+  template <int NA>
+  __device__ __forceinline__ void finish(float (&acc)[NA]) const {
+    if constexpr (!kBF16) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (sig[i] != 1.f) {
+          const float f = 1.f / sig[i];
+#pragma unroll
+          for (int j = 0; j < NA / 4; ++j) {
+            acc[4 * j + 2 * i] *= f;
+            acc[4 * j + 2 * i + 1] *= f;
+          }
+        }
+    }
+  }
+};
+
+// P^T and dS^T of a transposed tile in place: s (S^T) becomes P^T = exp2((S^T - A[col]) scale_log2 -
+// LSE2[col]) (attention_math.h bwd_prob_arg; A = 0 but for rows the preprocessing recomputed), 0 where
+// causal hides query m0 + col from the thread's keys; dp (dP^T) becomes P^T (dP^T - Delta[col]).
+// l2s / dls / ams: the thread's column pairs' LSE2, Delta and A; kmax: the tile's last key (causal check).
 __device__ __forceinline__ void p_ds_transposed(const AttnBwdParams& p, float (&s)[QM / 2], float (&dp)[QM / 2],
                                                 const float2 (&l2s)[QM / 8], const float2 (&dls)[QM / 8],
-                                                const int (&key)[2], int m0, int kmax, int lane) {
+                                                const float2 (&ams)[QM / 8], const int (&key)[2], int m0, int kmax,
+                                                int lane) {
   const bool mask = p.causal && m0 < kmax;
 #pragma unroll
   for (int j = 0; j < QM / 8; ++j) {
     const int c = 8 * j + 2 * (lane % 4);
-    const float2 l2 = l2s[j], dl = dls[j];
+    const float2 l2 = l2s[j], dl = dls[j], am = ams[j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float lse2 = (e & 1) ? l2.y : l2.x;
       const float delta = (e & 1) ? dl.y : dl.x;
-      float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2));
+      const float a = (e & 1) ? am.y : am.x;
+      float pr = ex2(bwd_prob_arg(s[4 * j + e], a, p.scale_log2, lse2));
       if (mask && key[e >> 1] > m0 + c + (e & 1)) pr = 0.f;
       s[4 * j + e] = pr;
       dp[4 * j + e] = pr * (dp[4 * j + e] - delta);
@@ -222,6 +305,7 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
   float dk[PW / 2], dv[PW / 2];
   zero(dk);
   zero(dv);
+  DsScale dss;
   int mb_begin, mb_end;
   kv_query_range(p, n0, mb_begin, mb_end);
   const int per_head = mb_end - mb_begin;
@@ -238,22 +322,25 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
     const int64_t rb = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
     const float2* lg = reinterpret_cast<const float2*>(p.ws_lse2 + rb) + lane % 4;
     const float2* dg = reinterpret_cast<const float2*>(p.ws_delta + rb) + lane % 4;
+    const float2* ag = reinterpret_cast<const float2*>(p.ws_max + rb) + lane % 4;
     float s[QM / 2], dp[QM / 2];
     sm90::mbar_wait(&r.full[stage], phase);
     mma_qk<MathS>(s, sk, KN, sq);
     mma_qk<MathS>(dp, sv, KN, sdo);
-    float2 l2s[QM / 8], dls[QM / 8];
+    float2 l2s[QM / 8], dls[QM / 8], ams[QM / 8];
 #pragma unroll
     for (int j = 0; j < QM / 8; ++j) {
       l2s[j] = __ldg(lg + 4 * j);  // columns 8 j + 2 (lane % 4) + {0, 1}
       dls[j] = __ldg(dg + 4 * j);
+      ams[j] = __ldg(ag + 4 * j);
     }
     sm90::wgmma_wait<0>();
     fence_regs(s);
     fence_regs(dp);
     // P^T: column c of the tile is query m0 + c.
-    p_ds_transposed(p, s, dp, l2s, dls, key, m0, key0 + 63, lane);
+    p_ds_transposed(p, s, dp, l2s, dls, ams, key, m0, key0 + 63, lane);
     uint32_t pf[QM / 16][4], df[QM / 16][4];
+    dss.apply(dp, dk);  // FP16: dS within FP16's range (the row's scale)
     pack_p<MathS>(s, pf);
     pack_p<MathS>(dp, df);
     mma_pv<MathD>(dv, pf, sdo + part * (PW / 64) * QM * 128);
@@ -265,6 +352,7 @@ __device__ __forceinline__ void dkdv_consumer(const AttnBwdParams& p, uint8_t* s
   }
   Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
   Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
+  dss.finish(dk);
   store_block<PW>(gdk, p.dk_s[2], key0, p.Sk, part * PW, p.D, dk, p.scale);
   store_block<PW>(gdv, p.dv_s[2], key0, p.Sk, part * PW, p.D, dv, 1.f);
 }
@@ -306,16 +394,18 @@ __device__ __forceinline__ void dq_consumer(const AttnBwdParams& p, uint8_t* sme
   const int tid = threadIdx.x % 128, lane = tid % 32;
   const int row0 = m0 + w * 64;
   int pos[2];
-  float lse2[2], delta[2];
+  float lse2[2], delta[2], amax[2];
   const int64_t row_base = (int64_t(b) * p.Hq + h) * p.sq_pad;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     pos[i] = row0 + (tid / 32) * 16 + lane / 4 + 8 * i;  // < sq_pad: the workspace is padded
     lse2[i] = p.ws_lse2[row_base + pos[i]];
     delta[i] = p.ws_delta[row_base + pos[i]];
+    amax[i] = p.ws_max[row_base + pos[i]];
   }
   float dq[HD / 2];
   zero(dq);
+  DsScale dss;
   const int n_tiles = dq_key_tiles(p, m0);
   sm90::mbar_wait(r.q_full, 0);
   for (int n = 0; n < n_tiles; ++n) {
@@ -337,9 +427,10 @@ __device__ __forceinline__ void dq_consumer(const AttnBwdParams& p, uint8_t* sme
     for (int j = 0; j < NQ / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2[e >> 1]));
+        const float pr = ex2(bwd_prob_arg(s[4 * j + e], amax[e >> 1], p.scale_log2, lse2[e >> 1]));
         dp[4 * j + e] = pr * (dp[4 * j + e] - delta[e >> 1]);
       }
+    dss.apply(dp, dq);  // FP16: dS within FP16's range (the row's scale)
     uint32_t df[NQ / 16][4];
     pack_p<QCfg>(dp, df);
     mma_pv<QCfg>(dq, df, sk);  // K as the MN-major B operand (as V in the forward's P V)
@@ -348,6 +439,7 @@ __device__ __forceinline__ void dq_consumer(const AttnBwdParams& p, uint8_t* sme
     if (lane == 0) sm90::mbar_arrive(&r.empty[stage]);
   }
   Elem* gdq = static_cast<Elem*>(p.dq) + b * p.dq_s[0] + h * p.dq_s[1];
+  dss.finish(dq);
   store_block<HD>(gdq, p.dq_s[2], row0, p.Sq, 0, p.D, dq, p.scale);
 }
 
@@ -442,6 +534,7 @@ __device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8
   float dk[PW / 2], dv[PW / 2];
   zero(dk);
   zero(dv);
+  DsScale dss;
   int mb_begin, mb_end;
   kv_query_range(p, n0, mb_begin, mb_end);
   const int per_head = mb_end - mb_begin;
@@ -453,6 +546,7 @@ __device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8
     const int64_t rb = (int64_t(b) * p.Hq + kvh * p.group + it / per_head) * p.sq_pad + m0;
     const float2* lg = reinterpret_cast<const float2*>(p.ws_lse2 + rb) + lane % 4;
     const float2* dg = reinterpret_cast<const float2*>(p.ws_delta + rb) + lane % 4;
+    const float2* ag = reinterpret_cast<const float2*>(p.ws_max + rb) + lane % 4;
     float s[QM / 2], dp[QM / 2];
     sm90::mbar_wait(r.do_full, phase);
     mma_qk<HalfS>(dp, sv, KN, sdo + half);
@@ -462,14 +556,16 @@ __device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8
     fence_regs(s);
     fence_regs(dp);
     exchange_pair<QM / 2>(s, dp, xbuf, w);
-    float2 l2s[QM / 8], dls[QM / 8];  // read after the exchange: fewer registers live across it
+    float2 l2s[QM / 8], dls[QM / 8], ams[QM / 8];  // read after the exchange: fewer registers live across it
 #pragma unroll
     for (int j = 0; j < QM / 8; ++j) {
       l2s[j] = __ldg(lg + 4 * j);
       dls[j] = __ldg(dg + 4 * j);
+      ams[j] = __ldg(ag + 4 * j);
     }
-    p_ds_transposed(p, s, dp, l2s, dls, key, m0, n0 + 63, lane);
+    p_ds_transposed(p, s, dp, l2s, dls, ams, key, m0, n0 + 63, lane);
     uint32_t pf[QM / 16][4], df[QM / 16][4];
+    dss.apply(dp, dk);  // FP16: dS within FP16's range (the row's scale)
     pack_p<HalfS>(s, pf);
     pack_p<HalfS>(dp, df);
     mma_pv<MathD>(dv, pf, sdo + own);
@@ -484,6 +580,7 @@ __device__ __forceinline__ void dkdv_consumer_wide(const AttnBwdParams& p, uint8
   const int col0 = cs * (HD / kSlices) + w * PW;
   Elem* gdk = static_cast<Elem*>(p.dk) + b * p.dk_s[0] + kvh * p.dk_s[1];
   Elem* gdv = static_cast<Elem*>(p.dv) + b * p.dv_s[0] + kvh * p.dv_s[1];
+  dss.finish(dk);
   store_block<PW>(gdk, p.dk_s[2], n0, p.Sk, col0, p.D, dk, p.scale);
   store_block<PW>(gdv, p.dv_s[2], n0, p.Sk, col0, p.D, dv, 1.f);
 }
@@ -526,16 +623,18 @@ __device__ __forceinline__ void dq_consumer_wide(const AttnBwdParams& p, uint8_t
   float* xbuf = reinterpret_cast<float*>(smem + kQX);
   const int tid = threadIdx.x % 128, lane = tid % 32;
   int pos[2];
-  float lse2[2], delta[2];
+  float lse2[2], delta[2], amax[2];
   const int64_t row_base = (int64_t(b) * p.Hq + h) * p.sq_pad;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     pos[i] = m0 + (tid / 32) * 16 + lane / 4 + 8 * i;  // < sq_pad: the workspace is padded
     lse2[i] = p.ws_lse2[row_base + pos[i]];
     delta[i] = p.ws_delta[row_base + pos[i]];
+    amax[i] = p.ws_max[row_base + pos[i]];
   }
   float dq[128];
   zero(dq);
+  DsScale dss;
   const int n_tiles = dq_key_tiles(p, m0);
   sm90::mbar_wait(r.q_full, 0);
   for (int n = 0; n < n_tiles; ++n) {
@@ -556,9 +655,10 @@ __device__ __forceinline__ void dq_consumer_wide(const AttnBwdParams& p, uint8_t
     for (int j = 0; j < NQ / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pr = ex2(fmaf(s[4 * j + e], p.scale_log2, -lse2[e >> 1]));
+        const float pr = ex2(bwd_prob_arg(s[4 * j + e], amax[e >> 1], p.scale_log2, lse2[e >> 1]));
         dp[4 * j + e] = pr * (dp[4 * j + e] - delta[e >> 1]);
       }
+    dss.apply(dp, dq);  // FP16: dS within FP16's range (the row's scale)
     uint32_t df[NQ / 16][4];
     pack_p<HalfQ>(dp, df);
     mma_pv<HalfQ>(dq, df, sk);  // this warpgroup's 256 columns of K as the MN-major B operand
@@ -567,6 +667,7 @@ __device__ __forceinline__ void dq_consumer_wide(const AttnBwdParams& p, uint8_t
     if (lane == 0) sm90::mbar_arrive(r.k_empty);
   }
   Elem* gdq = static_cast<Elem*>(p.dq) + b * p.dq_s[0] + h * p.dq_s[1];
+  dss.finish(dq);
   store_block<256>(gdq, p.dq_s[2], m0, p.Sq, w * 256, p.D, dq, p.scale);
 }
 #endif  // FLY_HD <= 256
@@ -576,9 +677,66 @@ __device__ __forceinline__ void dq_consumer_wide(const AttnBwdParams& p, uint8_t
 
 using namespace fly::attn;
 
-// One warp per padded row: Delta = sum_d dO O (fp32), LSE2 = LSE log2(e); padding rows and rows
-// without a visible key (LSE -inf) get LSE2 = +inf, so every P of theirs is 0.
-extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_pre(const __grid_constant__ AttnBwdParams p) {
+// sum_d a[d] b[d] in FP32 (products of 16-bit values are exact), rows 8-byte aligned (TMA's
+// 16-byte rule for the tensors the maps address): 4-element vector loads, then the tail.
+__device__ __forceinline__ float dot_row(const Elem* a, const Elem* b, int D) {
+  float acc = 0.f;
+  int d = 0;
+#pragma unroll 1
+  for (; d + 4 <= D; d += 4) {
+    const uint2 va = __ldg(reinterpret_cast<const uint2*>(a + d));
+    const uint2 vb = __ldg(reinterpret_cast<const uint2*>(b + d));
+    const Elem* ea = reinterpret_cast<const Elem*>(&va);
+    const Elem* eb = reinterpret_cast<const Elem*>(&vb);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc = fmaf(float(ea[e]), float(eb[e]), acc);
+  }
+#pragma unroll 1
+  for (; d < D; ++d) acc = fmaf(float(a[d]), float(b[d]), acc);
+  return acc;
+}
+
+// A row's exact softmax statistics, for rows whose FP32 LSE cannot give their probabilities
+// (|LSE| >= kBwdExactLse: at LSE ~ 1e11 an ulp is 8192): the warp's lanes take keys j = lane,
+// lane + 32, ... of the row's visible ones, each an FP32 dot product and an online (max, sum) as the
+// forward's (attention_math.h), then the warp merges them. *a = the max score, *r = log2 of the sum
+// of exp2((s - max) scale_log2): P = exp2((s - a) scale_log2 - r) (bwd_prob_arg). A row with no
+// visible key (an LSE inconsistent with the shapes) keeps P = 0: (0, +inf). Lane 0 stores (a, r) at
+// workspace row `row` over the preprocessing's (0, LSE log2 e). O(Sk D) per row: the rare path, out
+// of line and last (nothing of the caller lives across it) so that the common one keeps its registers.
+__device__ __noinline__ void exact_row_stats(const AttnBwdParams& p, int64_t row, int b, int h, int s, int lane) {
+  const Elem* q = static_cast<const Elem*>(p.q) + b * p.q_s[0] + h * p.q_s[1] + int64_t(s) * p.q_s[2];
+  const Elem* kb = static_cast<const Elem*>(p.k) + b * p.k_s[0] + (h / p.group) * p.k_s[1];
+  const int nk = p.causal ? min(p.Sk, s + 1) : p.Sk;
+  const float c = p.scale_log2;
+  float m = -INFINITY, t = 0.f;
+  for (int j = lane; j < nk; j += 32) {
+    const float x = dot_row(q, kb + int64_t(j) * p.k_s[2], p.D);
+    if (x > m) {
+      t = t * ex2(rescale_arg(m, x, c)) + 1.f;  // m = -inf: 0 * 0 + 1
+      m = x;
+    } else {
+      t += ex2(prob_arg(x, m, c, 0.f));  // NaN x: NaN, kept
+    }
+  }
+  float M = m;
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+  float sum = split_weight(m, t, M, c);  // a lane without keys: 0
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const bool none = M == -INFINITY || !(sum > 0.f || sum != sum);  // no visible key: P = 0
+  if (lane == 0) {
+    p.ws_max[row] = none ? 0.f : M;
+    p.ws_lse2[row] = none ? INFINITY : log2f(sum);
+  }
+}
+
+// One warp per padded row: Delta = sum_d dO O (fp32) and the row's probability reference (a, r):
+// (0, LSE log2(e)), or for |LSE| >= kBwdExactLse the exact statistics above; padding rows and rows
+// without a visible key (LSE -inf) get r = +inf, so every P of theirs is 0.
+// (256, 8): the common path in 32 registers, full occupancy as before the exact path existed.
+extern "C" __global__ void __launch_bounds__(256, 8) fly_attn_bwd_pre(const __grid_constant__ AttnBwdParams p) {
   const int64_t rows = int64_t(p.B) * p.Hq * p.sq_pad;
   const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -586,20 +744,22 @@ extern "C" __global__ void __launch_bounds__(256) fly_attn_bwd_pre(const __grid_
   const int s = int(row % p.sq_pad);
   const int h = int((row / p.sq_pad) % p.Hq);
   const int b = int(row / (int64_t(p.sq_pad) * p.Hq));
-  float acc = 0.f, l2 = INFINITY;
+  float acc = 0.f, l = -INFINITY;
   if (s < p.Sq) {
     const Elem* o = static_cast<const Elem*>(p.o) + b * p.o_s[0] + h * p.o_s[1] + s * p.o_s[2];
     const Elem* d = static_cast<const Elem*>(p.dout) + b * p.do_s[0] + h * p.do_s[1] + s * p.do_s[2];
     for (int c = lane; c < p.D; c += 32) acc += float(o[c]) * float(d[c]);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    const float l = p.lse[b * p.lse_s[0] + h * p.lse_s[1] + s * p.lse_s[2]];
-    l2 = l == -INFINITY ? INFINITY : l * kLog2e;
+    l = p.lse[b * p.lse_s[0] + h * p.lse_s[1] + s * p.lse_s[2]];
   }
   if (lane == 0) {
     p.ws_delta[row] = acc;
-    p.ws_lse2[row] = l2;
+    p.ws_lse2[row] = l == -INFINITY ? INFINITY : l * kLog2e;
+    p.ws_max[row] = 0.f;
   }
+  // Warp-uniform (one warp per row) and rare; lane 0's stores above are overwritten in its order.
+  if (fabsf(l) >= kBwdExactLse && fabsf(l) < INFINITY) exact_row_stats(p, row, b, h, s, lane);
 }
 
 #if FLY_HD <= 256

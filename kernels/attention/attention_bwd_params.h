@@ -3,8 +3,12 @@
 // by host (src/ops/attention_bwd.cpp, tools, CPU tests) and device.
 //
 // Three kernels per variant, launched in order on one stream:
-//   fly_attn_bwd_pre:  Delta = rowsum(dO * O) (fp32) and LSE * log2(e) into the workspace, rows
-//                      padded to a multiple of kBwdRowPad (padding: Delta 0, LSE +inf, so P = 0).
+//   fly_attn_bwd_pre:  Delta = rowsum(dO * O) (fp32) and each row's probability reference (a, r)
+//                      into the workspace, rows padded to a multiple of kBwdRowPad: P = exp2((s - a)
+//                      scale log2(e) - r) with (a, r) = (0, LSE log2(e)), or for a row whose |LSE| is
+//                      kBwdExactLse or more (scores so large that the FP32 LSE cannot give P) its
+//                      exact max score and log2 of its sum, recomputed from Q and K (issue 46);
+//                      padding: Delta 0, r = +inf, so P = 0.
 //   fly_attn_bwd_dkdv: a CTA owns KN keys of one (batch, kv head) with K and V resident in shared
 //                      memory; Q and dO tiles of QM queries of every query head of the group stream
 //                      through a TMA ring (LSE2 / Delta read from the workspace). Deterministic:
@@ -32,8 +36,9 @@ struct AttnBwdParams {
   void* dq;                       // [B, Hq, Sq, D]
   void* dk;                       // [B, Hkv, Sk, D]
   void* dv;                       // [B, Hkv, Sk, D]
-  float* ws_lse2;                 // [B, Hq, sq_pad]: LSE * log2(e), +inf in padding / empty rows
+  float* ws_lse2;                 // [B, Hq, sq_pad]: r, LSE * log2(e) (+inf in padding / empty rows)
   float* ws_delta;                // [B, Hq, sq_pad]
+  float* ws_max;                  // [B, Hq, sq_pad]: a, 0 or a recomputed row's max score
   int64_t o_s[3], do_s[3], lse_s[3], dq_s[3], dk_s[3], dv_s[3];  // strides (elements) of b, h, s
   int32_t B, Hq, Hkv, Sq, Sk, D;
   int32_t group;   // Hq / Hkv
@@ -41,14 +46,21 @@ struct AttnBwdParams {
   int32_t causal;  // 1: key j visible to query i only when j <= i (top-left)
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
+  // The preprocessing's exact recomputation of a row's statistics (rare: |LSE| >= kBwdExactLse)
+  // reads Q and K rows directly (the tensors the maps address: 16-byte aligned rows).
+  const void* q;                  // [B, Hq, Sq, D]
+  const void* k;                  // [B, Hkv, Sk, D]
+  int64_t q_s[3], k_s[3];         // strides (elements) of b, h, s
 };
 
 inline int64_t bwd_pad_rows(int64_t sq) { return (sq + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
 inline int64_t bwd_ws_part_bytes(int64_t b, int64_t hq, int64_t sq) {
   return (b * hq * bwd_pad_rows(sq) * 4 + 255) / 256 * 256;
 }
-// Workspace of a backward call: the padded LSE * log2(e) and Delta arrays, 256-byte aligned each.
-inline int64_t bwd_ws_bytes(int64_t b, int64_t hq, int64_t sq) { return 2 * bwd_ws_part_bytes(b, hq, sq); }
+// Workspace of a backward call: the padded r (LSE * log2(e)), Delta and a (row max) arrays,
+// 256-byte aligned each, in that order.
+constexpr int kBwdWsParts = 3;
+inline int64_t bwd_ws_bytes(int64_t b, int64_t hq, int64_t sq) { return kBwdWsParts * bwd_ws_part_bytes(b, hq, sq); }
 
 // Consumer warpgroups splitting the head dim of the dK/dV accumulators (wide heads): 64 columns
 // each at 192, 128 each at 256 (splits start on a 64-column swizzle chunk).

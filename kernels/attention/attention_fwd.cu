@@ -127,11 +127,13 @@ __device__ __forceinline__ RowMap map_rows(const AttnFwdParams& p, const TileCoo
 }
 
 // o: the thread's part of NC output columns starting at column col0 (the whole head dim, or a wide
-// consumer's half); only the warpgroup with write_lse stores the LSE.
+// consumer's half); only the warpgroup with write_lse stores the LSE (split partials: the row's max
+// and biased sum, the merge's exact weights). Values are clamped to the type's range (clamp_out).
 template <int NC = Cfg::kHD>
 __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileCoord& t, const RowMap& rm,
                                              const float (&o)[NC / 2], const float (&inv)[2],
-                                             const float (&lse)[2], int col0 = 0, bool write_lse = true) {
+                                             const float (&lse)[2], const float (&mrow)[2], const float (&tsum)[2],
+                                             int col0 = 0, bool write_lse = true) {
   const int lane = threadIdx.x % 32;
   const int c0 = col0 + 2 * (lane % 4);
   if (p.splits > 1) {
@@ -144,10 +146,12 @@ __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileC
 #pragma unroll
       for (int j = 0; j < NC / 8; ++j)
         *reinterpret_cast<float2*>(dst + 8 * j + c0) = make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
-      if (write_lse && lane % 4 == 0) p.ws_lse[t.split * rows + row] = lse[i];
+      if (write_lse && lane % 4 == 0)
+        reinterpret_cast<float2*>(p.ws_ml)[t.split * rows + row] = make_float2(mrow[i], tsum[i]);
     }
     return;
   }
+  constexpr float kMax = Cfg::kBF16 ? kBf16Max : kFp16Max;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (!rm.valid[i]) continue;
@@ -155,7 +159,7 @@ __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileC
 #pragma unroll
     for (int j = 0; j < NC / 8; ++j) {
       const int col = 8 * j + c0;
-      const float a = o[4 * j + 2 * i] * inv[i], b = o[4 * j + 2 * i + 1] * inv[i];
+      const float a = clamp_out(o[4 * j + 2 * i] * inv[i], kMax), b = clamp_out(o[4 * j + 2 * i + 1] * inv[i], kMax);
       if (p.o_vec2 && col + 1 < p.D) {
         *reinterpret_cast<uint32_t*>(dst + col) = pack2<Cfg::kBF16>(a, b);
       } else {
@@ -170,9 +174,11 @@ __device__ __forceinline__ void store_output(const AttnFwdParams& p, const TileC
 
 // Split keys (splits > 1), fused merge: after a tile's consumers stored their partials, the CTA
 // counts its arrival on the tile's counter (ws_cnt, zeroed by the launcher before the kernel); the
-// last split of the tile to arrive merges every split's partial O and LSE of the tile's rows into o
-// and lse, one warp per row, in split order (the same sums whichever CTA merges), weights
-// exp(LSE_s - max); rows whose splits all saw nothing get O = 0, LSE = -inf. Classic
+// last split of the tile to arrive merges every split's partial O and (max, sum) of the tile's rows
+// into o and lse, one warp per row, in split order (the same sums whichever CTA merges), weights
+// sum_s 2^((max_s - max) c) (split_weight: exact whatever the scores' magnitude, where weights from
+// the splits' FP32 LSEs lost the sums once scores reach ~1e11); rows whose splits all saw nothing
+// get O = 0, LSE = -inf. Classic
 // last-block reduction: each thread's stores are fenced (gpu scope) before the CTA's arrival, the
 // merging CTA fences after it and reads the partials through L2 (ld.global.cg).
 // ctid / nthreads: the consumer thread's index and the consumer thread count (named barrier 5);
@@ -216,15 +222,17 @@ __device__ __forceinline__ void merge_splits_if_last(const AttnFwdParams& p, con
       head = t.head_y;
     }
     const int64_t row = (int64_t(t.batch) * p.Hq + head) * p.Sq + pos;
-    const float part = lane < p.splits ? __ldcg(p.ws_lse + lane * rows + row) : -INFINITY;
-    float mx = part;
+    const float2 part = lane < p.splits ? __ldcg(reinterpret_cast<const float2*>(p.ws_ml) + lane * rows + row)
+                                        : make_float2(-INFINITY, 0.f);
+    float mx = part.x;
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float w = mx == -INFINITY ? 0.f : __expf(part - mx);
+    const float w = split_weight(part.x, part.y, mx, p.scale_log2);  // 0 for a split without keys
     float sum = w;
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float wn = sum > 0.f ? w / sum : 0.f;
+    constexpr float kMax = Cfg::kBF16 ? kBf16Max : kFp16Max;
     Elem* dst = static_cast<Elem*>(p.o) + t.batch * p.o_sb + head * p.o_sh + pos * p.o_ss;
     for (int c0 = 0; c0 < p.D; c0 += 32) {  // whole-warp steps: the shuffles need every lane
       const int col = c0 + lane;
@@ -233,9 +241,10 @@ __device__ __forceinline__ void merge_splits_if_last(const AttnFwdParams& p, con
         const float ws = __shfl_sync(0xffffffffu, wn, sp);
         if (ws != 0.f && col < p.D) acc += ws * __ldcg(p.ws_o + (sp * rows + row) * Cfg::kHD + col);
       }
-      if (col < p.D) dst[col] = Elem(acc);
+      if (col < p.D) dst[col] = Elem(clamp_out(acc, kMax));
     }
-    if (lane == 0 && p.lse) p.lse[t.batch * p.lse_sb + head * p.lse_sh + pos * p.lse_ss] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+    if (lane == 0 && p.lse)
+      p.lse[t.batch * p.lse_sb + head * p.lse_sh + pos * p.lse_ss] = row_lse(mx, sum, p.scale, p.prob_bias);
   }
 }
 
@@ -253,7 +262,7 @@ __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord
   float o[Cfg::kHD / 2];
 #pragma unroll
   for (int i = 0; i < Cfg::kHD / 2; ++i) o[i] = 0.f;
-  OnlineSoftmax sm;
+  OnlineSoftmax sm(p.prob_bias);
   sm90::mbar_wait(r.q_full, qph);
   for (int n = t.n_begin, it = g0; n < t.n_end; ++n, ++it) {
     const int stage = it % Cfg::kST;
@@ -278,9 +287,9 @@ __device__ __forceinline__ void consumer(const AttnFwdParams& p, const TileCoord
   }
   if constexpr (FLY_PS != 0)
     if (threadIdx.x % 32 == 0) sm90::mbar_arrive(r.q_empty);  // every product reading Q is done
-  float inv[2], lse[2];
-  sm.finish(p.scale_log2, inv, lse);
-  store_output(p, t, rm, o, inv, lse);
+  float inv[2], lse[2], tsum[2];
+  sm.finish(p.scale, inv, lse, tsum);
+  store_output(p, t, rm, o, inv, lse, sm.m, tsum);
 }
 
 // FLY_PP = 1 (with FLY_OV = 1 and two consumer warpgroups): inter-warpgroup ping-pong. Each
@@ -321,7 +330,7 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
   float o[Cfg::kHD / 2];
 #pragma unroll
   for (int i = 0; i < Cfg::kHD / 2; ++i) o[i] = 0.f;
-  OnlineSoftmax sm;
+  OnlineSoftmax sm(p.prob_bias);
   float inv[2], lse[2];
   const int iters = t.n_end - t.n_begin;
   const PingPong pp{cw};
@@ -373,8 +382,9 @@ __device__ __forceinline__ void consumer_overlap(const AttnFwdParams& p, const T
   }
   if constexpr (FLY_PS != 0)
     if (threadIdx.x % 32 == 0) sm90::mbar_arrive(r.q_empty);  // every product reading Q is done
-  sm.finish(p.scale_log2, inv, lse);
-  store_output(p, t, rm, o, inv, lse);
+  float tsum[2];
+  sm.finish(p.scale, inv, lse, tsum);
+  store_output(p, t, rm, o, inv, lse, sm.m, tsum);
 }
 
 #endif  // FLY_HD <= 256
@@ -481,7 +491,7 @@ __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const Tile
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  OnlineSoftmax sm;
+  OnlineSoftmax sm(p.prob_bias);
   float alpha[2];
   uint32_t pf[Cfg::kBN / 16][4];
   const int iters = t.n_end - t.n_begin;
@@ -543,9 +553,9 @@ __device__ __forceinline__ void consumer_wide(const AttnFwdParams& p, const Tile
     fence_regs(o);
     release_wide(r.v_empty, cl, iters - 1);
   }
-  float inv[2], lse[2];
-  sm.finish(p.scale_log2, inv, lse);
-  store_output<256>(p, t, rm, o, inv, lse, cw * 256, cw == 0);
+  float inv[2], lse[2], tsum[2];
+  sm.finish(p.scale, inv, lse, tsum);
+  store_output<256>(p, t, rm, o, inv, lse, sm.m, tsum, cw * 256, cw == 0);
 }
 #endif  // FLY_HD > 256
 

@@ -22,11 +22,13 @@ struct AttnFwdParams {
   float* lse;        // [B, Hq, Sq] fp32 or nullptr
   int64_t o_sb, o_sh, o_ss;        // elements
   int64_t lse_sb, lse_sh, lse_ss;  // elements
-  // Split keys (splits > 1): each split writes its softmax-normalized O (fp32, D_pad wide) and LSE
-  // here, indexed [split][b][h][s]; the last split of a tile to finish (ws_cnt: one arrival counter
-  // per tile, zeroed by the launcher before the kernel) merges them into o and lse.
+  // Split keys (splits > 1): each split writes its softmax-normalized O (fp32, D_pad wide) and its
+  // row statistics (the raw max score and the biased probability sum, two floats: the merge weighs
+  // splits by them exactly, where LSEs would lose the sums under scores of 1e11, issue 46) here,
+  // indexed [split][b][h][s]; the last split of a tile to finish (ws_cnt: one arrival counter per
+  // tile, zeroed by the launcher before the kernel) merges them into o and lse.
   float* ws_o;
-  float* ws_lse;
+  float* ws_ml;  // [split][row][2]: max, sum
   uint32_t* ws_cnt;
   int32_t B, Hq, Hkv, Sq, Sk, D;
   int32_t group;      // Hq / Hkv
@@ -40,18 +42,20 @@ struct AttnFwdParams {
   // Wide-head mc2 variants: 1 = launched as clusters of 2 CTAs along x (adjacent m blocks of one
   // head) that multicast each K / V tile, each CTA loading half of it (splits 1, unpacked only).
   int32_t cluster;
+  float scale;        // softmax_scale (the LSE: m * scale + ln(sum), attention_math.h row_lse)
+  float prob_bias;    // attention_math.h prob_bias(Sk, bf16): probabilities computed as 2^-bias of theirs
 };
 
-// Workspace of a split launch: partial O (fp32, dpad wide) and LSE per (split, row), then the
-// tiles' arrival counters, each part 256-aligned.
+// Workspace of a split launch: partial O (fp32, dpad wide) and the (max, sum) pair per (split, row),
+// then the tiles' arrival counters, each part 256-aligned.
 inline int64_t attn_ws_o_bytes(int64_t splits, int64_t rows, int64_t dpad) {
   return (splits * rows * dpad * 4 + 255) / 256 * 256;
 }
-inline int64_t attn_ws_lse_bytes(int64_t splits, int64_t rows) { return (splits * rows * 4 + 255) / 256 * 256; }
+inline int64_t attn_ws_ml_bytes(int64_t splits, int64_t rows) { return (splits * rows * 8 + 255) / 256 * 256; }
 // The tiles' arrival counters: one uint32 per tile; rows (B Hq Sq) bounds the tile count.
 inline int64_t attn_ws_cnt_bytes(int64_t rows) { return (rows * 4 + 255) / 256 * 256; }
 inline int64_t attn_ws_bytes(int64_t splits, int64_t rows, int64_t dpad) {
-  return attn_ws_o_bytes(splits, rows, dpad) + attn_ws_lse_bytes(splits, rows) + attn_ws_cnt_bytes(rows);
+  return attn_ws_o_bytes(splits, rows, dpad) + attn_ws_ml_bytes(splits, rows) + attn_ws_cnt_bytes(rows);
 }
 
 }  // namespace fly::attn

@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "attention/attention_math.h"
 #include "common/sm90.h"
 #include "common/wgmma_ops.h"
 
@@ -95,11 +96,7 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+__device__ __forceinline__ float ex2(float x) { return attn_exp2(x); }  // MUFU.EX2 (attention_math.h)
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
@@ -184,10 +181,16 @@ __device__ __forceinline__ void mask_tile(float (&s)[BN / 2], int n0, int sk, bo
 
 // ---- online softmax -------------------------------------------------------------------------------
 // Running max (unscaled scores) and thread-partial row sums of the thread's two rows. Scores stay
-// unscaled; exp(scale (s - m)) = exp2(s scale_log2 - m scale_log2), one FFMA and one MUFU.EX2.
+// unscaled; a probability is exp2((s - m) scale_log2 - bias) (attention_math.h: prob_arg; one FADD,
+// one FFMA, one MUFU.EX2), exact 2^-bias at the row's max whatever the scores' magnitude (issue 46:
+// the earlier single FFMA s * c - fl(m c) put the rounding error of fl(m c), up to 8192 at scores of
+// 1e12, into every exponent). bias: prob_bias (BF16 only), so sum_j p_j v_j cannot overflow FP32.
 struct OnlineSoftmax {
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
+  float bias = 0.f;
+
+  __device__ __forceinline__ explicit OnlineSoftmax(float prob_bias) : bias(prob_bias) {}
 
   // Turns s into probabilities against the updated max and returns the factors the previous
   // accumulator rows must be scaled by. A row with nothing visible yet keeps max -inf and uses 0.
@@ -200,8 +203,8 @@ struct OnlineSoftmax {
       for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-      alpha[i] = ex2(m[i] * scale_log2 - m_scaled);  // m = -inf: 0
+      const float ref = row_ref(mx);
+      alpha[i] = ex2(rescale_arg(m[i], ref, scale_log2));  // m = -inf: 0; unchanged max: 1
       m[i] = mx;
       float sum = 0.f;
 #pragma unroll
@@ -209,23 +212,25 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * j + 2 * i + e];
-          x = ex2(fmaf(x, scale_log2, -m_scaled));
+          x = ex2(prob_arg(x, ref, scale_log2, bias));
           sum += x;
         }
       l[i] = l[i] * alpha[i] + sum;
     }
   }
 
-  // Row sums over the quad; then 1 / l (0 for an empty row) and the natural-log LSE (-inf empty).
-  __device__ __forceinline__ void finish(float scale_log2, float (&inv)[2], float (&lse)[2]) {
+  // Row sums over the quad (t: the biased sum, 0 for an empty row); then 1 / t (0 for an empty row)
+  // and the natural-log LSE (-inf empty; row_lse: m * scale + ln t + bias ln 2).
+  __device__ __forceinline__ void finish(float scale, float (&inv)[2], float (&lse)[2], float (&t)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float t = l[i];
-      t += __shfl_xor_sync(0xffffffffu, t, 1);
-      t += __shfl_xor_sync(0xffffffffu, t, 2);
-      const bool empty = !(t > 0.f);
-      inv[i] = empty ? 0.f : 1.f / t;
-      lse[i] = empty ? -INFINITY : (m[i] * scale_log2 + log2f(t)) * 0.69314718055994531f;
+      float x = l[i];
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      const bool empty = !(x > 0.f);
+      t[i] = empty ? 0.f : x;
+      inv[i] = empty ? 0.f : 1.f / x;
+      lse[i] = row_lse(m[i], t[i], scale, bias);
     }
   }
 };

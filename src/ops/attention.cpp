@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <string>
 
+#include "attention/attention_math.h"
 #include "attention/attention_params.h"
 #include "attention/attention_plan.h"
 #include "core.hpp"
@@ -278,6 +279,8 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   const int chunks = hd / 64;
   p.q_bytes = uint32_t(chunks * 128 * (pack ? s.Sq * group : bm));
   p.scale_log2 = float(c.scale * 1.4426950408889634);
+  p.scale = float(c.scale);
+  p.prob_bias = attn::prob_bias(s.Sk, bf16);  // BF16: probabilities at 2^-bias (attention_math.h)
 
   int splits = attn::choose_splits(s, bm, bn, dc->sm_count);
   while (splits > 1 && attn::split_workspace_bytes(s, splits, hd) > ws_front) --splits;
@@ -285,8 +288,8 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   if (splits > 1) {
     const int64_t rows = s.B * s.Hq * s.Sq;
     p.ws_o = static_cast<float*>(params->workspace);
-    p.ws_lse = reinterpret_cast<float*>(static_cast<char*>(params->workspace) + attn::attn_ws_o_bytes(splits, rows, hd));
-    p.ws_cnt = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(p.ws_lse) + attn::attn_ws_lse_bytes(splits, rows));
+    p.ws_ml = reinterpret_cast<float*>(static_cast<char*>(params->workspace) + attn::attn_ws_o_bytes(splits, rows, hd));
+    p.ws_cnt = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(p.ws_ml) + attn::attn_ws_ml_bytes(splits, rows));
   }
   const unsigned smem = unsigned(attn::attn_smem_bytes(hd, bm, bn, st));
   if (int64_t(smem) > dc->max_smem_optin)

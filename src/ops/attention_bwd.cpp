@@ -319,6 +319,13 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   p.dv = prm.dv->data;
   p.ws_lse2 = static_cast<float*>(prm.workspace);
   p.ws_delta = reinterpret_cast<float*>(static_cast<char*>(prm.workspace) + attn::bwd_ws_part_bytes(s.B, s.Hq, s.Sq));
+  p.ws_max = reinterpret_cast<float*>(static_cast<char*>(prm.workspace) + 2 * attn::bwd_ws_part_bytes(s.B, s.Hq, s.Sq));
+  // Q and K as the maps read them (the packed path's copies when packed): the preprocessing's exact
+  // recomputation of rows whose |LSE| is too large for P = exp(s scale - LSE) reads them directly.
+  p.q = prm.q->data;
+  p.k = prm.k->data;
+  strides3(*prm.q, p.q_s);
+  strides3(*prm.k, p.k_s);
   strides3(*prm.o, p.o_s);
   strides3(*prm.dout, p.do_s);
   strides3(*prm.lse, p.lse_s);

@@ -160,6 +160,16 @@ TEST_CASE("attention_bwd: launches of the wide plan (D 257..512)", "[fake][atten
         CHECK(p.dk == c.dk.data);
         CHECK(p.dv == c.dv.data);
         CHECK(p.ws_lse2 == c.ws);
+        // the third workspace array (the rows' exact max, issue 46) and the Q / K rows it reads
+        const int64_t part = fly::attn::bwd_ws_part_bytes(2, 8, 300);
+        CHECK(reinterpret_cast<char*>(p.ws_delta) == static_cast<char*>(c.ws) + part);
+        CHECK(reinterpret_cast<char*>(p.ws_max) == static_cast<char*>(c.ws) + 2 * part);
+        CHECK(p.q == c.q.data);
+        CHECK(p.k == c.k.data);
+        for (int i = 0; i < 3; ++i) {
+          CHECK(p.q_s[i] == c.q.strides[i]);
+          CHECK(p.k_s[i] == c.k.strides[i]);
+        }
         // the boxes the kernels' tiles expect: Q / dO slots of 32 rows, K / V of 64 (dK/dV);
         // Q / dO of 64 rows, K / V slots of 32 (dQ); 64 columns per box
         CHECK(box_rows(p.tm_q_kv) == 32u);
@@ -226,6 +236,11 @@ TEST_CASE("attention_bwd: q and k TMA cannot take are copied to 16-byte rows fir
   CHECK(map_at(p.tm_k_kv) == reinterpret_cast<uint64_t>(copy_k));
   CHECK(map_at(p.tm_do_kv) == reinterpret_cast<uint64_t>(c.dout.data));  // aligned: read in place
   CHECK(p.ws_lse2 == static_cast<void*>(ws));  // the backward's own part stays at the front
+  // the preprocessing's exact row statistics read the copies too, with the copies' strides
+  CHECK(p.q == static_cast<const void*>(copy_q));
+  CHECK(p.k == static_cast<const void*>(copy_k));
+  CHECK(p.q_s[2] == 128);
+  CHECK(p.k_s[2] == 128);
   // Room for the backward but not the copies: refused, saying how much would run it.
   c.p.workspace_bytes = own;
   fake_cuda_clear_records();

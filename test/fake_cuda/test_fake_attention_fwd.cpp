@@ -4,6 +4,7 @@
 // workspace, one plane per (batch, head), then fly_attn_fwd reads the copies through its maps);
 // aligned operands launch no copy; without room for the copies the call is refused before any
 // launch. No kernel runs (the fake records the launches).
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -150,10 +151,14 @@ TEST_CASE("attention_fwd: split keys launch one kernel after zeroing the tiles' 
   REQUIRE(A->param_bytes >= sizeof(ap));
   std::memcpy(&ap, A->params, sizeof(ap));
   REQUIRE(ap.splits > 1);
+  // the softmax's constants (attention_math.h, issue 46): the natural scale for the LSE, and BF16
+  // probabilities at 2^-(floor(log2 8192) + 2) so that a row's sum stays at most 1/2
+  CHECK(ap.scale == float(1.0 / std::sqrt(128.0)));
+  CHECK(ap.prob_bias == 15.f);
   const int64_t rows = 8 * 32 * 1;
   CHECK(reinterpret_cast<char*>(ap.ws_o) == ws);
-  CHECK(reinterpret_cast<char*>(ap.ws_lse) == ws + fly::attn::attn_ws_o_bytes(ap.splits, rows, 128));
-  CHECK(reinterpret_cast<char*>(ap.ws_cnt) == reinterpret_cast<char*>(ap.ws_lse) + fly::attn::attn_ws_lse_bytes(ap.splits, rows));
+  CHECK(reinterpret_cast<char*>(ap.ws_ml) == ws + fly::attn::attn_ws_o_bytes(ap.splits, rows, 128));
+  CHECK(reinterpret_cast<char*>(ap.ws_cnt) == reinterpret_cast<char*>(ap.ws_ml) + fly::attn::attn_ws_ml_bytes(ap.splits, rows));
   CHECK(reinterpret_cast<char*>(ap.ws_cnt) + fly::attn::attn_ws_cnt_bytes(rows) <= ws + need);
   // no workspace: unsplit, nothing to zero
   f.p.workspace = nullptr;

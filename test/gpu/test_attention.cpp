@@ -322,7 +322,7 @@ TEST_CASE("attention_fwd: Sk = 0 writes O = 0 and LSE = -inf; unsupported input 
   odd.ld = 100;  // 200-byte rows: not a TMA stride; without a workspace there is no room to copy them
   odd.workspace = false;
   const Result o = run_case(odd);
-  CHECK(o.status == FLY_ERROR_UNSUPPORTED);
+  CHECK(o.status == FLY_ERROR_WORKSPACE);
   CHECK(o.msg.find("multiple of 8") != std::string::npos);
   CHECK(o.msg.find("with a workspace of") != std::string::npos);
 }
