@@ -48,7 +48,13 @@ std::unordered_set<std::string> g_decisions_logged;
 std::atomic<bool> g_decisions_log{false};
 std::atomic<bool> g_autotune{false};
 py::object* g_autotune_cb = nullptr;  // leaked on purpose: never destroyed after interpreter exit
+// The force (flykernels.torch.forced): this thread's, else the process's. The process-wide one is
+// what reaches a backward: the autograd engine runs CUDA backward ops on its own worker thread,
+// where a thread-local force set around loss.backward() is not seen (the tuner's backward rows
+// timed the same side twice before it existed).
 thread_local int t_forced = 0;
+std::atomic<int> g_forced{0};
+int forced_now() { return t_forced != 0 ? t_forced : g_forced.load(std::memory_order_relaxed); }
 
 std::string arch_base(const std::string& tag) { return tag.substr(0, tag.find(':')); }
 
@@ -165,12 +171,14 @@ std::string DecisionKey::str() const {
   return os.str();
 }
 
-int forced() { return t_forced; }
+int forced() { return forced_now(); }
 void set_forced(int mode) { t_forced = mode; }
+void set_forced_process(int mode) { g_forced.store(mode); }
 
 Decided decide(const DecisionKey& key, const std::function<TimingCall()>& timing) {
-  if (t_forced == 1) return {Choice::kOurs, "forced: ours"};
-  if (t_forced == 2) return {Choice::kStock, "forced: stock"};
+  const int force = forced_now();
+  if (force == 1) return {Choice::kOurs, "forced: ours"};
+  if (force == 2) return {Choice::kStock, "forced: stock"};
   {
     std::shared_lock<std::shared_mutex> lock(g_mu);
     auto it = g_cache.find(key);
@@ -197,7 +205,7 @@ Decided decide(const DecisionKey& key, const std::function<TimingCall()>& timing
 
 bool take_ours(const DecisionKey& key, const std::function<TimingCall()>& timing) {
   // The call path: a cached key answers with its choice alone (no copy of the rule's text).
-  if (t_forced == 0 && !g_decisions_log.load(std::memory_order_relaxed)) {
+  if (forced_now() == 0 && !g_decisions_log.load(std::memory_order_relaxed)) {
     std::shared_lock<std::shared_mutex> lock(g_mu);
     auto it = g_cache.find(key);
     if (it != g_cache.end()) return it->second.choice == Choice::kOurs;
@@ -267,8 +275,11 @@ void register_decision_bindings(py::module_& m) {
       py::arg("on"), py::arg("callback") = py::none(),
       "FLYKERNELS_AUTOTUNE: callback(key, op, overload, args) -> (ours_us, stock_us) or None");
   m.def("autotune_enabled", [] { return g_autotune.load(); });
-  m.def("set_forced", &set_forced, "this thread's force: 0 none, 1 ours, 2 stock");
-  m.def("forced", &forced);
+  m.def("set_forced", &set_forced, "this thread's force: 0 none (the process's applies), 1 ours, 2 stock");
+  m.def("set_forced_process", &set_forced_process,
+        "the process's force, for threads that set none (the autograd engine's): 0 none, 1 ours, 2 stock");
+  m.def("forced_state", [] { return py::make_tuple(t_forced, g_forced.load()); }, "(this thread's, the process's)");
+  m.def("forced", &forced, "the force in effect on this thread");
   m.def(
       "decide",
       [](const std::string& op, const std::string& dtype, const std::string& layout, int64_t k0, int64_t k1,

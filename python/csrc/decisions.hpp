@@ -4,7 +4,7 @@
 // its DecisionKey, and runs the stock kernel unless the answer is kOurs.
 //
 // Where answers come from, first match wins:
-//   forced    a thread-local force (flykernels.torch.forced("ours"|"stock"), the tuner's timing runs)
+//   forced    a force, this thread's else the process's (flykernels.torch.forced("ours"|"stock"), the tuner's timing runs)
 //   tuned     a decision row with exactly this key (rows are loaded from Python: the shipped file,
 //             FLYKERNELS_TUNING_DB, the autotune cache); ours where its row measured it faster
 //   autotune  FLYKERNELS_AUTOTUNE=1: the first call of an unseen key times both through the Python
@@ -65,6 +65,7 @@ Decided decide(const DecisionKey& key, const std::function<TimingCall()>& timing
 // The thread's force: 0 none, 1 ours, 2 stock (set by the Python side around timing runs).
 int forced();
 void set_forced(int mode);
+void set_forced_process(int mode);
 
 // Shorthand for overrides: true when the call should run ours (and logs the rule once per key
 // with FLYKERNELS_LOG=info).

@@ -217,35 +217,43 @@ def _flush_l2():
 
 
 class forced:
-    """with forced("ours") / forced("stock"): this thread's eligible calls run that side regardless
-    of the rows (what the tuner and autotune time); forced(None) restores the rows' say."""
+    """with forced("ours") / forced("stock"): eligible calls run that side regardless of the rows
+    (what the tuner and autotune time); forced(None) restores the rows' say. process=True (the
+    default) also forces threads that set no force of their own, the autograd engine's among them,
+    so a backward run inside the block is forced too; process=False forces this thread only
+    (autotune, which times one op on the calling thread while other threads may run)."""
 
     _modes = {None: 0, "ours": 1, "stock": 2}
 
-    def __init__(self, mode):
+    def __init__(self, mode, process=True):
         if mode not in self._modes:
             raise ValueError(f"flykernels: forced() takes 'ours', 'stock' or None, got {mode!r}")
-        self.mode = self._modes[mode]
+        self.mode, self.process = self._modes[mode], process
 
     def __enter__(self):
         ext = _loader.ext
-        self.prev = ext.forced() if ext is not None else 0
+        self.prev = ext.forced_state() if ext is not None else (0, 0)
         if ext is not None:
             ext.set_forced(self.mode)
+            if self.process:
+                ext.set_forced_process(self.mode)
         return self
 
     def __exit__(self, *exc):
-        if _loader.ext is not None:
-            _loader.ext.set_forced(self.prev)
+        ext = _loader.ext
+        if ext is not None:
+            ext.set_forced(self.prev[0])
+            if self.process:
+                ext.set_forced_process(self.prev[1])
 
 
-def time_pair(fn, reps=15, warmup=3, flush=True, modes=("ours", "stock")):
+def time_pair(fn, reps=15, warmup=3, flush=True, modes=("ours", "stock"), process=True):
     """Medians (us) of fn() under forced(modes[0]) and forced(modes[1]) (default: ours, stock; None
     is what the rows decide), interleaved (a, b, b, a, ...), the L2 flushed before each timed call,
     CUDA events on the current stream."""
     for _ in range(warmup):
         for mode in modes:
-            with forced(mode):
+            with forced(mode, process):
                 fn()
     times = {m: [] for m in modes}
     stream = torch.cuda.current_stream()
@@ -255,7 +263,7 @@ def time_pair(fn, reps=15, warmup=3, flush=True, modes=("ours", "stock")):
             if flush:
                 _flush_l2()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            with forced(mode):
+            with forced(mode, process):
                 start.record(stream)
                 fn()
                 end.record(stream)
@@ -291,7 +299,7 @@ def _autotune(key, op, overload, args):
         return None
     fn = _op_overload(op, overload)
     pos, kw = _split_args(fn, args)
-    ours, stock = time_pair(lambda: fn(*pos, **kw), reps=7, warmup=2)
+    ours, stock = time_pair(lambda: fn(*pos, **kw), reps=7, warmup=2, process=False)  # this thread's op only
     opname, dtype, layout, *k = key
     row = db_row(device_tag(), opname, dtype, layout, k, ours, stock, torch.cuda.get_device_name())
     try:

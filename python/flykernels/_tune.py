@@ -6,7 +6,7 @@ same PyTorch calls models make, and writes the decision rows (_decisions.py) wit
                               [--random N] [--db FILE] [--dump FILE.sql [--merge]] [--quick]
     python -m flykernels tune --check [...]   # the rows' choice against stock, nothing written
 
-Cases: the families' suites (suites/*.json of the repository, or --suite DIR), shapes of the model
+Cases: the families' suites (suites/*.json of the repository, or --suite DIR; --suite /dev/null: none), shapes of the model
 families the end-to-end benchmark runs (Llama-3.1-8B, Qwen3-MoE, a wide-head model: prefill,
 decode, training), and --random N random eligible shapes per op. Each case is timed ours against
 stock interleaved with the L2 flushed (time_pair); the key is the one the override computes for
@@ -14,6 +14,7 @@ that call, so the row is found again at run time. Rows go to --db (default: the 
 tuned file, which `import flykernels` reads) and, with --dump, to a reviewable .sql dump (what
 the shipped decisions_sm_90a.sql is)."""
 import argparse
+import os
 import json
 import math
 import random
@@ -303,18 +304,25 @@ def main(argv=None):
     p.add_argument("--check", action="store_true",
                    help="time what the rows choose against stock on the same cases; writes nothing")
     args = p.parse_args(argv)
-    ext = _loader.ext
-    if ext is None or not _loader.available:
-        print(f"flykernels tune: our kernels cannot run here ({_loader.reason})", file=sys.stderr)
-        return 2
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = [o for o in ops if o not in OPS]
     if unknown:
         print(f"flykernels tune: unknown op(s) {unknown}; known: {','.join(OPS)}", file=sys.stderr)
         return 2
-    suite_dir = Path(args.suite) if args.suite else _repo_suites()
+    if args.suite and args.suite != os.devnull and not (Path(args.suite) / "rmsnorm.json").exists():
+        print(f"flykernels tune: --suite {args.suite}: not a suites folder (no rmsnorm.json there)", file=sys.stderr)
+        return 2
+    suite_dir = (None if args.suite == os.devnull else Path(args.suite)) if args.suite else _repo_suites()
+    if suite_dir is None and args.no_models and not args.random:
+        print("flykernels tune: nothing to time: no suites folder found (pass --suite DIR), --no-models and no "
+              "--random shapes", file=sys.stderr)
+        return 2
     if suite_dir is None:
         print("flykernels tune: no suites folder found (--suite DIR): model shapes only", file=sys.stderr)
+    ext = _loader.ext
+    if ext is None or not _loader.available:
+        print(f"flykernels tune: our kernels cannot run here ({_loader.reason})", file=sys.stderr)
+        return 2
     _random_n = args.random
     rnd = random.Random(args.seed)
     from . import torch as ctl

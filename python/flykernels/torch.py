@@ -14,8 +14,8 @@ flash-attention impl "FLY"), "sdpa_cudnn" (SDPA's cuDNN forward without gradient
 Compiled graphs keep the kernels they were compiled with: call torch._dynamo.reset() after a switch.
 
 An installed override takes an eligible call only where the decision rows say ours is faster
-(docs/pytorch.md, "Decisions"): explain_*() say which rule decided, `forced("ours")` makes this
-thread's eligible calls run ours regardless, reload_decisions() rereads the rows.
+(docs/pytorch.md, "Decisions"): explain_*() say which rule decided, `forced("ours")` makes eligible
+calls run ours regardless (backward included), reload_decisions() rereads the rows.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 """The never-slower decisions (python/csrc/decisions.cpp, flykernels/_decisions.py), CPU-side: rows,
 exact and nearest keys, the margin, card preference, force, sources and their precedence, the
 cache file under concurrent writers, autotune's callback and its capture rule."""
+import os
 import multiprocessing
 import sqlite3
 import subprocess
@@ -35,6 +36,7 @@ def rows():
     yield install
     ext.set_autotune(False, None)
     ext.set_forced(0)
+    ext.set_forced_process(0)
     ext.set_device_tag(saved_tag)
     _decisions.load()
 
@@ -91,7 +93,7 @@ def test_later_rows_win_and_answers_are_recomputed_when_rows_change(rows):
     assert ext.decide("topk", "fp32", "largest", 128, 8, 64)[0] is True
 
 
-def test_forced_is_per_thread_and_restored(rows):
+def test_forced_is_restored(rows):
     rows([])
     with flykernels.torch.forced("ours"):
         assert ext.decide("rms_norm", "bf16", "w", 1, 1) == (True, "forced: ours")
@@ -102,6 +104,29 @@ def test_forced_is_per_thread_and_restored(rows):
     assert ext.decide("rms_norm", "bf16", "w", 1, 1) == (False, "no row: stock")
     with pytest.raises(ValueError, match="forced"):
         flykernels.torch.forced("fastest")
+
+
+def test_forced_reaches_other_threads_unless_thread_only(rows):
+    """The autograd engine runs CUDA backward ops on its own thread: a forced() block around a
+    backward must force that thread too (process=True, the default); autotune's own timing forces
+    only its thread (process=False)."""
+    import threading
+    rows([])
+
+    def seen_elsewhere():
+        got = []
+        t = threading.Thread(target=lambda: got.append(ext.decide("rms_norm", "bf16", "w", 1, 1)))
+        t.start()
+        t.join()
+        return got[0]
+    with flykernels.torch.forced("ours"):
+        assert seen_elsewhere() == (True, "forced: ours")
+        with flykernels.torch.forced("stock", process=False):
+            assert ext.decide("rms_norm", "bf16", "w", 1, 1) == (False, "forced: stock")
+            assert seen_elsewhere() == (True, "forced: ours")
+        assert ext.forced_state() == (1, 1)
+    assert ext.forced_state() == (0, 0)
+    assert seen_elsewhere() == (False, "no row: stock")
 
 
 def test_autotune_measures_an_unseen_key_once_and_caches(rows):
@@ -237,6 +262,17 @@ def test_tune_without_gpu_says_why():
     assert r.returncode == 2 and "cannot run here" in r.stderr
 
 
+def test_tune_refuses_a_run_with_nothing_to_time():
+    """Arguments are checked before the GPU: a missing suites folder, or no suites, no model shapes and no
+    random shapes, end with status 2 and say why (not a run that writes zero rows)."""
+    r = subprocess.run([sys.executable, "-m", "flykernels", "tune", "--suite", "/nonexistent-suites"],
+                       capture_output=True, text=True, cwd="/")
+    assert r.returncode == 2 and "not a suites folder" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "flykernels", "tune", "--suite", os.devnull, "--no-models"],
+                       capture_output=True, text=True, cwd="/")
+    assert r.returncode == 2 and "nothing to time" in r.stderr, r.stderr
+
+
 def _late_bound_names(tree):
     """(function, line, name) for each lambda or def inside a for loop that reads a name the loop
     (re)binds without taking it as a default argument: it would see the last iteration's value."""
@@ -298,6 +334,8 @@ def test_gemm_candidate_offered_only_where_rows_say_ours(rows):
     assert gemm.gemm_key(torch.bfloat16, ("s0", 4096), (4096, 1), (4096, 14336), (1, 4096)) is None
     rows([row("mm", [14336, 4096, 64], 10.0, 9.0, layout="nt")])
     assert gemm._decided_ours("mm", key) is False
+    rows([row("mm", [14336, 4096, 64], 10.0, 10.5, layout="nt")])
+    assert gemm._decided_ours("mm", key) is False  # ours in eager (1.05x), short of the compile margin
     rows([row("mm", [14336, 4096, 64], 10.0, 11.0, layout="nt")])
     assert gemm._decided_ours("mm", key) is True
     gk = gemm.grouped_key(torch.bfloat16, (4096, 2048), (64, 2048, 1536), (2048 * 1536, 1, 2048))

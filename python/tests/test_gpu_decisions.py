@@ -109,8 +109,9 @@ def test_tune_writes_rows_the_overrides_find(tmp_path):
     db = tmp_path / "tuned.sqlite"
     dump = tmp_path / "tuned.sql"
     env = dict(os.environ, FLYKERNELS_CACHE_DIR=str(tmp_path))
+    suites = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "suites")
     r = subprocess.run([sys.executable, "-m", "flykernels", "tune", "--ops", "rms_norm,topk", "--no-models",
-                        "--quick", "--db", str(db), "--dump", str(dump)],
+                        "--suite", suites, "--quick", "--db", str(db), "--dump", str(dump)],
                        capture_output=True, text=True, env=env, cwd="/", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     got = _decisions.read_rows(db)
