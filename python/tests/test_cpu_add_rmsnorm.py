@@ -342,10 +342,13 @@ def test_decoder_layer_inputs_outside_the_op_run_its_forward(patch_on, monkeypat
     layer = LlamaDecoderLayer()
     flykernels.patch(layer, rms_norm=False)
     monkeypatch.setattr(_patch, "_decoder_fused", lambda *a: pytest.fail("the fused forward ran"))
+    monkeypatch.setattr(LlamaDecoderLayer, "forward", lambda self, *a, **k: "own")
     pe = _tables(5, 8)
-    layer(torch.randn(2, 5, 32, dtype=torch.float64), position_embeddings=(pe[0].double(), pe[1].double()))
-    with pytest.raises(TypeError):  # arguments its signature does not bind: the layer's own forward raises
-        layer(torch.randn(2, 5, 32), None, None, None, False, pe, "one too many")
+    assert layer(torch.randn(2, 5, 32, dtype=torch.float64), position_embeddings=pe) == "own"  # another dtype
+    assert layer(torch.randn(2, 5, 16), position_embeddings=pe) == "own"  # another width
+    assert layer("not a tensor") == "own"
+    # arguments its signature does not bind: the layer's own forward (which raises the mistake)
+    assert layer(torch.randn(2, 5, 32), None, None, None, False, pe, "one too many") == "own"
     flykernels.unpatch(layer)
 
 
@@ -353,18 +356,20 @@ def test_decoder_layer_mixed_dtypes_take_the_layers_own_steps(patch_on):
     """Attention output of another dtype than the residual stream (autocast): the unfused steps."""
     torch.manual_seed(7)
     layer = LlamaDecoderLayer()
-    layer.self_attn.o_proj.double()
+    layer.mlp.double()
     real_fwd = Attention.forward
 
     def attn(self, hidden_states, **kw):
-        out, _ = real_fwd(self, hidden_states.double(), **kw)
-        return out, None
+        out, _ = real_fwd(self, hidden_states, **kw)
+        return out.double(), None
     layer.self_attn.forward = attn.__get__(layer.self_attn)
     x = torch.randn(2, 5, 32)
     pe = _tables(5, 8)
-    ref = layer(x, position_embeddings=(pe[0].double(), pe[1].double()))
+    ref = layer(x, position_embeddings=pe)
+    assert ref.dtype == torch.float64
     flykernels.patch(layer, rms_norm=False, check=False)
-    got = layer(x, position_embeddings=(pe[0].double(), pe[1].double()))
+    assert _patch.is_patched(layer)
+    got = layer(x, position_embeddings=pe)
     assert got.dtype == ref.dtype and torch.allclose(got, ref)
     flykernels.unpatch(layer)
 
