@@ -5,8 +5,9 @@
 //   flykernels::add_rms_norm_train(...same...) -> (Tensor y, Tensor h, Tensor rstd)
 //   flykernels::add_rms_norm_backward(Tensor dy, Tensor? dh, Tensor h, Tensor? weight, Tensor rstd)
 //       -> (Tensor dx, Tensor dweight)
-// h = x + residual (the new residual stream), y = weight * rmsnorm(h); rstd FP32 of x's leading
-// shape; dx is the gradient of x and of residual alike; dweight is empty without a weight. CUDA
+// h = x + residual (the new residual stream), y = weight * rmsnorm(h); rstd FP32 (FP64 for FP64
+// x) of x's leading shape; dx is the gradient of x and of residual alike; dweight is empty without
+// a weight. CUDA
 // runs fly_add_rms_norm_fwd / _bwd where they take the call and the unfused ATen composition
 // otherwise (CPU too; a weight of another dtype than x, as the composition promotes it); Meta
 // gives shapes for torch.compile; Autograd runs the training forward (rstd saved) and the fused
@@ -75,12 +76,15 @@ bool add_norm_eligible(const at::Tensor& lead, std::initializer_list<const at::T
   return true;
 }
 
+// The compute dtype of the composition: FP32, FP64 for FP64 inputs (gradcheck).
+at::ScalarType acc_type(const at::Tensor& t) { return at::promote_types(t.scalar_type(), at::kFloat); }
+
 // The unfused composition, as Hugging Face's LlamaRMSNorm computes it: the normalized value
 // rounded to x's dtype before the weight product (which promotes to the weight's dtype).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_composite(const at::Tensor& x, const at::Tensor& residual,
                                                                  const std::optional<at::Tensor>& weight, double eps) {
   at::Tensor h = x + residual;
-  const at::Tensor hf = h.to(at::kFloat);
+  const at::Tensor hf = h.to(acc_type(h));
   at::Tensor rstd = at::rsqrt(hf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   at::Tensor y = (hf * rstd).to(x.scalar_type());
   if (has(weight)) y = *weight * y;
@@ -90,12 +94,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_composite(const at::Tenso
 std::tuple<at::Tensor, at::Tensor> add_rms_backward_composite(const at::Tensor& dy, const std::optional<at::Tensor>& dh,
                                                               const at::Tensor& h, const std::optional<at::Tensor>& weight,
                                                               const at::Tensor& rstd) {
-  const at::Tensor rs = rstd.to(at::kFloat).reshape(h.sizes().slice(0, h.dim() - 1)).unsqueeze(-1);
-  const at::Tensor hh = h.to(at::kFloat) * rs, dyf = dy.to(at::kFloat);
-  const at::Tensor g = has(weight) ? dyf * weight->to(at::kFloat) : dyf;
+  const at::ScalarType acc = acc_type(h);
+  const at::Tensor rs = rstd.to(acc).reshape(h.sizes().slice(0, h.dim() - 1)).unsqueeze(-1);
+  const at::Tensor hh = h.to(acc) * rs, dyf = dy.to(acc);
+  const at::Tensor g = has(weight) ? dyf * weight->to(acc) : dyf;
   const at::Tensor c1 = (g * hh).mean(-1, /*keepdim=*/true);
   at::Tensor dx = rs * (g - hh * c1);
-  if (has(dh)) dx = dx + dh->to(at::kFloat);
+  if (has(dh)) dx = dx + dh->to(acc);
   at::Tensor dw;
   if (has(weight)) dw = (dyf * hh).reshape({-1, h.size(-1)}).sum(0).to(weight->scalar_type());
   else dw = at::empty({0}, h.options());
@@ -209,7 +214,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_train_meta(const at::Tens
                                                                   const std::optional<at::Tensor>& weight, double eps) {
   check_add_rms_args(x, residual, weight);
   return {at::empty(x.sizes(), x.options().dtype(y_dtype(x, weight))), at::empty(x.sizes(), x.options()),
-          at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kFloat))};
+          at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(acc_type(x)))};
 }
 std::tuple<at::Tensor, at::Tensor> add_rms_backward_meta(const at::Tensor& dy, const std::optional<at::Tensor>& dh,
                                                          const at::Tensor& h, const std::optional<at::Tensor>& weight,

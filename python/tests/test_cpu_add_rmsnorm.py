@@ -291,8 +291,9 @@ def test_decoder_layer_patched_matches_and_undoes(cls, patch_on, monkeypatch):
     assert calls[0] == 1
     assert layer.self_attn.seen.keys() == ref_seen.keys()  # self_attn got every argument the layer passes
     assert layer.self_attn.seen["extra_kw"] == "passed on"
-    for a, b in zip(got, ref):  # CPU: the op is the composition, so the same numbers
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[0], ref[0])  # CPU: the op's forward is the composition, bit for bit
+    for a, b in zip(got[1:], ref[1:]):  # gradients: the fused backward's formula, FP32 sums in another order
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
     with flykernels.torch.disabled():  # the controller's switch: the layer's own forward
         calls[0] = 0
         assert torch.equal(layer(x, **kw), ref[0]) and calls[0] == 0
