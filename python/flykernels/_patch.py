@@ -274,15 +274,39 @@ def _decoder_signature(mod):
     return sig
 
 
-def _decoder_fused(mod, bound):
-    """The layer's forward with its post-attention residual add and norm fused."""
-    args = dict(bound.arguments)
-    args.pop("self", None)
-    hidden = args.pop("hidden_states")
-    for name, p in bound.signature.parameters.items():
-        if p.kind == p.VAR_KEYWORD:
-            args.update(args.pop(name, None) or {})
-    residual = hidden
+def _decoder_spec(sig):
+    """(positional names after hidden_states, defaults, every named parameter, takes **kwargs):
+    what binding a call needs, as plain data (dict operations torch.compile traces without a
+    graph break, where Signature.bind would not be)."""
+    params = list(sig.parameters.values())[2:]
+    positional = tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+    named = tuple(p.name for p in params if p.kind != p.VAR_KEYWORD)
+    defaults = {p.name: p.default for p in params if p.kind != p.VAR_KEYWORD and p.default is not p.empty}
+    return positional, defaults, named, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _decoder_args(spec, args, kwargs):
+    """Every argument of the layer's forward by name (defaults filled in, **kwargs merged) as the
+    layer hands them to self_attn; None where the call does not bind (the layer's own forward then
+    raises the caller's mistake)."""
+    positional, defaults, named, var_kw = spec
+    if len(args) > len(positional):
+        return None
+    out = dict(defaults)
+    out.update(zip(positional, args))
+    for k, v in kwargs.items():
+        if k == "hidden_states" or k in positional[:len(args)] or (not var_kw and k not in named):
+            return None
+        out[k] = v
+    if not all(k in out for k in named):
+        return None
+    return out
+
+
+def _decoder_fused(mod, args):
+    """The layer's forward with its post-attention residual add and norm fused; args: every
+    argument of the layer's forward but hidden_states, by name (_decoder_args)."""
+    residual = hidden = args.pop("hidden_states")
     hidden = mod.input_layernorm(hidden)
     hidden, _ = mod.self_attn(hidden_states=hidden, **args)
     norm = mod.post_attention_layernorm
@@ -299,17 +323,18 @@ def _decoder_fused(mod, bound):
 
 
 def _decoder_forward(sig):
+    spec = _decoder_spec(sig)
+
     def forward(self, hidden_states, *args, **kwargs):
         own = type(self).forward
         w = self.post_attention_layernorm.weight
         if (not _family.on or not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype != w.dtype
                 or hidden_states.shape[-1] != w.shape[0]):
             return own(self, hidden_states, *args, **kwargs)
-        try:
-            bound = sig.bind(self, hidden_states, *args, **kwargs)
-        except TypeError:
-            return own(self, hidden_states, *args, **kwargs)  # (it raises the caller's mistake)
-        bound.apply_defaults()  # the layer passes its defaults on to self_attn too
+        bound = _decoder_args(spec, args, kwargs)
+        if bound is None:
+            return own(self, hidden_states, *args, **kwargs)
+        bound["hidden_states"] = hidden_states
         return _decoder_fused(self, bound)
     forward.__flykernels_patch__ = "add_rms_norm"
     return forward
@@ -367,8 +392,8 @@ def _decoder_check(mod, sig):
             except (RuntimeError, ValueError, TypeError) as e:
                 err = e
                 continue
-            bound = sig.bind(probe, x, **kw)
-            bound.apply_defaults()
+            bound = _decoder_args(_decoder_spec(sig), (), kw)
+            bound["hidden_states"] = x
             return ref, _decoder_fused(probe, bound)
         raise err
     modes = [(m, m.training) for m in mod.modules()]

@@ -324,6 +324,26 @@ def test_decoder_layer_with_its_norms_and_mlp_patched_too(patch_on):
     assert flykernels.unpatch(layer) == 3
 
 
+def test_patched_decoder_layer_traces_in_one_graph(patch_on):
+    """torch.compile traces the rebuilt forward (argument binding included) without a graph break."""
+    torch.manual_seed(9)
+    layer = LlamaDecoderLayer()
+    _perturb(layer)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    pe = _tables(5, 8)
+    ref = layer(x, None, None, position_embeddings=pe)
+    flykernels.patch(layer, rms_norm=False)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+        got = compiled(x, None, None, position_embeddings=pe)
+        got.sum().backward()
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5) and x.grad is not None
+    finally:
+        torch._dynamo.reset()
+        flykernels.unpatch(layer)
+
+
 def test_decoder_layers_refused(patch_on, caplog):
     torch.manual_seed(6)
     changed, positional = Qwen3DecoderLayer(), Qwen2DecoderLayer()
