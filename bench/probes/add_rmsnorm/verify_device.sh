@@ -11,11 +11,17 @@
 set -uo pipefail
 root=$(pwd); OUT=${1:-/tmp/add-rmsnorm-verify}; mkdir -p "$OUT"
 tools/device_run.sh build > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
-cmake --build build --target flykernels fly_gpu_tests fly_cpu_tests -j"$(nproc)" > "$OUT/build.log" 2>&1 \
+cmake --build build --target flykernels fly_gpu_tests fly_cpu_tests fly_fake_driver_tests -j"$(nproc)" > "$OUT/build.log" 2>&1 \
   || { grep -A5 error "$OUT/build.log" | head -30; exit 1; }
 FLYKERNELS_PREBUILT_DIR="$root/build" python3 -m pip install -q --no-build-isolation --no-deps --break-system-packages \
   "$root/python" > "$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; exit 1; }
-./build/test/fly_cpu_tests "[add_rmsnorm],[status]" > "$OUT/cpu.log" 2>&1; echo "cpu [add_rmsnorm],[status] rc=$?"; tail -2 "$OUT/cpu.log"
+# CPU side: the argument tests (either side of the device check), the status mapping as CI runs it
+# (no driver: valid calls end on FLY_ERROR_NO_DEVICE) and the launches on the stand-in driver.
+./build/test/fly_cpu_tests "[add_rmsnorm]" > "$OUT/cpu.log" 2>&1; echo "cpu [add_rmsnorm] rc=$?"; tail -2 "$OUT/cpu.log"
+FLYKERNELS_LIBCUDA=/nonexistent/libcuda.so.1 ./build/test/fly_cpu_tests "[status]" > "$OUT/status.log" 2>&1
+echo "cpu [status] (no driver) rc=$?"; tail -2 "$OUT/status.log"
+FLYKERNELS_LIBCUDA="$root/build/test/libfly_fake_cuda.so" ./build/test/fly_fake_driver_tests "[add_rmsnorm]" \
+  > "$OUT/fake.log" 2>&1; echo "fake driver [add_rmsnorm] rc=$?"; tail -2 "$OUT/fake.log"
 ./build/test/fly_gpu_tests "[add_rmsnorm]" > "$OUT/gpu.log" 2>&1; echo "gpu [add_rmsnorm] rc=$?"; tail -2 "$OUT/gpu.log"
 # The sanitizers over the FP64-reference cases and NaN propagation (the many-rows case is the same
 # code at a size that takes minutes under memcheck).
