@@ -373,6 +373,37 @@ FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_tensor* scale_
                                    const fly_tensor* scale_b, const fly_tensor* bias, const fly_tensor* c,
                                    void* workspace, size_t workspace_bytes, void* stream);
 
+/* ---- RMSNorm with a fused residual add (docs/add_rmsnorm.md) ------------------------------
+ * Forward:  h = x + residual (rounded to the dtype: the new residual stream, as vLLM's
+ *           fused_add_rms_norm and Hugging Face decoder layers use it)
+ *           y = h * rsqrt(mean(h^2, dim=-1) + eps) * weight,  rstd[M] = rsqrt(mean(h^2) + eps)
+ * Backward: dx = rstd * (dy * weight - hh * mean(dy * weight * hh, dim=-1)) + dh,  hh = h * rstd
+ *           (dx is the gradient of x and of residual alike), dweight = sum over rows of dy * hh.
+ * x, residual, y, h, dy, dh, dx: rank 2 [M, N], one dtype (FP16/BF16/FP32), unit inner stride,
+ *    any row stride (>= N). weight: optional (NULL: ones), [N] of that dtype, unit stride.
+ *    rstd: FP32 [M] (optional in the forward, required by the backward: what the forward wrote).
+ *    dh: optional (NULL: zero), the gradient arriving on h. dweight: [N] of the dtype, given
+ *    exactly when weight is.
+ * In place: y and h may each be x or residual exactly (the same pointer and strides; y over x and
+ *    h over residual is vLLM's in-place form), dx may be dy or dh exactly; any other overlap of
+ *    an output with an argument or another output is refused ("shares memory").
+ * Workspace (backward with a weight): FP32 partial sums of dweight, one row per CTA, reduced in a
+ *    fixed order (deterministic: the same bits on every run). Query
+ *    fly_add_rms_norm_bwd_workspace_size (min(M, 512) x N x 4 bytes rounded up to 256; 0 without a
+ *    weight; needs no device) and pass a 256-byte aligned device buffer at least that large
+ *    (contents need no initialization; one call at a time). Smaller: FLY_ERROR_WORKSPACE.
+ * Math in FP32 with one rounding per output. M == 0 is a successful no-op; N == 0 with rows is
+ * FLY_ERROR_INVALID_ARGUMENT (normalizing empty rows is undefined), as fly_rms_norm_fwd. */
+FLY_API fly_status fly_add_rms_norm_fwd(const fly_tensor* x, const fly_tensor* residual, const fly_tensor* weight,
+                                        double eps, const fly_tensor* y, const fly_tensor* h,
+                                        const fly_tensor* rstd, void* stream);
+FLY_API fly_status fly_add_rms_norm_bwd_workspace_size(const fly_tensor* h, const fly_tensor* weight,
+                                                       size_t* bytes);
+FLY_API fly_status fly_add_rms_norm_bwd(const fly_tensor* dy, const fly_tensor* dh, const fly_tensor* h,
+                                        const fly_tensor* weight, const fly_tensor* rstd, const fly_tensor* dx,
+                                        const fly_tensor* dweight, void* workspace, size_t workspace_bytes,
+                                        void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

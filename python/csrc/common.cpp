@@ -25,7 +25,8 @@ const char* const kOpNames[kOpCount] = {"rms_norm",       "topk",       "topk.va
                                         "addmm",          "sdpa_flash", "sdpa_efficient",    "sdpa_cudnn",
                                         "sdpa_flash_bwd", "sdpa_efficient_bwd", "grouped_mm",
                                         "scaled_mm",      "scaled_mm_v1", "glu",            "glu_bwd",
-                                        "rope",           "rope_bwd"};
+                                        "rope",           "rope_bwd",
+                                        "add_rms_norm",   "add_rms_norm_bwd"};
 
 namespace {
 struct OpCounts {

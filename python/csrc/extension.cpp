@@ -12,5 +12,6 @@
 #include "gemm.cpp"
 #include "glu.cpp"
 #include "rope.cpp"
+#include "add_rmsnorm.cpp"
 #include "decisions.cpp"
 #include "module.cpp"

@@ -19,6 +19,13 @@ What it replaces:
 - the rotary embeddings of their attention (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin
   and the same for k, ten elementwise ops): one flykernels::rope call for q and k, forward and
   backward (libflykernels' rope family).
+- the post-attention residual add and post_attention_layernorm of their decoder layers (Llama,
+  Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss: `hidden = residual + hidden; residual = hidden;
+  hidden = post_attention_layernorm(hidden)`, seven elementwise and reduction ops): one
+  flykernels::add_rms_norm call returning both the normalized value and the new residual stream,
+  forward and backward (libflykernels' add_rmsnorm family). The layer's forward is rebuilt around
+  it (input_layernorm, self_attn with every argument the layer got, the fused add + norm, mlp, the
+  last residual add), so its class's forward must have that shape: the probe below decides.
 
 How: the module's `forward` (the experts' `_apply_gate`) becomes an instance attribute (the class
 is untouched, so other models are not affected) that calls the fused op while the "patch" family
@@ -36,6 +43,7 @@ Works under torch.compile (F.rms_norm is traceable, flykernels::glu has shape fu
 CUDA graphs (no host synchronization).
 """
 import copy
+import inspect
 import logging
 import sys
 import types
@@ -243,6 +251,160 @@ def _rope_check(mod):
     return _probe((m, "rope", p.dtype, p.device.type), p.dtype, run)
 
 
+# Decoder layers whose forward(hidden_states, <named arguments>, **kwargs) is: residual = hidden;
+# hidden = input_layernorm(hidden); hidden, _ = self_attn(hidden_states=hidden, <every argument by
+# name>); hidden = residual + hidden; residual = hidden; hidden = post_attention_layernorm(hidden);
+# hidden = mlp(hidden) (gpt-oss: a tuple, its first the output); return residual + hidden
+# (transformers 5.17). Their post_attention_layernorm must be a "scale" RMSNorm class above.
+DECODER_LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "MixtralDecoderLayer", "Qwen2DecoderLayer",
+                         "Qwen3DecoderLayer", "Qwen3MoeDecoderLayer", "GptOssDecoderLayer")
+
+
+def _decoder_signature(mod):
+    """The layer's forward signature when it has the shape the fused forward rebuilds, else None."""
+    try:
+        sig = inspect.signature(type(mod).forward)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if len(params) < 2 or params[0].name != "self" or params[1].name != "hidden_states":
+        return None
+    if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in params):
+        return None
+    return sig
+
+
+def _decoder_spec(sig):
+    """(positional names after hidden_states, defaults, every named parameter, takes **kwargs):
+    what binding a call needs, as plain data (dict operations torch.compile traces without a
+    graph break, where Signature.bind would not be)."""
+    params = list(sig.parameters.values())[2:]
+    positional = tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+    named = tuple(p.name for p in params if p.kind != p.VAR_KEYWORD)
+    defaults = {p.name: p.default for p in params if p.kind != p.VAR_KEYWORD and p.default is not p.empty}
+    return positional, defaults, named, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _decoder_args(spec, args, kwargs):
+    """Every argument of the layer's forward by name (defaults filled in, **kwargs merged) as the
+    layer hands them to self_attn; None where the call does not bind (the layer's own forward then
+    raises the caller's mistake)."""
+    positional, defaults, named, var_kw = spec
+    if len(args) > len(positional):
+        return None
+    out = dict(defaults)
+    out.update(zip(positional, args))
+    for k, v in kwargs.items():
+        if k == "hidden_states" or k in positional[:len(args)] or (not var_kw and k not in named):
+            return None
+        out[k] = v
+    if not all(k in out for k in named):
+        return None
+    return out
+
+
+def _decoder_fused(mod, args):
+    """The layer's forward with its post-attention residual add and norm fused; args: every
+    argument of the layer's forward but hidden_states, by name (_decoder_args)."""
+    residual = hidden = args.pop("hidden_states")
+    hidden = mod.input_layernorm(hidden)
+    hidden, _ = mod.self_attn(hidden_states=hidden, **args)
+    norm = mod.post_attention_layernorm
+    w = norm.weight
+    if hidden.dtype == residual.dtype == w.dtype and hidden.shape == residual.shape:
+        hidden, residual = torch.ops.flykernels.add_rms_norm(hidden, residual, w, _eps(norm))
+    else:  # (autocast and mixed dtypes: the layer's own steps)
+        residual = residual + hidden
+        hidden = norm(residual)
+    out = mod.mlp(hidden)
+    if isinstance(out, tuple):  # gpt-oss's MLP returns (output, router scores)
+        out = out[0]
+    return residual + out
+
+
+def _decoder_forward(sig):
+    spec = _decoder_spec(sig)
+
+    def forward(self, hidden_states, *args, **kwargs):
+        own = type(self).forward
+        w = self.post_attention_layernorm.weight
+        if (not _family.on or not isinstance(hidden_states, torch.Tensor) or hidden_states.dtype != w.dtype
+                or hidden_states.shape[-1] != w.shape[0]):
+            return own(self, hidden_states, *args, **kwargs)
+        bound = _decoder_args(spec, args, kwargs)
+        if bound is None:
+            return own(self, hidden_states, *args, **kwargs)
+        bound["hidden_states"] = hidden_states
+        return _decoder_fused(self, bound)
+    forward.__flykernels_patch__ = "add_rms_norm"
+    return forward
+
+
+class _ProbeMLP(torch.nn.Module):
+    """The layer's MLP in the probe: its own output structure (a tensor, or gpt-oss's tuple), the
+    first tensor replaced by a smooth function of the input. A mixture-of-experts router would
+    turn a last-bit difference of the normalized value into another expert choice; this keeps the
+    comparison to what the patch changes."""
+
+    def __init__(self, real):
+        super().__init__()
+        self.real = real
+
+    def forward(self, x):
+        out = self.real(x)
+        sub = x * 0.75 + x.float().square().to(x.dtype) * 0.125
+        return (sub,) + tuple(out[1:]) if isinstance(out, tuple) else sub
+
+
+def _decoder_check(mod, sig):
+    norm = mod.post_attention_layernorm
+    w = norm.weight
+    if w.device.type == "meta":
+        return "weights on the meta device: cannot check"
+    head_dim = getattr(mod.self_attn, "head_dim", None)
+    if not isinstance(head_dim, int) or head_dim % 2:
+        return "no even self_attn.head_dim (not the layout this patch knows)"
+    n = w.shape[0]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        x = torch.randn(1, 5, n, generator=gen).to(device=w.device, dtype=w.dtype)
+        # A shallow copy of the layer: post_attention_layernorm's weight perturbed (a fresh model's
+        # is all ones), the MLP a stand-in (_ProbeMLP); the layer itself is not touched.
+        probe = copy.copy(mod)
+        probe._modules = dict(mod._modules)
+        pn = copy.copy(norm)
+        pn._parameters = dict(norm._parameters)
+        pn._parameters["weight"] = torch.nn.Parameter(
+            w.detach() + 0.25 * torch.randn(n, generator=gen).to(device=w.device, dtype=w.dtype), requires_grad=False)
+        probe._modules["post_attention_layernorm"] = pn
+        probe._modules["mlp"] = _ProbeMLP(mod.mlp)
+        ang = torch.randn(1, 5, head_dim // 2, generator=gen).to(w.device)
+        names = sig.parameters
+        kw = {k: v for k, v in (("attention_mask", None), ("position_ids", torch.arange(5, device=w.device)[None]),
+                                ("past_key_values", None), ("use_cache", False)) if k in names}
+        err = None
+        for t in (torch.cat((ang, ang), dim=-1), ang):  # the table width its attention takes
+            if "position_embeddings" in names:
+                kw["position_embeddings"] = (t.cos().to(w.dtype), t.sin().to(w.dtype))
+            try:
+                ref = type(mod).forward(probe, x, **kw)
+            except (RuntimeError, ValueError, TypeError) as e:
+                err = e
+                continue
+            bound = _decoder_args(_decoder_spec(sig), (), kw)
+            bound["hidden_states"] = x
+            return ref, _decoder_fused(probe, bound)
+        raise err
+    modes = [(m, m.training) for m in mod.modules()]
+    mod.eval()  # no dropout in the probe: both forwards must see the same attention
+    try:
+        return _probe((type(mod), "add_rms_norm", w.dtype, w.device.type), w.dtype, run)
+    finally:
+        for m, t in modes:
+            m.training = t
+
+
 def _rel_err(got, ref):
     return ((got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
@@ -306,9 +468,19 @@ def _gate_check(mod, act, dtype, device):
     return _probe((type(mod), "gate", act, dtype, device.type), dtype, run)
 
 
-def _candidates(mod, rms_norm, glu, rope):
+def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False):
     """(attribute, replacement factory, check) for a module patch() knows, or a skip reason, or None."""
     cls = type(mod).__name__
+    if add_rms_norm and cls in DECODER_LAYER_CLASSES:
+        norm = getattr(mod, "post_attention_layernorm", None)
+        w = getattr(norm, "weight", None)
+        sig = _decoder_signature(mod)
+        if (RMS_NORM_CLASSES.get(type(norm).__name__) != "scale" or not isinstance(w, torch.Tensor) or w.dim() != 1
+                or _eps(norm) is None or not all(hasattr(mod, a) for a in ("input_layernorm", "self_attn", "mlp"))):
+            return "no post_attention_layernorm RMSNorm, input_layernorm, self_attn or mlp (not the layout this patch knows)"
+        if sig is None:
+            return "its forward is not forward(self, hidden_states, <named arguments>) (not the layout this patch knows)"
+        return "forward", lambda: _decoder_forward(sig), lambda: _decoder_check(mod, sig)
     if rope and cls in ROPE_ATTENTION_CLASSES:
         if not callable(getattr(_rope_module(mod), "apply_rotary_pos_emb", None)):
             return "no apply_rotary_pos_emb in its module (not the layout this patch knows)"
@@ -338,22 +510,24 @@ def _candidates(mod, rms_norm, glu, rope):
     return None
 
 
-def patch(model, *, rms_norm=True, glu=True, rope=True, check=True):
+def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=True, check=True):
     """Patches the modules of `model` (an nn.Module: a whole model or one block) that FlyKernels
     knows, in place; returns {"patched": {class: count}, "skipped": {class: reason}}. rms_norm:
     the RMSNorm modules; glu: the gated MLPs (SwiGLU / GeGLU) and the gate of transformers' fused
     experts, onto flykernels::glu; rope: the rotary embeddings of the attention modules, onto
-    flykernels::rope. Patching a patched module again does nothing. `check=False` skips the probe
+    flykernels::rope; add_rms_norm: the decoder layers' post-attention residual add and norm, onto
+    flykernels::add_rms_norm. Patching a patched module again does nothing. `check=False` skips the probe
     of each class (see above)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"flykernels.patch: model must be a torch.nn.Module, not {type(model).__name__}")
     report = {"patched": {}, "skipped": {}}
     have_glu = glu and _loader.ext is not None and hasattr(torch.ops.flykernels, "glu")
     have_rope = rope and _loader.ext is not None and hasattr(torch.ops.flykernels, "rope")
+    have_add_norm = add_rms_norm and _loader.ext is not None and hasattr(torch.ops.flykernels, "add_rms_norm")
     for mod in model.modules():
         if mod in _patched:
             continue
-        cand = _candidates(mod, rms_norm, glu, rope)
+        cand = _candidates(mod, rms_norm, glu, rope, add_rms_norm)
         if cand is None:
             continue
         cls = type(mod).__name__
@@ -362,7 +536,8 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, check=True):
             continue
         attr, make, check_fn = cand
         why = ""
-        if (attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu or attr == "rope" and not have_rope:
+        if ((attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu or attr == "rope" and not have_rope
+                or cls in DECODER_LAYER_CLASSES and not have_add_norm):
             why = f"the flykernels extension is not loaded ({_loader.reason or 'unknown'})"
         elif attr in mod.__dict__:
             why = (f"its {attr} is wrapped already (an instance-level attribute, e.g. a device-placement hook), "

@@ -136,3 +136,75 @@ def test_rope_op_against_the_composition(dtype, fly):
         xg = x.clone().requires_grad_()
         (xg * c.unsqueeze(1) + rot(xg) * s_.unsqueeze(1)).backward(gr.double())
         assert _rel(gx, xg.grad) < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_add_rms_norm_op_against_the_composition(dtype, with_weight, fly):
+    """flykernels::add_rms_norm on the GPU (the kernels, counted) against the composition in FP64,
+    forward (y and the residual stream h) and gradients (x, residual, weight), x a row-strided view."""
+    torch.manual_seed(2)
+    M, N = 3 * 37, 1000
+    xbuf = torch.randn(3, 37, N + 24, dtype=torch.float64, device="cuda")
+    x64, r64 = xbuf[..., :N], torch.randn(3, 37, N, dtype=torch.float64, device="cuda")
+    w64 = torch.rand(N, dtype=torch.float64, device="cuda") + 0.5
+    x, r = x64.to(dtype).requires_grad_(), r64.to(dtype).requires_grad_()
+    w = w64.to(dtype).requires_grad_() if with_weight else None
+    fly.reset_counts()
+    y, h = torch.ops.flykernels.add_rms_norm(x, r, w, 1e-6)
+    assert fly.dispatch_counts()["add_rms_norm"][0] == 1  # the kernel ran, not the composition
+    gy, gh = torch.randn_like(y), torch.randn_like(h)
+    torch.autograd.backward((y, h), (gy, gh))
+    assert fly.dispatch_counts()["add_rms_norm_bwd"][0] == 1
+    xd, rd = x.detach().double().requires_grad_(), r.detach().double().requires_grad_()
+    wd = w.detach().double().requires_grad_() if with_weight else None
+    hd = xd + rd
+    yd = hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + 1e-6)
+    if with_weight:
+        yd = yd * wd
+    torch.autograd.backward((yd, hd), (gy.double(), gh.double()))
+    tol = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}[dtype]
+    assert _rel(h, x.detach().double() + r.detach().double()) < tol
+    assert _rel(y, yd) < tol
+    assert _rel(x.grad, xd.grad) < tol and _rel(r.grad, rd.grad) < tol
+    if with_weight:
+        assert _rel(w.grad, wd.grad) < tol
+    # repeat runs: the same bits (deterministic dweight)
+    x.grad = r.grad = None
+    if with_weight:
+        g1 = w.grad.clone()
+        w.grad = None
+    y, h = torch.ops.flykernels.add_rms_norm(x, r, w, 1e-6)
+    torch.autograd.backward((y, h), (gy, gh))
+    if with_weight:
+        assert torch.equal(w.grad, g1)
+
+
+def test_add_rms_norm_propagates_nan_like_the_composition(fly):
+    x = torch.ones(3, 64, device="cuda", dtype=torch.bfloat16)
+    r = torch.zeros_like(x)
+    x[0, 3] = float("nan")
+    r[1, 5] = float("inf")
+    with torch.no_grad():
+        y, h = torch.ops.flykernels.add_rms_norm(x, r, None, 1e-6)
+        hr = x + r
+        yr = (hr.float() * torch.rsqrt(hr.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+    assert torch.equal(torch.isnan(y), torch.isnan(yr)) and torch.equal(torch.isnan(h), torch.isnan(hr))
+    assert torch.equal(y[2], yr[2])
+
+
+@pytest.mark.parametrize("cfg_name", ["LlamaConfig", "Qwen3MoeConfig"])
+def test_patched_decoder_layers_run_the_fused_add_norm(cfg_name, fly):
+    model = _model(cfg_name)
+    ids = torch.randint(0, 512, (2, 48), device="cuda")
+    report = flykernels.patch(model, rms_norm=False, glu=False, rope=False)
+    try:
+        layer = cfg_name.replace("Config", "DecoderLayer")
+        assert report["patched"] == {layer: 2} and report["skipped"] == {}
+        fly.reset_counts()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        counts = fly.dispatch_counts()
+        assert counts["add_rms_norm"] == (2, 0) and counts["add_rms_norm_bwd"] == (2, 0)
+    finally:
+        assert flykernels.unpatch(model) == 2

@@ -220,6 +220,32 @@ std::vector<Call> calls() {
       c.run = [](Call& c) { return fly_rope_fwd(&c.t[0], &c.t[1], &c.t[2], &c.t[3], 64, &c.t[4], &c.t[5], nullptr); };
     v.push_back(c);
   }
+  {
+    Call c;
+    c.name = "add_rms_norm_fwd";  // x, residual, weight, y, h, rstd
+    c.t = {t2(0, FLY_BF16, 8, 64), t2(1, FLY_BF16, 8, 64), t1(2, FLY_BF16, 64), t2(3, FLY_BF16, 8, 64),
+           t2(4, FLY_BF16, 8, 64), t1(5, FLY_F32, 8)};
+    c.out = 3;
+    c.run = [](Call& c) {
+      return fly_add_rms_norm_fwd(&c.t[0], &c.t[1], &c.t[2], 1e-6, &c.t[3], &c.t[4], &c.t[5], nullptr);
+    };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "add_rms_norm_bwd";  // dy, dh, h, weight, rstd, dx, dweight
+    c.t = {t2(0, FLY_BF16, 8, 64), t2(1, FLY_BF16, 8, 64), t2(2, FLY_BF16, 8, 64), t1(3, FLY_BF16, 64),
+           t1(4, FLY_F32, 8),      t2(5, FLY_BF16, 8, 64), t1(6, FLY_BF16, 64)};
+    c.out = 5;
+    c.takes_workspace = true;
+    c.workspace_required = true;
+    c.run = [](Call& c) {
+      return fly_add_rms_norm_bwd(&c.t[0], &c.t[1], &c.t[2], &c.t[3], &c.t[4], &c.t[5], &c.t[6], c.ws, c.ws_bytes,
+                                  nullptr);
+    };
+    c.query = [](Call& c, size_t* b) { return fly_add_rms_norm_bwd_workspace_size(&c.t[2], &c.t[3], b); };
+    v.push_back(c);
+  }
   // The workspace each size query asks for, in a slot of its own.
   for (Call& c : v)
     if (c.query) {
