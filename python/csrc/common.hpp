@@ -19,7 +19,8 @@ namespace flyk {
 // ---- ops we count: the eager overrides and the Inductor entry points ------------------------
 enum OpId {
   kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kSdpaFlash, kSdpaEfficient, kSdpaCudnn,
-  kSdpaFlashBwd, kSdpaEfficientBwd, kGroupedMm, kScaledMm, kScaledMmV1, kGlu, kGluBwd, kRope, kRopeBwd, kOpCount
+  kSdpaFlashBwd, kSdpaEfficientBwd, kGroupedMm, kScaledMm, kScaledMmV1, kGlu, kGluBwd, kRope, kRopeBwd,
+  kMoeRoute, kMoeRouteBwd, kMoePermute, kMoePermuteBwd, kMoeUnpermute, kMoeUnpermuteBwd, kOpCount
 };
 extern const char* const kOpNames[kOpCount];  // the keys of counts(): "rms_norm", "topk.values", ...
 

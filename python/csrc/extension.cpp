@@ -12,5 +12,6 @@
 #include "gemm.cpp"
 #include "glu.cpp"
 #include "rope.cpp"
+#include "moe_route.cpp"
 #include "decisions.cpp"
 #include "module.cpp"

@@ -254,7 +254,7 @@ TEST_CASE("moe router: ties go to the lower id, k = E, E up to 1000, padded rows
   }
 }
 
-TEST_CASE("moe router: a NaN logit poisons its row like torch's softmax, never another row", "[moe_route]") {
+TEST_CASE("moe router: a NaN logit poisons its row like torch's softmax and no other row", "[moe_route]") {
   const int64_t T = 2, E = 16, k = 4;
   std::vector<float> h(size_t(T * E));
   for (int64_t i = 0; i < T * E; ++i) h[size_t(i)] = float(i % E) * 0.1f;
@@ -435,7 +435,7 @@ void run_perm(const PermCase& c) {
 
 }  // namespace
 
-TEST_CASE("moe permute, unpermute and their backward against the host", "[moe_route]") {
+TEST_CASE("moe permute and unpermute and their backward against the host", "[moe_route]") {
   for (fly_dtype dt : {FLY_BF16, FLY_F16, FLY_F32}) {
     run_perm({dt, FLY_I64, 300, 8, 128, 256, 1});                              // Qwen3-MoE-like, skewed
     run_perm({dt, FLY_I32, 129, 2, 8, 512, 0, false, 0, 0, dt});               // Mixtral-like, weights in dt
