@@ -45,9 +45,12 @@ bool on_our_device(const at::Tensor& t) {
 }
 
 // ---- compositions (CPU, and CUDA where the library declines) ---------------------------------
+// Math in FP32 at least (FP64 stays FP64: gradcheck runs the compositions in double).
+at::ScalarType acc(const at::Tensor& t) { return at::promote_types(t.scalar_type(), at::kFloat); }
+
 std::tuple<at::Tensor, at::Tensor> route_composite(const at::Tensor& logits, int64_t k, int64_t score, int64_t flags,
                                                    at::ScalarType wt) {
-  const at::Tensor l = logits.to(at::kFloat);
+  const at::Tensor l = logits.to(acc(logits));
   at::Tensor w, ids;
   if (flags & FLY_MOE_TOPK_FIRST) {
     auto [v, i] = at::sort(l, /*stable=*/true, -1, /*descending=*/true);
@@ -66,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor> route_composite(const at::Tensor& logits, int
 
 at::Tensor route_backward_composite(const at::Tensor& dweights, const at::Tensor& logits, const at::Tensor& ids,
                                     int64_t score, int64_t flags) {
-  const at::Tensor l = logits.to(at::kFloat), idx = ids.to(at::kLong), dw = dweights.to(at::kFloat);
+  const at::Tensor l = logits.to(acc(logits)), idx = ids.to(at::kLong), dw = dweights.to(acc(logits));
   const bool topk_first = flags & FLY_MOE_TOPK_FIRST, softmax = score == FLY_MOE_SOFTMAX;
   at::Tensor s, p;
   if (topk_first) {
@@ -120,8 +123,8 @@ at::Tensor unpermute_composite(const at::Tensor& out_perm, const std::optional<a
                                const at::Tensor& row_of, const at::Tensor& offsets) {
   const int64_t T = row_of.size(0), k = row_of.size(1), H = out_perm.size(1);
   const at::Tensor valid = valid_of(row_of, offsets).unsqueeze(-1);
-  at::Tensor g = out_perm.index_select(0, row_of.reshape({T * k}).to(at::kLong)).view({T, k, H}).to(at::kFloat);
-  if (weights) g = g * weights->to(at::kFloat).unsqueeze(-1);
+  at::Tensor g = out_perm.index_select(0, row_of.reshape({T * k}).to(at::kLong)).view({T, k, H}).to(acc(out_perm));
+  if (weights) g = g * weights->to(acc(out_perm)).unsqueeze(-1);
   return g.masked_fill(valid.logical_not(), 0).sum(1).to(out_perm.scalar_type());
 }
 
@@ -131,12 +134,12 @@ std::tuple<at::Tensor, at::Tensor> unpermute_backward_composite(const at::Tensor
   const int64_t T = row_of.size(0), k = row_of.size(1), H = out_perm.size(1);
   const at::Tensor valid = valid_of(row_of, offsets);
   const at::Tensor rows = row_of.reshape({T * k}).to(at::kLong);
-  const at::Tensor wv = weights.to(at::kFloat).masked_fill(valid.logical_not(), 0);
-  const at::Tensor d = (dy.to(at::kFloat).unsqueeze(1) * wv.unsqueeze(-1)).to(out_perm.scalar_type()).view({T * k, H});
-  const at::Tensor dop = at::zeros_like(out_perm, at::MemoryFormat::Contiguous).index_copy_(0, rows, d);
-  const at::Tensor g = out_perm.index_select(0, rows).view({T, k, H}).to(at::kFloat);
-  const at::Tensor dw =
-      (g * dy.to(at::kFloat).unsqueeze(1)).sum(-1).masked_fill(valid.logical_not(), 0).to(weights.scalar_type());
+  const at::ScalarType ct = acc(out_perm);
+  const at::Tensor wv = weights.to(ct).masked_fill(valid.logical_not(), 0);
+  const at::Tensor d = (dy.to(ct).unsqueeze(1) * wv.unsqueeze(-1)).to(out_perm.scalar_type()).view({T * k, H});
+  const at::Tensor dop = at::zeros(out_perm.sizes(), out_perm.options()).index_copy_(0, rows, d);
+  const at::Tensor g = out_perm.index_select(0, rows).view({T, k, H}).to(ct);
+  const at::Tensor dw = (g * dy.to(ct).unsqueeze(1)).sum(-1).masked_fill(valid.logical_not(), 0).to(weights.scalar_type());
   return {dop, dw};
 }
 

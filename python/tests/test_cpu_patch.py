@@ -710,3 +710,51 @@ def test_moe_left_alone_without_the_ops(patch_on, monkeypatch):
     report = flykernels.patch(r)
     assert report["patched"] == {} and "extension is not loaded" in report["skipped"]["Qwen3MoeTopKRouter"]
     assert flykernels.patch(r, moe=False) == {"patched": {}, "skipped": {}}
+
+
+HF_MOE = {  # transformers config class: its MoE fields (tiny, CPU)
+    "Qwen3MoeConfig": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True),
+    "MixtralConfig": dict(num_local_experts=6, num_experts_per_tok=2),
+    "OlmoeConfig": dict(num_experts=6, num_experts_per_tok=2),
+}
+
+
+@moe_op
+@pytest.mark.parametrize("cfg_name", list(HF_MOE))
+@pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
+def test_hf_moe_models_patched_on_the_cpu(cfg_name, impl, patch_on):
+    """Hugging Face's own MoE models (tiny, FP32, CPU, when transformers is installed): the patched
+    routers and experts give the stock logits and gradients, whatever experts_implementation."""
+    transformers = pytest.importorskip("transformers")
+    cfg_cls = getattr(transformers, cfg_name, None)
+    if cfg_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {cfg_name}")
+    cfg = cfg_cls(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=97, **HF_MOE[cfg_name])
+    torch.manual_seed(0)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation=impl)
+    except (TypeError, ValueError) as e:
+        pytest.skip(f"experts_implementation={impl}: {e}")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("gate.weight"):  # a fresh router is all zeros: every score tied
+                p.normal_(0.0, 0.5)
+    ids = torch.randint(0, 97, (2, 11))
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    ref_logits, ref_grads = run()
+    report = flykernels.patch(model, rms_norm=False, glu=False, rope=False)
+    assert report["skipped"] == {}, report
+    assert sum(c for k, c in report["patched"].items() if k.endswith("Router")) == 2
+    assert sum(c for k, c in report["patched"].items() if k.endswith("Experts")) == 2
+    logits, grads = run()
+    assert torch.allclose(logits, ref_logits, rtol=1e-4, atol=1e-5)
+    assert grads.keys() == ref_grads.keys()
+    for n in grads:
+        assert torch.allclose(grads[n], ref_grads[n], rtol=1e-3, atol=1e-6), n
+    assert flykernels.unpatch(model) == 4

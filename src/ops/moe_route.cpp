@@ -131,8 +131,8 @@ fly_status run_route(bool fwd, const fly_tensor* logits, const fly_tensor* dweig
 
   const char* op = fwd ? "moe_route_fwd" : "moe_route_bwd";
   DispatchRequest req = make_request(kFamily, op, dtype_name(dt), "row", {{"E", E}, {"k", k}, {"T", T}});
-  req.supports = [](const Variant& v) { return starts_with(v.name, "moe_router_"); };
-  req.fallback = [] { return std::string("moe_router_w4"); };
+  req.supports = [](const Variant& v) { return starts_with(v.name, "moe_route_router_"); };
+  req.fallback = [] { return std::string("moe_route_router_w4"); };
   ResolvedKernel rk;
   FLY_TRY(resolve_kernel(*dc, req, op, &rk));
   const int wpc = int(rk.v->get_int("wpc", 4));
@@ -200,9 +200,9 @@ bool rows_vec(std::initializer_list<const fly_tensor*> ts, int64_t H, int64_t es
 fly_status resolve_rows(const DeviceCtx& dc, const char* op, const char* kernel, fly_dtype dt, int64_t H, int64_t rows,
                         ResolvedKernel* rk) {
   DispatchRequest req = make_request(kFamily, op, dtype_name(dt), "row", {{"H", H}, {"rows", rows}});
-  req.supports = [](const Variant& v) { return starts_with(v.name, "moe_rows_"); };
+  req.supports = [](const Variant& v) { return starts_with(v.name, "moe_route_rows_"); };
   const int64_t bytes = H * int64_t(dtype_size(dt));
-  req.fallback = [bytes] { return std::string(bytes <= 2048 ? "moe_rows_t128" : "moe_rows_t256"); };
+  req.fallback = [bytes] { return std::string(bytes <= 2048 ? "moe_route_rows_t128" : "moe_route_rows_t256"); };
   return resolve_kernel(dc, req, kernel, rk);
 }
 
@@ -275,8 +275,8 @@ fly_status run_permute(const fly_tensor* x, const fly_tensor* ids, const fly_ten
   }
 
   DispatchRequest req = make_request(kFamily, "moe_sort", dtype_name(ids->dtype), "-", {{"E", E}, {"N", N}});
-  req.supports = [](const Variant& v) { return starts_with(v.name, "moe_sort_"); };
-  req.fallback = [] { return std::string("moe_sort_t256"); };
+  req.supports = [](const Variant& v) { return starts_with(v.name, "moe_route_sort_"); };
+  req.fallback = [] { return std::string("moe_route_sort_t256"); };
   ResolvedKernel hist;
   FLY_TRY(resolve_kernel(*dc, req, "moe_sort_hist", &hist));
   CUfunction scan = nullptr, rank = nullptr;

@@ -67,7 +67,7 @@ struct RouteCase {
 // Scores the selection ranks by (all E), in FP64.
 std::vector<double> rank_keys(const std::vector<double>& l, int score, int flags) {
   const int64_t E = int64_t(l.size());
-  std::vector<double> s(size_t(E), 0.0);
+  std::vector<double> s(static_cast<size_t>(E), 0.0);
   if (flags & FLY_MOE_TOPK_FIRST) return l;
   if (score == FLY_MOE_SIGMOID) {
     for (int64_t e = 0; e < E; ++e) s[size_t(e)] = sigmoid(l[size_t(e)]);
@@ -155,7 +155,7 @@ void run_route(const RouteCase& c) {
   std::uniform_int_distribution<int> few(0, 3);
   Dev lg(size_t(T * ld) * esize(c.dt)), w(size_t(T * k) * esize(c.wdt), 0xFF);
   Dev ids(size_t(T * k) * (c.idt == FLY_I64 ? 8 : 4), 0xFF);
-  std::vector<std::vector<double>> L(size_t(T), std::vector<double>(size_t(E)));
+  std::vector<std::vector<double>> L(static_cast<size_t>(T), std::vector<double>(static_cast<size_t>(E)));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t e = 0; e < ld; ++e) {
       const float v = c.ties ? 0.5f * float(few(rng)) : nrm(rng);
@@ -169,15 +169,15 @@ void run_route(const RouteCase& c) {
   w.down();
   ids.down();
   int64_t bad = 0;
-  std::vector<std::vector<int64_t>> got_ids(size_t(T));
+  std::vector<std::vector<int64_t>> got_ids(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) {
     const std::vector<double>& l = L[size_t(t)];
     const std::vector<double> key = rank_keys(l, c.score, c.flags);
-    std::vector<int64_t> order(size_t(E));
+    std::vector<int64_t> order(static_cast<size_t>(E));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[size_t(a)] > key[size_t(b)]; });
-    std::vector<int64_t> g(size_t(k));
-    std::vector<bool> seen(size_t(E), false);
+    std::vector<int64_t> g(static_cast<size_t>(k));
+    std::vector<bool> seen(static_cast<size_t>(E), false);
     for (int64_t j = 0; j < k; ++j) {
       g[size_t(j)] = ids.id(size_t(t * k + j), c.idt);
       const int64_t e = g[size_t(j)];
@@ -206,7 +206,7 @@ void run_route(const RouteCase& c) {
 
   // Backward from random dweights, for the selection the forward made.
   Dev dw(size_t(T * k) * esize(c.wdt)), dl(size_t(T * E) * esize(c.dt), 0xFF);
-  std::vector<std::vector<double>> DW(size_t(T), std::vector<double>(size_t(k)));
+  std::vector<std::vector<double>> DW(static_cast<size_t>(T), std::vector<double>(static_cast<size_t>(k)));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) {
       store(dw.h, size_t(t * k + j), c.wdt, nrm(rng));
@@ -234,8 +234,8 @@ void run_route(const RouteCase& c) {
 
 TEST_CASE("moe router forward and backward against FP64", "[moe_route]") {
   for (fly_dtype dt : {FLY_F32, FLY_BF16, FLY_F16})
-    for (int score : {FLY_MOE_SOFTMAX, FLY_MOE_SIGMOID})
-      for (int flags : {0, FLY_MOE_RENORMALIZE, FLY_MOE_TOPK_FIRST, FLY_MOE_TOPK_FIRST | FLY_MOE_RENORMALIZE}) {
+    for (int score : {int(FLY_MOE_SOFTMAX), int(FLY_MOE_SIGMOID)})
+      for (int flags : {0, int(FLY_MOE_RENORMALIZE), int(FLY_MOE_TOPK_FIRST), FLY_MOE_TOPK_FIRST | FLY_MOE_RENORMALIZE}) {
         const fly_dtype wdt = flags & 1 ? FLY_F32 : dt;
         run_route({dt, wdt, FLY_I64, score, flags, 257, 128, 8});    // Qwen3-MoE / OLMoE-like
         run_route({dt, FLY_F32, FLY_I32, score, flags, 64, 8, 2});   // Mixtral
@@ -245,7 +245,7 @@ TEST_CASE("moe router forward and backward against FP64", "[moe_route]") {
 }
 
 TEST_CASE("moe router: ties go to the lower id, k = E, E up to 1000, padded rows", "[moe_route]") {
-  for (int flags : {0, FLY_MOE_RENORMALIZE, FLY_MOE_TOPK_FIRST}) {
+  for (int flags : {0, int(FLY_MOE_RENORMALIZE), int(FLY_MOE_TOPK_FIRST)}) {
     run_route({FLY_F32, FLY_F32, FLY_I64, FLY_MOE_SOFTMAX, flags, 100, 64, 8, /*ties=*/true});
     run_route({FLY_BF16, FLY_F32, FLY_I32, FLY_MOE_SIGMOID, flags, 50, 256, 8, /*ties=*/true, 3});
     run_route({FLY_F32, FLY_F32, FLY_I64, FLY_MOE_SOFTMAX, flags, 20, 40, 40});  // k = E
@@ -256,7 +256,7 @@ TEST_CASE("moe router: ties go to the lower id, k = E, E up to 1000, padded rows
 
 TEST_CASE("moe router: a NaN logit poisons its row like torch's softmax and no other row", "[moe_route]") {
   const int64_t T = 2, E = 16, k = 4;
-  std::vector<float> h(size_t(T * E));
+  std::vector<float> h(static_cast<size_t>(T * E));
   for (int64_t i = 0; i < T * E; ++i) h[size_t(i)] = float(i % E) * 0.1f;
   h[5] = NAN;
   float *dl, *dw;
@@ -267,8 +267,8 @@ TEST_CASE("moe router: a NaN logit poisons its row like torch's softmax and no o
   CUDA_OK(cudaMemcpy(dl, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
   const fly_tensor tl = mat(dl, FLY_F32, T, E, E), tw = mat(dw, FLY_F32, T, k, k), ti = mat(di, FLY_I64, T, k, k);
   REQUIRE(fly_moe_route_fwd(&tl, k, FLY_MOE_SOFTMAX, FLY_MOE_RENORMALIZE, &tw, &ti, nullptr) == FLY_SUCCESS);
-  std::vector<float> w(size_t(T * k));
-  std::vector<int64_t> ids(size_t(T * k));
+  std::vector<float> w(static_cast<size_t>(T * k));
+  std::vector<int64_t> ids(static_cast<size_t>(T * k));
   CUDA_OK(cudaMemcpy(w.data(), dw, w.size() * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(ids.data(), di, ids.size() * 8, cudaMemcpyDeviceToHost));
   for (int64_t j = 0; j < k; ++j) CHECK(std::isnan(w[size_t(j)]));
@@ -324,10 +324,10 @@ void run_perm(const PermCase& c) {
     const int64_t e = ids.id(size_t(i), c.idt);
     return e >= 0 && e < E ? e : E;
   };
-  std::vector<int64_t> order(size_t(N));
+  std::vector<int64_t> order(static_cast<size_t>(N));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return bucket(a) < bucket(b); });
-  std::vector<int64_t> ends(size_t(E), 0);
+  std::vector<int64_t> ends(static_cast<size_t>(E), 0);
   for (int64_t i = 0; i < N; ++i)
     if (bucket(i) < E) ++ends[size_t(bucket(i))];
   for (int64_t e = 1; e < E; ++e) ends[size_t(e)] += ends[size_t(e - 1)];
