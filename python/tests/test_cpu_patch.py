@@ -559,9 +559,10 @@ def test_moe_ops_trace_with_fake_tensors():
         h = torch.ops.flykernels.glu(*torch.nn.functional.grouped_mm(xp, w_up, offs=offs).chunk(2, dim=-1), 0)
         return torch.ops.flykernels.moe_unpermute(torch.nn.functional.grouped_mm(h, w_down, offs=offs), w, row_of, offs)
     torch.manual_seed(6)
-    args = (torch.randn(10, 16), torch.randn(10, 4), torch.randn(4, 16, 32), torch.randn(4, 16, 16))
+    args = tuple(t.bfloat16() for t in (torch.randn(10, 16), torch.randn(10, 4), torch.randn(4, 16, 32),
+                                        torch.randn(4, 16, 16)))  # (grouped_mm's shape function takes bf16)
     f = torch.compile(block, backend="aot_eager", fullgraph=True)
-    assert torch.allclose(f(*args), block(*args), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(f(*args).float(), block(*args).float(), rtol=2e-2, atol=2e-2)
 
 
 # Stand-ins written as transformers 5.x writes them (models/qwen3_moe, models/mixtral).
