@@ -45,7 +45,7 @@ def hf_permute(x, ids, E):
     flat = ids.reshape(-1)
     ids_g, perm = torch.sort(flat)
     x_g = x[perm // k]
-    counts = torch.histc(ids_g.int(), bins=E, min=0, max=E - 1)
+    counts = torch.histc(ids_g.int() if ids_g.is_cuda else ids_g.float(), bins=E, min=0, max=E - 1)
     return x_g, torch.cumsum(counts, dim=0, dtype=torch.int32), perm
 
 
@@ -91,7 +91,8 @@ def main():
             w, ids = torch.ops.flykernels.moe_route(logits, k, 0, 1 if renorm else 0,
                                                     logits.dtype if cast else torch.float32)
             hw, hids = hf_router(logits, k, renorm, cast)
-            err_route = rel(w.gather(-1, torch.argsort(ids, -1)), hw.gather(-1, torch.argsort(hids, -1)))
+            # (the weights in descending order: tied experts may be picked in another order than torch.topk's)
+            err_route = rel(w.float().sort(-1, descending=True).values, hw.float().sort(-1, descending=True).values)
             x_perm, offs, row_of, pair_of = torch.ops.flykernels.moe_permute(x, ids, E)
             x_g, hoffs, perm = hf_permute(x, ids, E)
             assert torch.equal(offs, hoffs), "offsets differ from histc + cumsum"
