@@ -22,7 +22,7 @@ struct MoeRouteParams {
   int32_t E, k;
   int32_t logit_dtype, weight_dtype, id_dtype;
   int32_t score, flags;
-  int32_t per_lane;  // logits per lane: 2 (E <= 64), 8 (E <= 256), 32 (E <= 1024)
+  int32_t per_lane;  // logits per lane: 2 (E <= 64), 4 (E <= 128), 8 (E <= 256), 32 (E <= 1024)
 };
 
 // moe_sort_hist / moe_sort_scan / moe_sort_rank: the stable counting sort of the N = T*k pairs.

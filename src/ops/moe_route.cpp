@@ -159,7 +159,7 @@ fly_status run_route(bool fwd, const fly_tensor* logits, const fly_tensor* dweig
   p.id_dtype = ids->dtype;
   p.score = score;
   p.flags = flags;
-  p.per_lane = E <= 64 ? 2 : E <= 256 ? 8 : 32;
+  p.per_lane = E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : 32;
   LaunchConfig cfg;
   const int64_t want = (T + wpc - 1) / wpc, cap = int64_t(dc->sm_count) * (2048 / (32 * wpc));
   cfg.grid[0] = unsigned(want < cap ? want : cap);
