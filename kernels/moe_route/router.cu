@@ -7,7 +7,7 @@
 //   backward: dlogits from dweights, recomputing the scores from the logits (nothing saved but
 //             the ids): the chain through renorm, the selection (a constant) and the score.
 // Expert e lives in lane e % 32, register e / 32 (coalesced row loads). PL registers per lane:
-// E <= 32 * PL; the launcher picks PL in {2, 4, 8, 32} at run time (one image, four bodies).
+// E <= 32 * PL; the launcher picks the entry of PL in {2, 4, 8, 32} (one image, four bodies).
 //
 // Variant constants (tools/flygen): FLY_WPC, warps per CTA.
 #include <math.h>
@@ -254,16 +254,16 @@ __device__ __forceinline__ void run(const MoeRouteParams& p) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads) moe_route_fwd(const MoeRouteParams p) {
-  if (p.per_lane <= 2) run<true, 2>(p);
-  else if (p.per_lane <= 4) run<true, 4>(p);
-  else if (p.per_lane <= 8) run<true, 8>(p);
-  else run<true, 32>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(kThreads) moe_route_bwd(const MoeRouteParams p) {
-  if (p.per_lane <= 2) run<false, 2>(p);
-  else if (p.per_lane <= 4) run<false, 4>(p);
-  else if (p.per_lane <= 8) run<false, 8>(p);
-  else run<false, 32>(p);
-}
+// One entry per register budget (each gets its own register allocation: the 32-register body
+// would otherwise set the occupancy of every E): moe_route_{fwd,bwd}_pl{2,4,8,32}.
+#define MOE_ROUTE_ENTRY(PL)                                                                              \
+  extern "C" __global__ void __launch_bounds__(kThreads) moe_route_fwd_pl##PL(const MoeRouteParams p) { \
+    run<true, PL>(p);                                                                                    \
+  }                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(kThreads) moe_route_bwd_pl##PL(const MoeRouteParams p) { \
+    run<false, PL>(p);                                                                                   \
+  }
+MOE_ROUTE_ENTRY(2)
+MOE_ROUTE_ENTRY(4)
+MOE_ROUTE_ENTRY(8)
+MOE_ROUTE_ENTRY(32)

@@ -133,8 +133,10 @@ fly_status run_route(bool fwd, const fly_tensor* logits, const fly_tensor* dweig
   DispatchRequest req = make_request(kFamily, op, dtype_name(dt), "row", {{"E", E}, {"k", k}, {"T", T}});
   req.supports = [](const Variant& v) { return starts_with(v.name, "moe_route_router_"); };
   req.fallback = [] { return std::string("moe_route_router_w4"); };
+  const int per_lane = E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : 32;  // registers per lane: E <= 32 * per_lane
+  const std::string kernel = std::string(op) + "_pl" + std::to_string(per_lane);
   ResolvedKernel rk;
-  FLY_TRY(resolve_kernel(*dc, req, op, &rk));
+  FLY_TRY(resolve_kernel(*dc, req, kernel.c_str(), &rk));
   const int wpc = int(rk.v->get_int("wpc", 4));
 
   MoeRouteParams p{};
@@ -159,7 +161,7 @@ fly_status run_route(bool fwd, const fly_tensor* logits, const fly_tensor* dweig
   p.id_dtype = ids->dtype;
   p.score = score;
   p.flags = flags;
-  p.per_lane = E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : 32;
+  p.per_lane = per_lane;
   LaunchConfig cfg;
   const int64_t want = (T + wpc - 1) / wpc, cap = int64_t(dc->sm_count) * (2048 / (32 * wpc));
   cfg.grid[0] = unsigned(want < cap ? want : cap);
