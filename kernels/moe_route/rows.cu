@@ -77,10 +77,9 @@ __device__ void gather(const MoeRowsParams& p) {
   }
 }
 
+// s_row, s_w: the token's slot table, shared memory of the entry (one copy for every dtype body).
 template <class T, int kE>
-__device__ void combine(const MoeRowsParams& p) {
-  __shared__ int s_row[kMoeMaxK];
-  __shared__ float s_w[kMoeMaxK];
+__device__ void combine(const MoeRowsParams& p, int* s_row, float* s_w) {
   const int64_t total = min(int64_t(p.offsets[p.E - 1]), p.n_perm);
   for (int64_t t = blockIdx.x; t < p.rows; t += gridDim.x) {
     __syncthreads();  // the previous token's table is read
@@ -109,8 +108,7 @@ __device__ void combine(const MoeRowsParams& p) {
 }
 
 template <class T, int kE>
-__device__ void unpermute_bwd(const MoeRowsParams& p) {
-  __shared__ float red[kWarps];
+__device__ void unpermute_bwd(const MoeRowsParams& p, float* red) {
   const int64_t total = min(int64_t(p.offsets[p.E - 1]), p.n_perm);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t t = blockIdx.x; t < p.rows; t += gridDim.x) {
@@ -161,22 +159,27 @@ extern "C" __global__ void __launch_bounds__(kThreads) moe_gather(const MoeRowsP
   else gather<2>(p);
 }
 
-#define MOE_BY_DTYPE(fn)                                    \
+#define MOE_BY_DTYPE(fn, ...)                               \
   do {                                                      \
     if (p.dtype == kMoeF32) {                               \
-      if (p.vec) fn<float, 4>(p);                           \
-      else fn<float, 1>(p);                                 \
+      if (p.vec) fn<float, 4>(p, __VA_ARGS__);              \
+      else fn<float, 1>(p, __VA_ARGS__);                    \
     } else if (p.dtype == kMoeBF16) {                       \
-      if (p.vec) fn<__nv_bfloat16, 8>(p);                   \
-      else fn<__nv_bfloat16, 1>(p);                         \
+      if (p.vec) fn<__nv_bfloat16, 8>(p, __VA_ARGS__);      \
+      else fn<__nv_bfloat16, 1>(p, __VA_ARGS__);            \
     } else {                                                \
-      if (p.vec) fn<__half, 8>(p);                          \
-      else fn<__half, 1>(p);                                \
+      if (p.vec) fn<__half, 8>(p, __VA_ARGS__);             \
+      else fn<__half, 1>(p, __VA_ARGS__);                   \
     }                                                       \
   } while (0)
 
-extern "C" __global__ void __launch_bounds__(kThreads) moe_combine(const MoeRowsParams p) { MOE_BY_DTYPE(combine); }
+extern "C" __global__ void __launch_bounds__(kThreads) moe_combine(const MoeRowsParams p) {
+  __shared__ int s_row[kMoeMaxK];
+  __shared__ float s_w[kMoeMaxK];
+  MOE_BY_DTYPE(combine, s_row, s_w);
+}
 
 extern "C" __global__ void __launch_bounds__(kThreads) moe_unpermute_bwd(const MoeRowsParams p) {
-  MOE_BY_DTYPE(unpermute_bwd);
+  __shared__ float red[kWarps];
+  MOE_BY_DTYPE(unpermute_bwd, red);
 }
