@@ -403,6 +403,61 @@ FLY_API fly_status fly_add_rms_norm_bwd(const fly_tensor* dy, const fly_tensor* 
                                         const fly_tensor* weight, const fly_tensor* rstd, const fly_tensor* dx,
                                         const fly_tensor* dweight, void* workspace, size_t workspace_bytes,
                                         void* stream);
+/* ---- Mixture-of-experts routing (router, permute, unpermute) -------------------------------
+ * The glue around a MoE layer's grouped GEMMs (docs/moe_route.md), forward and backward.
+ *
+ * Router: logits [T, E] (FP16/BF16/FP32, unit inner stride, any row stride) -> per token the k
+ * selected experts and their weights:
+ *   default order:  s = score(logits) over all E (softmax or sigmoid, FP32), the k largest s
+ *                   (Mixtral, Qwen3-MoE, OLMoE);
+ *   FLY_MOE_TOPK_FIRST: the k largest logits, then s = score over those k only (softmax over the
+ *                   k, gpt-oss; sigmoid per value);
+ *   FLY_MOE_RENORMALIZE: w = s / sum(s over the k) (Mixtral, Qwen3-MoE's norm_topk_prob), else w = s.
+ * Order of the k: descending score, ties to the lower expert id (NaN ranks above every number, as
+ * torch.topk). weights [T, k]: FP32 or the logits' dtype; ids [T, k]: INT32 or INT64. Both any
+ * row stride (>= k), unit inner stride. 1 <= k <= E <= 1024. FP32 math, one rounding per output.
+ * Backward: dlogits [T, E] (the logits' dtype) from dweights [T, k] (the weights' dtype), the
+ * logits and the ids the forward chose (the scores are recomputed). T == 0: no-op. */
+typedef enum {
+  FLY_MOE_SOFTMAX = 0, /* softmax over the experts (or over the k with FLY_MOE_TOPK_FIRST) */
+  FLY_MOE_SIGMOID = 1  /* sigmoid of each logit */
+} fly_moe_score;
+typedef enum {
+  FLY_MOE_RENORMALIZE = 1, /* divide the k selected scores by their sum */
+  FLY_MOE_TOPK_FIRST = 2   /* select on the logits, score the k selected only */
+} fly_moe_route_flags;
+FLY_API fly_status fly_moe_route_fwd(const fly_tensor* logits, int64_t k, int score, int flags,
+                                     const fly_tensor* weights, const fly_tensor* ids, void* stream);
+FLY_API fly_status fly_moe_route_bwd(const fly_tensor* dweights, const fly_tensor* logits, const fly_tensor* ids,
+                                     int score, int flags, const fly_tensor* dlogits, void* stream);
+
+/* Permute: the T*k (token, slot) pairs of ids [T, k] (INT32/INT64) in expert order, stable (pairs
+ * of one expert keep their order t*k + j), by a counting sort on the device (no host sync):
+ *   offsets [E] INT32: cumulative ends, the `offs` of torch's F.grouped_mm (E = offsets' size);
+ *   row_of [T, k] INT32: the row of pair (t, j) in expert order; pair_of [T*k] INT32: its inverse;
+ *   x_perm [T*k, H] = x[pair_of[r] / k] (x [T, H], FP16/BF16/FP32; x and x_perm both NULL: only
+ *   the indices). Ids outside [0, E) (expert-parallel sentinels) go last, past offsets[E-1], with
+ *   zero rows in x_perm; every op below ignores rows past offsets[E-1].
+ * Needs a workspace (fly_moe_permute_workspace_size, 256-byte aligned, no initialization).
+ * x, x_perm: unit inner stride, any row stride. 1 <= E <= 1024, T*k < 2^31. T == 0: no-op. */
+FLY_API fly_status fly_moe_permute_workspace_size(int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                                  size_t* bytes);
+FLY_API fly_status fly_moe_permute(const fly_tensor* x, const fly_tensor* ids, const fly_tensor* x_perm,
+                                   const fly_tensor* offsets, const fly_tensor* row_of, const fly_tensor* pair_of,
+                                   void* workspace, size_t workspace_bytes, void* stream);
+/* Unpermute: y[t] = sum_j w[t, j] * out_perm[row_of[t, j]] over the valid rows (FP32 sums in slot
+ * order, one rounding). weights [T, k]: FP32 or out_perm's dtype; NULL: every weight 1, which is
+ * the permute's backward (dx from dx_perm; fly_moe_permute_bwd). out_perm [T*k, H] and y [T, H]:
+ * one dtype (FP16/BF16/FP32), unit inner stride, any row stride.
+ * Unpermute backward: dout_perm[row_of[t, j]] = w[t, j] * dy[t] (zero rows for invalid pairs) and
+ * dweights[t, j] = <dy[t], out_perm[row_of[t, j]]> (FP32 dot; 0 for invalid pairs). */
+FLY_API fly_status fly_moe_unpermute(const fly_tensor* out_perm, const fly_tensor* weights, const fly_tensor* row_of,
+                                     const fly_tensor* offsets, const fly_tensor* y, void* stream);
+FLY_API fly_status fly_moe_permute_bwd(const fly_tensor* dx_perm, const fly_tensor* row_of, const fly_tensor* offsets,
+                                       const fly_tensor* dx, void* stream);
+FLY_API fly_status fly_moe_unpermute_bwd(const fly_tensor* dy, const fly_tensor* out_perm, const fly_tensor* weights,
+                                         const fly_tensor* row_of, const fly_tensor* offsets,
+                                         const fly_tensor* dout_perm, const fly_tensor* dweights, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

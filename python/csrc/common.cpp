@@ -26,7 +26,9 @@ const char* const kOpNames[kOpCount] = {"rms_norm",       "topk",       "topk.va
                                         "sdpa_flash_bwd", "sdpa_efficient_bwd", "grouped_mm",
                                         "scaled_mm",      "scaled_mm_v1", "glu",            "glu_bwd",
                                         "rope",           "rope_bwd",
-                                        "add_rms_norm",   "add_rms_norm_bwd"};
+                                        "add_rms_norm",   "add_rms_norm_bwd",
+                                        "moe_route",      "moe_route_bwd", "moe_permute",    "moe_permute_bwd",
+                                        "moe_unpermute",  "moe_unpermute_bwd"};
 
 namespace {
 struct OpCounts {

@@ -20,7 +20,7 @@ namespace flyk {
 enum OpId {
   kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kSdpaFlash, kSdpaEfficient, kSdpaCudnn,
   kSdpaFlashBwd, kSdpaEfficientBwd, kGroupedMm, kScaledMm, kScaledMmV1, kGlu, kGluBwd, kRope, kRopeBwd,
-  kAddRmsNorm, kAddRmsNormBwd, kOpCount
+  kAddRmsNorm, kAddRmsNormBwd, kMoeRoute, kMoeRouteBwd, kMoePermute, kMoePermuteBwd, kMoeUnpermute, kMoeUnpermuteBwd, kOpCount
 };
 extern const char* const kOpNames[kOpCount];  // the keys of counts(): "rms_norm", "topk.values", ...
 

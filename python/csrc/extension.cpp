@@ -13,5 +13,6 @@
 #include "glu.cpp"
 #include "rope.cpp"
 #include "add_rmsnorm.cpp"
+#include "moe_route.cpp"
 #include "decisions.cpp"
 #include "module.cpp"

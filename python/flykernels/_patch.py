@@ -18,14 +18,22 @@ What it replaces:
   libflykernels' glu family);
 - the rotary embeddings of their attention (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin
   and the same for k, ten elementwise ops): one flykernels::rope call for q and k, forward and
-  backward (libflykernels' rope family).
+  backward (libflykernels' rope family);
 - the post-attention residual add and post_attention_layernorm of their decoder layers (Llama,
   Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss: `hidden = residual + hidden; residual = hidden;
   hidden = post_attention_layernorm(hidden)`, seven elementwise and reduction ops): one
   flykernels::add_rms_norm call returning both the normalized value and the new residual stream,
   forward and backward (libflykernels' add_rmsnorm family). The layer's forward is rebuilt around
   it (input_layernorm, self_attn with every argument the layer got, the fused add + norm, mlp, the
-  last residual add), so its class's forward must have that shape: the probe below decides.
+  last residual add), so its class's forward must have that shape: the probe below decides;
+- the routing glue of the Qwen3-MoE, Mixtral and OLMoE sparse-MoE blocks (moe=True): the router's
+  softmax, top-k and renormalization become one flykernels::moe_route call (the logits still come
+  from the router's own F.linear and are returned, so router-logit recording and the auxiliary
+  loss see them), and the experts' forward becomes flykernels::moe_permute (a device counting
+  sort into expert order, with F.grouped_mm's offsets) + the grouped GEMM of gate_up_proj +
+  flykernels::glu + the grouped GEMM of down_proj + flykernels::moe_unpermute (the weighted sum
+  back per token in FP32), whatever `experts_implementation` the model was built with
+  (libflykernels' moe_route family; each op differentiable).
 
 How: the module's `forward` (the experts' `_apply_gate`) becomes an instance attribute (the class
 is untouched, so other models are not affected) that calls the fused op while the "patch" family
@@ -405,6 +413,131 @@ def _decoder_check(mod, sig):
             m.training = t
 
 
+# Hugging Face sparse-MoE routers (logits = F.linear(h, weight); softmax in FP32 over the experts,
+# top-k, renormalized where the flavour says): class -> (renormalize: True or the attribute that
+# says, weights cast to the logits' dtype as Qwen3-MoE / OLMoE do, else kept in FP32 as Mixtral).
+MOE_ROUTER_CLASSES = {
+    "Qwen3MoeTopKRouter": ("norm_topk_prob", True),
+    "OlmoeTopKRouter": ("norm_topk_prob", True),
+    "MixtralTopKRouter": (True, False),
+}
+# transformers' fused experts (3-D gate_up_proj [E, 2I, H] and down_proj [E, H, I], gate and up
+# concatenated, no bias) whose forward(hidden_states, top_k_index, top_k_weights) is the sum over
+# each token's k experts of weight * down(act(gate) * up).
+MOE_EXPERTS_CLASSES = ("Qwen3MoeExperts", "MixtralExperts", "OlmoeExperts")
+
+
+def _router_renorm(mod, renorm):
+    return bool(getattr(mod, renorm, False)) if isinstance(renorm, str) else bool(renorm)
+
+
+def _router_fused(mod, renorm, cast, hidden_states):
+    h = hidden_states.reshape(-1, mod.hidden_dim)
+    logits = F.linear(h, mod.weight)
+    flags = 1 if _router_renorm(mod, renorm) else 0
+    w, ids = torch.ops.flykernels.moe_route(logits, mod.top_k, 0, flags, logits.dtype if cast else torch.float32)
+    return logits, w, ids
+
+
+def _router_forward(renorm, cast):
+    def forward(self, hidden_states, *args, **kwargs):
+        if (not _family.on or args or kwargs or not isinstance(hidden_states, torch.Tensor)
+                or hidden_states.dtype != self.weight.dtype):
+            return type(self).forward(self, hidden_states, *args, **kwargs)
+        return _router_fused(self, renorm, cast, hidden_states)
+    forward.__flykernels_patch__ = "moe_router"
+    return forward
+
+
+def _grouped_linear(x, weight, offs):
+    """x [S, in] @ weight[e].T per expert group of offs: transformers' own grouped GEMM helper
+    (F.grouped_mm where it may run, its fallback op elsewhere), so numerics and device rules match."""
+    try:
+        from transformers.integrations.moe import _grouped_mm
+    except ImportError:  # pragma: no cover (an older or newer transformers)
+        return F.grouped_mm(x.to(weight.dtype), weight.transpose(-2, -1), offs=offs)
+    return _grouped_mm(x, weight.transpose(-2, -1), offs=offs)
+
+
+def _experts_fused(mod, act, hidden_states, top_k_index, top_k_weights):
+    x_perm, offs, row_of, _ = torch.ops.flykernels.moe_permute(hidden_states, top_k_index, mod.num_experts)
+    gate_up = _grouped_linear(x_perm, mod.gate_up_proj, offs)
+    half = gate_up.shape[-1] // 2
+    h = _glu(gate_up[:, :half], gate_up[:, half:], act)
+    out = _grouped_linear(h, mod.down_proj, offs)
+    return torch.ops.flykernels.moe_unpermute(out, top_k_weights, row_of, offs).to(hidden_states.dtype)
+
+
+def _experts_forward(act):
+    def forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
+        if (not _family.on or args or kwargs or not all(isinstance(t, torch.Tensor)
+                                                        for t in (hidden_states, top_k_index, top_k_weights))
+                or hidden_states.dim() != 2 or top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2
+                or top_k_index.is_floating_point()):
+            return type(self).forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs)
+        return _experts_fused(self, act, hidden_states, top_k_index, top_k_weights)
+    forward.__flykernels_patch__ = "moe_experts"
+    return forward
+
+
+def _moe_layout(mod):
+    """'' when `mod` is laid out as MOE_EXPERTS_CLASSES expects, else why not."""
+    if not getattr(mod, "has_gate", True) or getattr(mod, "has_bias", False) or getattr(mod, "is_transposed", False):
+        return "gate-less, biased or transposed experts (not the layout this patch knows)"
+    if not getattr(mod, "is_concatenated", True):
+        return "interleaved gate/up weights (not the layout this patch knows)"
+    gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
+    if not (isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and gu.dim() == 3 and dn.dim() == 3
+            and isinstance(getattr(mod, "num_experts", None), int)):
+        return "no 3-D gate_up_proj / down_proj or no num_experts (not the layout this patch knows)"
+    return ""
+
+
+def _router_check(mod, renorm, cast):
+    """A tiny random copy of the router on the CPU (FP32, hidden size 16): its forward and the fused
+    one pick the same experts and agree on the logits and weights (and the weights' dtype)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        H = 16
+        probe = copy.copy(mod)
+        probe._parameters = dict(mod._parameters)
+        probe._parameters["weight"] = torch.nn.Parameter(torch.randn(mod.num_experts, H, generator=gen),
+                                                         requires_grad=False)
+        probe.hidden_dim = H
+        x = torch.randn(3, 7, H, generator=gen)
+        ref, got = type(mod).forward(probe, x), _router_fused(probe, renorm, cast, x)
+        if not torch.equal(ref[2].long(), got[2]):
+            raise RuntimeError("its forward selects other experts")
+        if ref[1].dtype != got[1].dtype:
+            raise RuntimeError(f"its weights are {ref[1].dtype}, the fused router's {got[1].dtype}")
+        return (torch.cat([ref[0].flatten(), ref[1].float().flatten()]),
+                torch.cat([got[0].flatten(), got[1].float().flatten()]))
+    return _probe((type(mod), "moe_router", renorm, cast), torch.float32, run)
+
+
+def _experts_check(mod, act):
+    """A tiny random copy of the experts on the CPU (FP32; hidden 16, intermediate 8, the module's
+    expert count): its forward and the fused composition agree on random tokens, ids and weights."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        E, H, inter, T = mod.num_experts, 16, 8, 9
+        k = min(E, 3)
+        probe = copy.copy(mod)
+        probe._parameters = dict(mod._parameters)
+        probe._parameters["gate_up_proj"] = torch.nn.Parameter(0.3 * torch.randn(E, 2 * inter, H, generator=gen),
+                                                               requires_grad=False)
+        probe._parameters["down_proj"] = torch.nn.Parameter(0.3 * torch.randn(E, H, inter, generator=gen),
+                                                            requires_grad=False)
+        probe.hidden_dim, probe.intermediate_dim = H, inter
+        x = torch.randn(T, H, generator=gen)
+        ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+        w = torch.rand(T, k, generator=gen)
+        return type(mod).forward(probe, x, ids, w), _experts_fused(probe, act, x, ids, w)
+    return _probe((type(mod), "moe_experts", act), torch.float32, run)
+
+
 def _rel_err(got, ref):
     return ((got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
@@ -468,7 +601,7 @@ def _gate_check(mod, act, dtype, device):
     return _probe((type(mod), "gate", act, dtype, device.type), dtype, run)
 
 
-def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False):
+def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False):
     """(attribute, replacement factory, check) for a module patch() knows, or a skip reason, or None."""
     cls = type(mod).__name__
     if add_rms_norm and cls in DECODER_LAYER_CLASSES:
@@ -481,6 +614,17 @@ def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False):
         if sig is None:
             return "its forward is not forward(self, hidden_states, <named arguments>) (not the layout this patch knows)"
         return "forward", lambda: _decoder_forward(sig), lambda: _decoder_check(mod, sig)
+    if moe and cls in MOE_ROUTER_CLASSES:
+        renorm, cast = MOE_ROUTER_CLASSES[cls]
+        w = getattr(mod, "weight", None)
+        if (not isinstance(w, torch.Tensor) or w.dim() != 2 or getattr(mod, "bias", None) is not None
+                or not all(isinstance(getattr(mod, n, None), int) for n in ("top_k", "num_experts", "hidden_dim"))):
+            return "no 2-D weight or no top_k / num_experts / hidden_dim (not the layout this patch knows)"
+        return "forward", lambda: _router_forward(renorm, cast), lambda: _router_check(mod, renorm, cast)
+    if moe and cls in MOE_EXPERTS_CLASSES and not _moe_layout(mod):
+        act = _act_code(getattr(mod, "act_fn", None))
+        if act is not None:
+            return "forward", lambda: _experts_forward(act), lambda: _experts_check(mod, act)
     if rope and cls in ROPE_ATTENTION_CLASSES:
         if not callable(getattr(_rope_module(mod), "apply_rotary_pos_emb", None)):
             return "no apply_rotary_pos_emb in its module (not the layout this patch knows)"
@@ -510,13 +654,16 @@ def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False):
     return None
 
 
-def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=True, check=True):
+def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=True, moe=True, check=True):
     """Patches the modules of `model` (an nn.Module: a whole model or one block) that FlyKernels
     knows, in place; returns {"patched": {class: count}, "skipped": {class: reason}}. rms_norm:
     the RMSNorm modules; glu: the gated MLPs (SwiGLU / GeGLU) and the gate of transformers' fused
     experts, onto flykernels::glu; rope: the rotary embeddings of the attention modules, onto
     flykernels::rope; add_rms_norm: the decoder layers' post-attention residual add and norm, onto
-    flykernels::add_rms_norm. Patching a patched module again does nothing. `check=False` skips the probe
+    flykernels::add_rms_norm; moe: the routers and fused experts of the Qwen3-MoE, Mixtral and OLMoE
+    sparse-MoE blocks, onto flykernels::moe_route / moe_permute / moe_unpermute around the grouped GEMMs
+    (the experts' activation through flykernels::glu). Patching a patched module again does nothing.
+    `check=False` skips the probe
     of each class (see above)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"flykernels.patch: model must be a torch.nn.Module, not {type(model).__name__}")
@@ -524,10 +671,12 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=True, check
     have_glu = glu and _loader.ext is not None and hasattr(torch.ops.flykernels, "glu")
     have_rope = rope and _loader.ext is not None and hasattr(torch.ops.flykernels, "rope")
     have_add_norm = add_rms_norm and _loader.ext is not None and hasattr(torch.ops.flykernels, "add_rms_norm")
+    have_moe = (moe and _loader.ext is not None and hasattr(torch.ops.flykernels, "moe_route")
+                and hasattr(torch.ops.flykernels, "glu"))
     for mod in model.modules():
         if mod in _patched:
             continue
-        cand = _candidates(mod, rms_norm, glu, rope, add_rms_norm)
+        cand = _candidates(mod, rms_norm, glu, rope, add_rms_norm, moe)
         if cand is None:
             continue
         cls = type(mod).__name__
@@ -536,8 +685,10 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=True, check
             continue
         attr, make, check_fn = cand
         why = ""
-        if ((attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu or attr == "rope" and not have_rope
-                or cls in DECODER_LAYER_CLASSES and not have_add_norm):
+        moe_cls = cls in MOE_ROUTER_CLASSES or cls in MOE_EXPERTS_CLASSES and attr == "forward"
+        if (moe_cls and not have_moe or cls in DECODER_LAYER_CLASSES and not have_add_norm
+                or not moe_cls and ((attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu
+                                    or attr == "rope" and not have_rope)):
             why = f"the flykernels extension is not loaded ({_loader.reason or 'unknown'})"
         elif attr in mod.__dict__:
             why = (f"its {attr} is wrapped already (an instance-level attribute, e.g. a device-placement hook), "

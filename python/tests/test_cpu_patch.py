@@ -2,6 +2,7 @@
 """flykernels.patch(model): the CPU-side logic (which modules, the self-check, the switch, undo,
 autograd, tracing) on stand-in modules written like Hugging Face's; the patched Hugging Face
 models themselves are checked in test_gpu_patch.py."""
+import copy
 import logging
 
 import pytest
@@ -454,3 +455,307 @@ def test_rope_takes_only_what_the_fused_op_computes(monkeypatch):
     assert not takes(q, k, cos[:, :4], sin[:, :4], 1, False)
     assert not takes(q, k.double(), cos, sin, 1, False)
     assert not takes(q[..., :15], k[..., :15], cos[..., :15], sin[..., :15], 1, False)  # odd head dim
+
+
+# ---- mixture-of-experts routing ------------------------------------------------------------------
+moe_op = pytest.mark.skipif(not hasattr(torch.ops.flykernels, "moe_route"),
+                            reason="this build of the extension has no flykernels::moe_*")
+
+
+def _route_ref(logits, k, score, flags):
+    """The router composition written out in FP64 (what Hugging Face's routers compute)."""
+    lg = logits.double()
+    if flags & 2:
+        v, ids = lg.topk(k, dim=-1)
+        w = v.softmax(-1) if score == 0 else v.sigmoid()
+    else:
+        s = lg.softmax(-1) if score == 0 else lg.sigmoid()
+        w, ids = s.topk(k, dim=-1)
+    if flags & 1:
+        w = w / w.sum(-1, keepdim=True)
+    return w, ids
+
+
+@moe_op
+@pytest.mark.parametrize("score,flags", [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (1, 3)])
+def test_moe_route_op_matches_the_composition_and_its_gradient(score, flags):
+    torch.manual_seed(4)
+    logits = torch.randn(37, 24, dtype=torch.float64)
+    w, ids = torch.ops.flykernels.moe_route(logits, 5, score, flags, torch.float64)
+    rw, rids = _route_ref(logits, 5, score, flags)
+    assert ids.dtype == torch.int64 and torch.equal(ids, rids)
+    assert torch.allclose(w, rw, rtol=1e-12, atol=1e-14)
+    x = logits.clone().requires_grad_()
+    fixed = ids  # the selection is a constant of the gradient: gradcheck at a point away from ties
+    assert torch.autograd.gradcheck(lambda t: torch.ops.flykernels.moe_route(t, 5, score, flags, torch.float64)[0],
+                                    (x,))
+    assert torch.equal(torch.ops.flykernels.moe_route(x, 5, score, flags, torch.float64)[1], fixed)
+
+
+@moe_op
+def test_moe_route_ties_dtype_and_bad_arguments():
+    logits = torch.zeros(3, 16)
+    logits[1, 7] = logits[1, 9] = 1.0
+    w, ids = torch.ops.flykernels.moe_route(logits, 4, 0, 1)
+    assert ids[0].tolist() == [0, 1, 2, 3]        # exact ties: the lower id first (torch.topk on the CPU
+    assert ids[1].tolist() == [7, 9, 0, 1]        # orders them arbitrarily; the kernel's rule is this)
+    assert w.dtype == torch.float32 and torch.allclose(w.sum(-1), torch.ones(3))
+    wb, _ = torch.ops.flykernels.moe_route(logits.bfloat16(), 4, 0, 1, torch.bfloat16)
+    assert wb.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="k = 17 outside"):
+        torch.ops.flykernels.moe_route(logits, 17, 0, 0)
+    with pytest.raises(RuntimeError, match="score must be"):
+        torch.ops.flykernels.moe_route(logits, 2, 3, 0)
+    with pytest.raises(RuntimeError, match="flags must be"):
+        torch.ops.flykernels.moe_route(logits, 2, 0, 8)
+
+
+def _permute_ref(x, ids, E):
+    """Hugging Face's grouped_mm path written out: a stable sort by expert, F.grouped_mm's offsets."""
+    flat = ids.reshape(-1)
+    key = torch.where((flat >= 0) & (flat < E), flat, torch.full_like(flat, E))
+    order = torch.sort(key, stable=True).indices
+    counts = torch.bincount(key, minlength=E + 1)[:E]
+    return x[order // ids.shape[1]], torch.cumsum(counts, 0).to(torch.int32), order
+
+
+@moe_op
+def test_moe_permute_unpermute_match_the_composition_and_their_gradients():
+    torch.manual_seed(5)
+    T, k, E, H = 11, 3, 6, 8
+    x = torch.randn(T, H, dtype=torch.float64, requires_grad=True)
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+    ids[2, 1] = E  # a dropped pair (expert parallelism's sentinel): last, zero row, no contribution
+    ids[4, 0] = -1
+    x_perm, offs, row_of, pair_of = torch.ops.flykernels.moe_permute(x, ids, E)
+    rx, roffs, order = _permute_ref(x.detach(), ids, E)
+    total = int(roffs[-1])
+    assert total == T * k - 2 and torch.equal(offs, roffs) and offs.dtype == torch.int32
+    assert torch.equal(pair_of.long(), order) and row_of.shape == (T, k) and row_of.dtype == torch.int32
+    assert torch.equal(row_of.reshape(-1).long()[order], torch.arange(T * k))
+    assert torch.equal(x_perm[:total], rx[:total]) and not x_perm[total:].any()
+    w = torch.rand(T, k, dtype=torch.float64, requires_grad=True)
+    out = torch.randn(T * k, H, dtype=torch.float64, requires_grad=True)
+    y = torch.ops.flykernels.moe_unpermute(out, w, row_of, offs)
+    valid = (ids >= 0) & (ids < E)
+    ref = ((out[row_of.long()] * w.unsqueeze(-1)) * valid.unsqueeze(-1)).sum(1)
+    assert torch.allclose(y, ref)
+    assert torch.autograd.gradcheck(lambda o, ww: torch.ops.flykernels.moe_unpermute(o, ww, row_of, offs), (out, w))
+    assert torch.autograd.gradcheck(lambda xx: torch.ops.flykernels.moe_permute(xx, ids, E)[0], (x,))
+    # Garbage past offsets[-1] (grouped_mm leaves those rows unwritten) never reaches y.
+    junk = out.detach().clone()
+    junk[total:] = float("nan")
+    assert torch.isfinite(torch.ops.flykernels.moe_unpermute(junk, w.detach(), row_of, offs)).all()
+    # No tokens: every expert empty.
+    e_x, e_off, e_row, e_pair = torch.ops.flykernels.moe_permute(torch.zeros(0, H), torch.zeros(0, k, dtype=torch.long), E)
+    assert e_x.shape == (0, H) and e_off.tolist() == [0] * E and e_row.shape == (0, k) and e_pair.shape == (0,)
+
+
+@moe_op
+def test_moe_ops_trace_with_fake_tensors():
+    def block(x, logits, w_up, w_down):
+        w, ids = torch.ops.flykernels.moe_route(logits, 2, 0, 1)
+        xp, offs, row_of, _ = torch.ops.flykernels.moe_permute(x, ids, 4)
+        h = torch.ops.flykernels.glu(*torch.nn.functional.grouped_mm(xp, w_up, offs=offs).chunk(2, dim=-1), 0)
+        return torch.ops.flykernels.moe_unpermute(torch.nn.functional.grouped_mm(h, w_down, offs=offs), w, row_of, offs)
+    torch.manual_seed(6)
+    args = tuple(t.bfloat16() for t in (torch.randn(10, 16), torch.randn(10, 4), torch.randn(4, 16, 32),
+                                        torch.randn(4, 16, 16)))  # (grouped_mm's shape function takes bf16)
+    f = torch.compile(block, backend="aot_eager", fullgraph=True)
+    assert torch.allclose(f(*args).float(), block(*args).float(), rtol=2e-2, atol=2e-2)
+
+
+# Stand-ins written as transformers 5.x writes them (models/qwen3_moe, models/mixtral).
+class Qwen3MoeTopKRouter(nn.Module):
+    def __init__(self, h, e, k, norm):
+        super().__init__()
+        self.top_k, self.num_experts, self.norm_topk_prob, self.hidden_dim = k, e, norm, h
+        self.weight = nn.Parameter(torch.randn(e, h) * 0.3)
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = nn.functional.linear(hidden_states, self.weight)
+        router_probs = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        router_top_value = router_top_value.to(router_logits.dtype)
+        return router_logits, router_top_value, router_indices
+
+
+class MixtralTopKRouter(Qwen3MoeTopKRouter):
+    def __init__(self, h, e, k):
+        super().__init__(h, e, k, True)
+        del self.norm_topk_prob
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = nn.functional.linear(hidden_states, self.weight)
+        router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        return router_logits, router_top_value, router_indices
+
+
+class MixtralExperts(nn.Module):  # the eager loop of transformers' experts classes
+    _apply_gate = _default_apply_gate
+
+    def __init__(self, h, i, e):
+        super().__init__()
+        self.num_experts, self.hidden_dim, self.intermediate_dim = e, h, i
+        self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * i, h) * 0.2)
+        self.down_proj = nn.Parameter(torch.randn(e, h, i) * 0.2)
+        self.act_fn = SiLUActivation()
+        self.has_gate, self.has_bias, self.is_transposed, self.is_concatenated = True, False, False, True
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        final = torch.zeros_like(hidden_states)
+        mask = nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+        for e in range(self.num_experts):
+            top_k_pos, token_idx = torch.where(mask[e])
+            if token_idx.numel() == 0:
+                continue
+            gate, up = nn.functional.linear(hidden_states[token_idx], self.gate_up_proj[e]).chunk(2, dim=-1)
+            cur = nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e])
+            final.index_add_(0, token_idx, (cur * top_k_weights[token_idx, top_k_pos, None]).to(final.dtype))
+        return final
+
+
+Qwen3MoeExpertsFused = type("Qwen3MoeExperts", (MixtralExperts,), {})
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, router, experts):
+        super().__init__()
+        self.gate, self.experts = router, experts
+
+    def forward(self, x):
+        b, s, h = x.shape
+        flat = x.view(-1, h)
+        _, w, ids = self.gate(flat)
+        return self.experts(flat, ids, w).reshape(b, s, h)
+
+
+@moe_op
+@pytest.mark.parametrize("flavour", ["qwen3_norm", "qwen3", "mixtral"])
+def test_moe_blocks_patched_match_and_undo(flavour, patch_on):
+    torch.manual_seed(7)
+    H, inter, E, k = 16, 12, 6, 2
+    router = MixtralTopKRouter(H, E, k) if flavour == "mixtral" else Qwen3MoeTopKRouter(H, E, k, flavour == "qwen3_norm")
+    experts = (MixtralExperts if flavour == "mixtral" else Qwen3MoeExpertsFused)(H, inter, E)
+    block = SparseMoeBlock(router, experts)
+    x = torch.randn(2, 9, H, requires_grad=True)
+
+    def run():
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+        y = block(x)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        return y.detach(), x.grad.clone(), {n: p.grad.clone() for n, p in block.named_parameters()}
+    ref = run()
+    report = flykernels.patch(block)
+    assert report["patched"] == {type(router).__name__: 1, type(experts).__name__: 1}, report
+    assert report["skipped"] == {}
+    assert _patch.is_patched(router) and _patch.is_patched(experts)
+    got = run()
+    assert torch.allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(got[1], ref[1], rtol=1e-5, atol=1e-6)
+    for n in ref[2]:
+        assert torch.allclose(got[2][n], ref[2][n], rtol=1e-4, atol=1e-6), n  # the router weight through moe_route
+    # Router weights keep the flavour's dtype (Mixtral: FP32; Qwen3-MoE: the logits' dtype).
+    bf_router = copy.copy(router)
+    bf_router._parameters = {"weight": nn.Parameter(router.weight.detach().bfloat16())}
+    _, w_ref, _ = type(router).forward(bf_router, x.detach().bfloat16().reshape(-1, H))
+    _, w_got, _ = router.forward.__func__(bf_router, x.detach().bfloat16().reshape(-1, H))
+    assert w_got.dtype == w_ref.dtype
+    with flykernels.torch.disabled():
+        assert torch.equal(block(x).detach(), ref[0])  # the switch: the modules' own forwards
+    assert flykernels.unpatch(block) == 2
+    assert "forward" not in router.__dict__ and "forward" not in experts.__dict__
+    assert torch.equal(block(x).detach(), ref[0])
+
+
+@moe_op
+def test_moe_self_check_refuses_a_changed_router(patch_on, caplog):
+    class Qwen3MoeTopKRouter2(Qwen3MoeTopKRouter):  # a release whose router scores by sigmoid
+        def forward(self, hidden_states):
+            logits = nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+            w, i = logits.sigmoid().topk(self.top_k, dim=-1)
+            return logits, w, i
+    Qwen3MoeTopKRouter2.__name__ = "Qwen3MoeTopKRouter"
+    r = Qwen3MoeTopKRouter2(16, 6, 2, False)
+    with caplog.at_level(logging.WARNING, logger="flykernels"):
+        report = flykernels.patch(r)
+    assert report["patched"] == {} and "disagrees" in report["skipped"]["Qwen3MoeTopKRouter"]
+    assert "forward" not in r.__dict__
+
+
+@moe_op
+def test_moe_layouts_the_patch_does_not_know_are_left_alone(patch_on):
+    experts = Qwen3MoeExpertsFused(16, 8, 4)
+    experts.is_transposed = True
+    plain = SparseMoeBlock(Qwen3MoeTopKRouter(16, 4, 2, True), Qwen3MoeExpertsFused(16, 8, 4))
+    no_moe = flykernels.patch(plain, moe=False)  # moe off: the experts' gate alone, onto flykernels::glu
+    assert no_moe["patched"] == {"Qwen3MoeExperts": 1} and "_apply_gate" in plain.experts.__dict__
+    flykernels.unpatch(plain)
+    report = flykernels.patch(experts)
+    # transposed weights: not the fused experts' layout; the gate alone (flykernels::glu) is still taken
+    assert "forward" not in experts.__dict__
+    assert report["patched"] == {"Qwen3MoeExperts": 1} and "_apply_gate" in experts.__dict__
+    flykernels.unpatch(experts)
+
+
+def test_moe_left_alone_without_the_ops(patch_on, monkeypatch):
+    monkeypatch.setattr(_patch._loader, "ext", None)
+    r = Qwen3MoeTopKRouter(8, 4, 2, True)
+    report = flykernels.patch(r)
+    assert report["patched"] == {} and "extension is not loaded" in report["skipped"]["Qwen3MoeTopKRouter"]
+    assert flykernels.patch(r, moe=False) == {"patched": {}, "skipped": {}}
+
+
+HF_MOE = {  # transformers config class: its MoE fields (tiny, CPU)
+    "Qwen3MoeConfig": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True),
+    "MixtralConfig": dict(num_local_experts=6, num_experts_per_tok=2),
+    "OlmoeConfig": dict(num_experts=6, num_experts_per_tok=2),
+}
+
+
+@moe_op
+@pytest.mark.parametrize("cfg_name", list(HF_MOE))
+@pytest.mark.parametrize("impl", ["eager", "grouped_mm"])
+def test_hf_moe_models_patched_on_the_cpu(cfg_name, impl, patch_on):
+    """Hugging Face's own MoE models (tiny, FP32, CPU, when transformers is installed): the patched
+    routers and experts give the stock logits and gradients, whatever experts_implementation."""
+    transformers = pytest.importorskip("transformers")
+    cfg_cls = getattr(transformers, cfg_name, None)
+    if cfg_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {cfg_name}")
+    cfg = cfg_cls(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=97, **HF_MOE[cfg_name])
+    torch.manual_seed(0)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation=impl)
+    except (TypeError, ValueError) as e:
+        pytest.skip(f"experts_implementation={impl}: {e}")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("gate.weight"):  # a fresh router is all zeros: every score tied
+                p.normal_(0.0, 0.5)
+    ids = torch.randint(0, 97, (2, 11))
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    ref_logits, ref_grads = run()
+    report = flykernels.patch(model, rms_norm=False, glu=False, rope=False)
+    assert report["skipped"] == {}, report
+    assert sum(c for k, c in report["patched"].items() if k.endswith("Router")) == 2
+    assert sum(c for k, c in report["patched"].items() if k.endswith("Experts")) == 2
+    logits, grads = run()
+    assert torch.allclose(logits, ref_logits, rtol=1e-4, atol=1e-5)
+    assert grads.keys() == ref_grads.keys()
+    for n in grads:
+        assert torch.allclose(grads[n], ref_grads[n], rtol=1e-3, atol=1e-6), n
+    assert flykernels.unpatch(model) == 4

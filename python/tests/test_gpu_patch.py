@@ -2,7 +2,8 @@
 """flykernels.patch on Hugging Face models (small configs, random weights, bf16, on the GPU):
 logits and gradients of the patched model against the same model unpatched, eager, under
 torch.compile and in a CUDA graph; every RMSNorm module of each family patched, its MLPs or
-experts' gate (flykernels::glu) and its attention's rotary embeddings (flykernels::rope)."""
+experts' gate (flykernels::glu) and its attention's rotary embeddings (flykernels::rope); the
+sparse-MoE blocks' routing (flykernels::moe_*) and those ops on their own against torch."""
 import pytest
 import torch
 
@@ -208,3 +209,166 @@ def test_patched_decoder_layers_run_the_fused_add_norm(cfg_name, fly):
         assert counts["add_rms_norm"] == (2, 0) and counts["add_rms_norm_bwd"] == (2, 0)
     finally:
         assert flykernels.unpatch(model) == 2
+# ---- mixture-of-experts routing --------------------------------------------------------------------
+MOE_FAMILIES = {  # config class: its MoE fields (8 experts, top-2)
+    "Qwen3MoeConfig": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True),
+    "MixtralConfig": dict(num_local_experts=8, num_experts_per_tok=2),
+    "OlmoeConfig": dict(num_experts=8, num_experts_per_tok=2),
+}
+MOE_OPS = ("moe_route", "moe_route_bwd", "moe_permute", "moe_permute_bwd", "moe_unpermute", "moe_unpermute_bwd")
+
+
+def _moe_model(cfg_name):
+    cfg_cls = getattr(transformers, cfg_name, None)
+    if cfg_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {cfg_name}")
+    cfg = cfg_cls(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512, **MOE_FAMILIES[cfg_name])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("gate.weight"):  # a fresh router is all zeros: every score tied
+                p.normal_(0.0, 0.2)
+    return model.to(device="cuda", dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("cfg_name", list(MOE_FAMILIES))
+def test_moe_blocks_run_the_fused_routing(cfg_name, fly):
+    """The sparse-MoE blocks of Qwen3-MoE, Mixtral and OLMoE patched (routers and experts only):
+    logits and gradients against the same model unpatched, and every routing op ran our kernels."""
+    model = _moe_model(cfg_name)
+    ids = torch.randint(0, 512, (2, 48), device="cuda")
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()
+                                     if p.grad is not None and ("experts" in n or "gate" in n)}
+    ref_logits, ref_grads = run()
+    report = flykernels.patch(model, rms_norm=False, glu=False, rope=False)
+    try:
+        assert report["skipped"] == {}, report
+        routers = sum(c for k, c in report["patched"].items() if k.endswith("Router"))
+        experts = sum(c for k, c in report["patched"].items() if k.endswith("Experts"))
+        assert routers == experts == 2, report
+        fly.reset_counts()
+        logits, grads = run()
+        counts = fly.dispatch_counts()
+        for op in MOE_OPS:
+            if op == "moe_permute_bwd":
+                continue  # the embeddings' input needs no gradient through the first block's x
+            assert counts[op][0] >= 2 and counts[op][1] == 0, (op, counts[op])
+        assert _rel(logits, ref_logits) < 2e-2
+        assert grads.keys() == ref_grads.keys()
+        for n in grads:
+            assert _rel(grads[n], ref_grads[n]) < 5e-2, n
+    finally:
+        assert flykernels.unpatch(model) == sum(report["patched"].values())
+
+
+def test_moe_patched_model_compiles_and_graphs():
+    model = _moe_model("Qwen3MoeConfig").eval()
+    ids = torch.randint(0, 512, (1, 64), device="cuda")
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        flykernels.patch(model)
+        try:
+            torch._dynamo.reset()
+            got = torch.compile(model, fullgraph=False)(input_ids=ids).logits
+            assert _rel(got, ref) < 2e-2
+            static_ids = ids.clone()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    model(input_ids=static_ids, use_cache=False)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):  # no host sync anywhere in routing, permute and unpermute
+                out = model(input_ids=static_ids, use_cache=False).logits
+            g.replay()
+            torch.cuda.synchronize()
+            assert _rel(out, ref) < 2e-2
+        finally:
+            flykernels.unpatch(model)
+            torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("score,flags", [(0, 0), (0, 1), (1, 1), (0, 2)])
+def test_moe_route_op_against_torch(dtype, score, flags, fly):
+    """flykernels::moe_route on the GPU (the kernel, counted) against softmax/sigmoid + torch.topk
+    (+ renorm) in FP64: the same experts where no two scores tie, weights and dlogits close."""
+    torch.manual_seed(2)
+    T, E, k = 513, 128, 8
+    logits = (torch.randn(T, E, device="cuda") * 2).to(dtype).requires_grad_()
+    fly.reset_counts()
+    w, ids = torch.ops.flykernels.moe_route(logits, k, score, flags)
+    assert fly.dispatch_counts()["moe_route"][0] == 1
+    l64 = logits.detach().double().requires_grad_()
+    if flags & 2:
+        v, rids = l64.topk(k, dim=-1)
+        rw = v.softmax(-1) if score == 0 else v.sigmoid()
+    else:
+        s = l64.softmax(-1) if score == 0 else l64.sigmoid()
+        rw, rids = s.topk(k, dim=-1)
+    if flags & 1:
+        rw = rw / rw.sum(-1, keepdim=True)
+    assert (ids == rids).float().mean().item() > 0.99  # bf16 logits tie now and then; the rest agree
+    same = (ids == rids).all(-1)
+    assert _rel(w[same], rw[same]) < 1e-5
+    g = torch.randn_like(w)
+    w.backward(g)
+    assert fly.dispatch_counts()["moe_route_bwd"][0] == 1
+    # The reference gradient for the kernel's own selection.
+    sel = l64.gather(-1, ids) if flags & 2 else (l64.softmax(-1) if score == 0 else l64.sigmoid()).gather(-1, ids)
+    if flags & 2:
+        sel = sel.softmax(-1) if score == 0 else sel.sigmoid()
+    if flags & 1:
+        sel = sel / sel.sum(-1, keepdim=True)
+    sel.backward(g.double())
+    assert _rel(logits.grad, l64.grad) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+def test_moe_route_ties_against_torch_topk():
+    """Exact ties: the kernel takes the lower expert id first. Reports what torch.topk on CUDA does
+    (Hugging Face's routers use it) without failing on it: the rule is ours, documented."""
+    logits = torch.zeros(4, 64, device="cuda")
+    logits[:, 10] = logits[:, 20] = 1.0
+    _, ids = torch.ops.flykernels.moe_route(logits, 4, 0, 1)
+    assert ids.tolist() == [[10, 20, 0, 1]] * 4
+    tk = logits.softmax(-1).topk(4, dim=-1).indices
+    print("torch.topk on CUDA, ties:", tk[0].tolist(), "(flykernels: [10, 20, 0, 1])")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_moe_permute_unpermute_against_torch(dtype, fly):
+    """permute / unpermute and their backward on the GPU (kernels, counted) against Hugging Face's
+    sort + gather + weighted sum, with a skewed load and empty experts."""
+    torch.manual_seed(3)
+    T, k, E, H = 1000, 8, 64, 256
+    probs = torch.softmax(torch.randn(E, device="cuda") * 3, 0)  # skewed loads, some experts empty
+    ids = torch.multinomial(probs.expand(T, E), k, replacement=False)
+    ids[ids % 9 == 4] = 0  # duplicates allowed too
+    x = torch.randn(T, H, device="cuda", dtype=dtype, requires_grad=True)
+    fly.reset_counts()
+    x_perm, offs, row_of, pair_of = torch.ops.flykernels.moe_permute(x, ids, E)
+    order = torch.sort(ids.reshape(-1), stable=True).indices
+    assert torch.equal(pair_of.long(), order)
+    assert torch.equal(offs, torch.cumsum(torch.bincount(ids.reshape(-1), minlength=E), 0).int())
+    assert torch.equal(x_perm, x.detach()[order // k])
+    out = torch.randn(T * k, H, device="cuda", dtype=dtype, requires_grad=True)
+    w = torch.rand(T, k, device="cuda", requires_grad=True)
+    y = torch.ops.flykernels.moe_unpermute(out, w, row_of, offs)
+    ref = (out.detach().double()[row_of.long()] * w.detach().double().unsqueeze(-1)).sum(1)
+    tol = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-6}[dtype]
+    assert _rel(y, ref) < tol
+    dy = torch.randn_like(y)
+    torch.autograd.backward((y, x_perm), (dy, torch.randn_like(x_perm)))
+    c = fly.dispatch_counts()
+    assert all(c[op][0] == 1 and c[op][1] == 0 for op in ("moe_permute", "moe_unpermute", "moe_unpermute_bwd",
+                                                           "moe_permute_bwd")), c
+    assert _rel(w.grad, (out.detach().double()[row_of.long()] * dy.double().unsqueeze(1)).sum(-1)) < tol * 10
+    assert _rel(out.grad[row_of.long()], w.detach().double().unsqueeze(-1) * dy.double().unsqueeze(1)) < tol

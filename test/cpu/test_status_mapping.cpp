@@ -246,6 +246,68 @@ std::vector<Call> calls() {
     c.query = [](Call& c, size_t* b) { return fly_add_rms_norm_bwd_workspace_size(&c.t[2], &c.t[3], b); };
     v.push_back(c);
   }
+  {
+    Call c;
+    c.name = "moe_route_fwd";  // logits, weights, ids
+    c.t = {t2(0, FLY_BF16, 16, 64), t2(1, FLY_F32, 16, 8), t2(2, FLY_I64, 16, 8)};
+    c.out = 1;
+    c.run = [](Call& c) {
+      return fly_moe_route_fwd(&c.t[0], 8, FLY_MOE_SOFTMAX, FLY_MOE_RENORMALIZE, &c.t[1], &c.t[2], nullptr);
+    };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "moe_route_bwd";  // logits, dweights, ids, dlogits
+    c.t = {t2(0, FLY_BF16, 16, 64), t2(1, FLY_F32, 16, 8), t2(2, FLY_I64, 16, 8), t2(3, FLY_BF16, 16, 64)};
+    c.out = 3;
+    c.run = [](Call& c) {
+      return fly_moe_route_bwd(&c.t[1], &c.t[0], &c.t[2], FLY_MOE_SOFTMAX, FLY_MOE_RENORMALIZE, &c.t[3], nullptr);
+    };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "moe_permute";  // x, ids, x_perm, offsets, row_of, pair_of
+    c.t = {t2(0, FLY_BF16, 16, 64), t2(1, FLY_I64, 16, 8), t2(2, FLY_BF16, 128, 64), t1(3, FLY_I32, 32),
+           t2(4, FLY_I32, 16, 8), t1(5, FLY_I32, 128)};
+    c.out = 2;
+    c.takes_workspace = true;
+    c.workspace_required = true;
+    c.run = [](Call& c) {
+      return fly_moe_permute(&c.t[0], &c.t[1], &c.t[2], &c.t[3], &c.t[4], &c.t[5], c.ws, c.ws_bytes, nullptr);
+    };
+    c.query = [](Call&, size_t* b) { return fly_moe_permute_workspace_size(16, 8, 32, b); };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "moe_unpermute";  // out_perm, weights, row_of, offsets, y
+    c.t = {t2(0, FLY_BF16, 128, 64), t2(1, FLY_F32, 16, 8), t2(2, FLY_I32, 16, 8), t1(3, FLY_I32, 32),
+           t2(4, FLY_BF16, 16, 64)};
+    c.out = 4;
+    c.run = [](Call& c) { return fly_moe_unpermute(&c.t[0], &c.t[1], &c.t[2], &c.t[3], &c.t[4], nullptr); };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "moe_permute_bwd";  // dx_perm, row_of, offsets, dx
+    c.t = {t2(0, FLY_BF16, 128, 64), t2(1, FLY_I32, 16, 8), t1(2, FLY_I32, 32), t2(3, FLY_BF16, 16, 64)};
+    c.out = 3;
+    c.run = [](Call& c) { return fly_moe_permute_bwd(&c.t[0], &c.t[1], &c.t[2], &c.t[3], nullptr); };
+    v.push_back(c);
+  }
+  {
+    Call c;
+    c.name = "moe_unpermute_bwd";  // dy, out_perm, weights, row_of, offsets, dout_perm, dweights
+    c.t = {t2(0, FLY_BF16, 16, 64), t2(1, FLY_BF16, 128, 64), t2(2, FLY_F32, 16, 8), t2(3, FLY_I32, 16, 8),
+           t1(4, FLY_I32, 32), t2(5, FLY_BF16, 128, 64), t2(6, FLY_F32, 16, 8)};
+    c.out = 5;
+    c.run = [](Call& c) {
+      return fly_moe_unpermute_bwd(&c.t[0], &c.t[1], &c.t[2], &c.t[3], &c.t[4], &c.t[5], &c.t[6], nullptr);
+    };
+    v.push_back(c);
+  }
   // The workspace each size query asks for, in a slot of its own.
   for (Call& c : v)
     if (c.query) {
