@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved_us  # noqa: E402
+from timing import hbm_peak_tbs, interleaved_us  # noqa: E402
 
 CASES = [  # label, rows, N
     ("llama8b prefill 4096", 4096, 4096),
@@ -77,7 +77,7 @@ def main():
     a = ap.parse_args()
     import flykernels  # noqa: F401  (registers flykernels::add_rms_norm)
     name = torch.cuda.get_device_name()
-    peak = a.peak_tbs or (4.8 if "H200" in name else 3.35)
+    peak = hbm_peak_tbs(a.peak_tbs)
     rows_out = []
     print(f"{name}, torch {torch.__version__}, HBM peak taken as {peak} TB/s")
     print(f"{'case':26s} {'dir':4s} {'ours us':>9s} {'hf us':>9s} {'torch us':>9s} {'vs hf':>7s} {'vs torch':>8s} "

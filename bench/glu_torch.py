@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved_us  # noqa: E402
+from timing import hbm_peak_tbs, interleaved_us  # noqa: E402
 
 CASES = [  # label, rows, N, act, halves
     ("llama mlp prefill 4096", 4096, 14336, 0, False),
@@ -67,7 +67,7 @@ def main():
     a = ap.parse_args()
     import flykernels  # noqa: F401  (registers flykernels::glu)
     name = torch.cuda.get_device_name()
-    peak = a.peak_tbs or (4.8 if "H200" in name else 3.35)
+    peak = hbm_peak_tbs(a.peak_tbs)
     rows_out = []
     print(f"{name}, torch {torch.__version__}, HBM peak taken as {peak} TB/s")
     print(f"{'case':28s} {'dir':4s} {'ours us':>9s} {'stock us':>9s} {'ratio':>7s} {'HBM':>5s} {'rel err':>8s}")

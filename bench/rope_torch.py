@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved_us  # noqa: E402
+from timing import hbm_peak_tbs, interleaved_us  # noqa: E402
 
 CASES = [  # label, B, S, Hq, Hk, D, half tables
     ("llama prefill 4096", 1, 4096, 32, 8, 128, False),
@@ -77,7 +77,7 @@ def main():
     a = ap.parse_args()
     import flykernels  # noqa: F401  (registers flykernels::rope)
     name = torch.cuda.get_device_name()
-    peak = a.peak_tbs or (4.8 if "H200" in name else 3.35)
+    peak = hbm_peak_tbs(a.peak_tbs)
     rows_out = []
     print(f"{name}, torch {torch.__version__}, HBM peak taken as {peak} TB/s")
     print(f"{'case':30s} {'dir':4s} {'ours us':>9s} {'stock us':>9s} {'ratio':>7s} {'HBM':>5s} {'rel err':>8s}")

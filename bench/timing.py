@@ -14,6 +14,14 @@ _buf = None
 SPIN_CYCLES = 200_000  # torch.cuda._sleep: ~100 us at the H200's clocks; touches no memory
 
 
+def hbm_peak_tbs(override=None):
+    """The current card's HBM peak in TB/s (H200 4.8, else the H100's 3.35), or `override`: the
+    denominator of the memory-bound benchmarks' "HBM" fraction."""
+    if override:
+        return override
+    return 4.8 if "H200" in torch.cuda.get_device_name() else 3.35
+
+
 def compile_per_shape(fn, backends=None):
     """torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False) for a benchmark that
     compiles once per suite shape: past dynamo's default limit of 8 recompiles it would silently
