@@ -28,7 +28,6 @@ import pathlib
 import torch
 
 from . import _patch
-from .hub import layers as _layers
 
 _log = logging.getLogger("flykernels")
 
@@ -50,6 +49,13 @@ MIN_KERNELS = (0, 16)
 # (a broader mapping registered beside ours still applies there: kernels takes the smallest
 # capability range that holds the device).
 HOPPER = (90, 90)
+
+
+def _layers():
+    """flykernels/hub/layers.py, imported on first use: it imports torch._dynamo (a compiler-disabled
+    helper), which `import flykernels` must not (test_cpu.py checks that Inductor stays unimported)."""
+    from .hub import layers
+    return layers
 
 
 def _version_tuple(v):
@@ -143,7 +149,8 @@ def _targets(model):
 
 
 def _ours(fw):
-    return getattr(fw, "__func__", None) in {getattr(_layers, c).forward for c in LAYERS.values()}
+    layers = _layers()
+    return getattr(fw, "__func__", None) in {getattr(layers, c).forward for c in LAYERS.values()}
 
 
 def _model_param(model):
@@ -161,7 +168,7 @@ def _rms_why(mod, check):
 
 
 def _rope_why(wrapper, owner, check):
-    func, half = _layers.rope_function(type(wrapper))
+    func, half = _layers().rope_function(type(wrapper))
     if func is None:
         return "this kernels release keeps the decorated function where the layer cannot find it"
     if half is None:
@@ -215,10 +222,10 @@ def _why_not(t, owner, model, check):
     if name == "RMSNorm":
         return _rms_why(t, check)
     if name == "rotary_pos_emb":
-        if not _layers._HAVE_ROPE:
+        if not _layers()._HAVE_ROPE:
             return "flykernels::rope is not loaded"
         return _rope_why(t, owner, check)
-    if not _layers._HAVE_GLU:
+    if not _layers()._HAVE_GLU:
         return "flykernels::glu is not loaded"
     return _and_mul_why(t, model, check)
 
