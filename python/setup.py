@@ -190,6 +190,7 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         install_requires=[torch_requirement(torch.__version__)],
         ext_modules=[ext],
         cmdclass={"build_ext": BuildWithLibrary.with_options(use_ninja=USE_NINJA), "build_py": BuildPyWithInfo},
-        # the library, the shipped decision rows and the PEP 561 marker
-        package_data={"flykernels": [LIB, "decisions_*.sql", "py.typed"]},
+        # the library, the shipped decision rows, the PEP 561 marker, and the kernel repository's
+        # metadata (flykernels/hub, loaded by Hugging Face's `kernels` as a local repository)
+        package_data={"flykernels": [LIB, "decisions_*.sql", "py.typed"], "flykernels.hub": ["metadata.json"]},
     )

@@ -10,6 +10,7 @@ from . import torch  # noqa: F401  (the controller, flykernels.torch)
 from . import _decisions as _dec
 from . import _loader
 from ._patch import is_patched, patch, patched, unpatch  # noqa: F401  (Hugging Face modules onto fused ops)
+from ._hub import kernel_config_mapping, kernel_mapping, kernelize, unkernelize  # noqa: F401  (through `kernels`)
 
 # 0.1.0+torch2.11.cu130: the library's version and what this build was made against (setup.py)
 __version__: str = _loader.build_info.get("version") or "0.1.0"
