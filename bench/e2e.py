@@ -4,7 +4,7 @@
 
   python bench/e2e.py [--models llama,qwen3moe,wide,wide512] [--modes prefill,decode,train]
                       [--compile | --no-compile] [--eager | --no-eager] [--layers 2] [--reps N] [--rounds N]
-                      [--quick] [--smoke] [--device cuda|cpu] [--json FILE] [--png FILE] [--budget-s S]
+                      [--quick] [--smoke] [--device cuda|cpu] [--json FILE] [--png FILE] [--budget-s S] [--opt-in]
 
 Models, built from configs with random weights (nothing is downloaded), `--layers` decoder layers
 (default 2) at full width, bf16, attn_implementation="sdpa":
@@ -211,7 +211,7 @@ def build_model(key, a, dev):
         except ImportError:
             info["patch"] = None
         else:  # patched modules run their own forward in the "off" state (the controller's "patch" family)
-            info["patch"] = flykernels.patch(model)
+            info["patch"] = flykernels.patch(model, **({"add_rms_norm": True, "moe": True} if a.opt_in else {}))
             log(f"  {key}: flykernels.patch: {info['patch']['patched'] or 'nothing'}"
                 + (f", skipped {info['patch']['skipped']}" if info["patch"]["skipped"] else ""))
     return model, info
@@ -809,6 +809,8 @@ def parse_args():
                          "(by default, with torch < 2.14, it passes SDPA an explicit mask there, which keeps SDPA stock)")
     ap.add_argument("--patch", dest="patch", action=argparse.BooleanOptionalAction, default=True,
                     help="flykernels.patch(model) in the on state (default; --no-patch: the import alone)")
+    ap.add_argument("--opt-in", action="store_true",
+                    help="patch() also the families it takes only when asked (add_rms_norm, moe)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also profile one call per state and report GPU time by kernel class (GEMM, attention, "
                          "grouped GEMM, glue)")
