@@ -48,7 +48,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ce_composite(const at::Tensor& lo
   const at::Tensor valid = lab.ge(0).logical_and(lab.lt(V)).logical_and(ignored.logical_not());
   const at::Tensor invalid = valid.logical_or(ignored).logical_not();
   const at::Tensor safe = at::where(valid, lab, at::zeros_like(lab));
-  const at::Tensor lse_all = logits.size(0) ? at::logsumexp(x, {1}) : at::empty({0}, x.options());
+  // lse as the kernel forms it: max + log(sum(exp(x - max))), so a +Inf logit makes the row NaN as
+  // torch's cross_entropy (at::logsumexp would say +Inf there); an all -Inf row gives -Inf.
+  at::Tensor lse_all = at::empty({0}, x.options());
+  if (logits.size(0)) {
+    at::Tensor m = std::get<0>(x.max(1, /*keepdim=*/true));
+    m = at::where(m.eq(-std::numeric_limits<double>::infinity()), at::zeros_like(m), m);
+    lse_all = (m + at::exp(x - m).sum(1, /*keepdim=*/true).log()).squeeze(1);
+  }
   const at::Tensor picked = logits.size(0) ? x.gather(1, safe.unsqueeze(1)).squeeze(1) : at::empty({0}, x.options());
   const at::Tensor zero = at::zeros({}, x.options());
   const at::Tensor nan = at::full({}, std::numeric_limits<double>::quiet_NaN(), x.options());
