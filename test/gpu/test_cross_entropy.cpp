@@ -171,7 +171,7 @@ void run_case(const Case& c, uint32_t seed = 1) {
 
 }  // namespace
 
-TEST_CASE("cross_entropy against FP64: dtypes, tails, strides, in place, loss only", "[cross_entropy]") {
+TEST_CASE("cross_entropy against FP64 - dtypes tails strides in place loss only", "[cross_entropy]") {
   for (fly_dtype dt : {FLY_BF16, FLY_F16, FLY_F32}) {
     run_case({dt, 64, 32000});                                 // whole rows in registers, vector path
     run_case({dt, 37, 1001});                                  // V % 8 != 0: element path
@@ -187,7 +187,7 @@ TEST_CASE("cross_entropy against FP64: dtypes, tails, strides, in place, loss on
   }
 }
 
-TEST_CASE("cross_entropy: vocabularies of real models (register cache, shared-memory stash, reread)",
+TEST_CASE("cross_entropy - vocabularies of real models in registers shared memory and reread",
           "[cross_entropy]") {
   for (fly_dtype dt : {FLY_BF16, FLY_F16, FLY_F32}) {
     run_case({dt, 6, 128256});                             // Llama 3
@@ -197,7 +197,7 @@ TEST_CASE("cross_entropy: vocabularies of real models (register cache, shared-me
   run_case({FLY_BF16, 300, 128256, 0, 0, false, true, true, /*ignore_every=*/4});  // several rows per CTA
 }
 
-TEST_CASE("cross_entropy: ignored rows, an all-ignored batch, labels outside [0, V)", "[cross_entropy]") {
+TEST_CASE("cross_entropy - ignored rows all ignored and labels outside the vocabulary", "[cross_entropy]") {
   for (fly_dtype dt : {FLY_BF16, FLY_F32}) {
     run_case({dt, 50, 4096, 0, 0, false, true, true, /*ignore_every=*/3});
     run_case({dt, 50, 4096, 0, 0, true, true, true, 3});                       // in place
@@ -208,13 +208,13 @@ TEST_CASE("cross_entropy: ignored rows, an all-ignored batch, labels outside [0,
   }
 }
 
-TEST_CASE("cross_entropy: many rows, more than one grid pass", "[cross_entropy]") {
+TEST_CASE("cross_entropy - many rows more than one grid pass", "[cross_entropy]") {
   run_case({FLY_BF16, 3000, 512, 0, 0, false, true, true, 7});
   run_case({FLY_F16, 2000, 4100, 4, 2});
   run_case({FLY_F32, 1500, 700, 0, 0, true});
 }
 
-TEST_CASE("cross_entropy: M = 0 is a no-op", "[cross_entropy]") {
+TEST_CASE("cross_entropy - M = 0 is a no-op", "[cross_entropy]") {
   Dev<float> d(16);
   const fly_tensor x = mat(nullptr, FLY_BF16, 0, 128256, 128256), l = vec(nullptr, FLY_I64, 0),
                    o = vec(nullptr, FLY_F32, 0);
@@ -222,7 +222,7 @@ TEST_CASE("cross_entropy: M = 0 is a no-op", "[cross_entropy]") {
   CUDA_OK(cudaDeviceSynchronize());
 }
 
-TEST_CASE("cross_entropy propagates NaN and infinities as torch's cross_entropy", "[cross_entropy]") {
+TEST_CASE("cross_entropy propagates NaN and infinities as torch", "[cross_entropy]") {
   const int64_t M = 6, V = 64;
   std::vector<float> x(size_t(M * V));
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.25f;
