@@ -48,12 +48,19 @@ fly_status check_rows(const fly_tensor* t, const char* what, fly_dtype dt, int64
   return FLY_SUCCESS;
 }
 
-std::string default_variant(fly_dtype dt) { return std::string("cross_entropy_") + dtype_name(dt) + "_t512_c16"; }
+// The default rule (no tuning rows): rows of at most 4096 units (a 32000-entry BF16 row is 4000)
+// fit the registers of a 256-thread CTA, two of which share an SM, so one CTA's loads overlap the
+// other's reduction and stores; longer rows take 512 threads (8192 units in registers, the rest in
+// the shared-memory stash), one CTA per SM.
+std::string default_variant(fly_dtype dt, int64_t cols) {
+  return std::string("cross_entropy_") + dtype_name(dt) + (cols <= 256 * 16 ? "_t256_c16" : "_t512_c16");
+}
 
 fly_status resolve(const DeviceCtx& dc, fly_dtype dt, int64_t M, int64_t V, ResolvedKernel* rk) {
   DispatchRequest req = make_request(kFamily, "cross_entropy", dtype_name(dt), "row", {{"V", V}, {"M", M}});
   req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
-  req.fallback = [dt] { return default_variant(dt); };
+  const int64_t cols = (V + int64_t(16 / dtype_size(dt)) - 1) / int64_t(16 / dtype_size(dt));
+  req.fallback = [dt, cols] { return default_variant(dt, cols); };
   return resolve_kernel(dc, req, kKernel, rk);
 }
 

@@ -27,7 +27,6 @@ CrossEntropyParams ce_params_of(const fake_cuda_launch* L) {
 
 bool ce_built() { return fly::find_variant("cross_entropy_bf16_t512_c16") != nullptr; }
 
-constexpr int64_t kRegUnits = 512 * 16;  // the default variants' register cache (units per row)
 constexpr int64_t kOptin = 232448;       // the stand-in's per-block opt-in shared memory
 
 }  // namespace
@@ -53,15 +52,18 @@ TEST_CASE("cross_entropy: variant, launch and parameters", "[fake][cross_entropy
           INFO(fly_get_last_error() << " " << fake_cuda_last_refusal() << " M " << M << " V " << V << " mode "
                                     << mode);
           REQUIRE(st == FLY_SUCCESS);
-          CHECK(std::string(fly_last_variant()) == std::string("cross_entropy_") + fly::dtype_name(dt) + "_t512_c16");
+          // rows of at most 4096 units: 256 threads (two CTAs per SM), else 512
+          const int64_t cols = (V + per - 1) / per, threads = cols <= 4096 ? 256 : 512, kRegUnits = threads * 16;
+          CHECK(std::string(fly_last_variant()) ==
+                std::string("cross_entropy_") + fly::dtype_name(dt) + (threads == 256 ? "_t256_c16" : "_t512_c16"));
           REQUIRE(fake_cuda_launch_count() == 1);
           const fake_cuda_launch* L = fake_cuda_get_launch(0);
           CHECK(std::string(L->kernel) == "cross_entropy_fwd_bwd");
-          CHECK(L->block[0] == 512u);
+          CHECK(L->block[0] == unsigned(threads));
           CHECK(L->stream == s);
           CHECK(L->grid[0] >= 1u);
           CHECK(int64_t(L->grid[0]) <= M);
-          CHECK(int64_t(L->grid[0]) <= 132 * 4);  // at most the resident CTAs: the kernel walks the rest
+          CHECK(int64_t(L->grid[0]) <= 132 * 8);  // at most the resident CTAs: the kernel walks the rest
           const CrossEntropyParams p = ce_params_of(L);
           CHECK(p.logits == xd);
           CHECK(p.dlogits == (mode == 2 ? nullptr : mode == 1 ? xd : dd));
