@@ -403,6 +403,31 @@ FLY_API fly_status fly_add_rms_norm_bwd(const fly_tensor* dy, const fly_tensor* 
                                         const fly_tensor* weight, const fly_tensor* rstd, const fly_tensor* dx,
                                         const fly_tensor* dweight, void* workspace, size_t workspace_bytes,
                                         void* stream);
+/* ---- Cross-entropy loss with its gradient (docs/cross_entropy.md) ---------------------------
+ * The loss half of a fused linear cross-entropy (training with a large vocabulary: the caller
+ * computes the logits of a chunk of tokens with a GEMM, this call turns them into the loss and,
+ * in place, into their gradient, and the caller's next GEMMs take that gradient to the hidden
+ * states and the weight), or a plain cross-entropy over logits:
+ *   lse[r]  = log(sum_j exp(logits[r, j]))
+ *   loss[r] = lse[r] - logits[r, labels[r]]
+ *   dlogits[r, j] = (exp(logits[r, j] - lse[r]) - (j == labels[r])) * scale
+ * logits: [M, V] FP16/BF16/FP32, unit inner stride, any row stride (>= V). labels: [M] INT64.
+ * loss: [M] FP32 (required). lse: [M] FP32 or NULL. dlogits: [M, V] of the logits' dtype (unit
+ *    inner stride, any row stride) or NULL (loss only); it may be the logits exactly (the same
+ *    pointer and strides: in place), no other overlap between any two arguments is allowed.
+ * A row whose label is ignore_index: loss 0, lse 0, dlogits row 0 (its logits are not read).
+ * A label outside [0, V) that is not ignore_index is never used as an index: the row's loss and
+ *    its dlogits row are NaN (lse is computed), so a bad label shows in the loss instead of
+ *    reading out of bounds (torch's cross_entropy raises a device-side assert).
+ * NaN / Inf as torch's cross_entropy: a NaN or +Inf logit makes its row NaN; -Inf logits add
+ *    nothing (a -Inf label logit gives loss +Inf); an all -Inf row is NaN.
+ * scale: finite, within FP32 range (1 / the number of valid rows gives the gradient of the mean).
+ * FP32 math (online softmax over the row: one pass for max and sum, one for the gradient), one
+ * rounding per output; deterministic. M == 0 is a successful no-op; V == 0 with rows is
+ * FLY_ERROR_INVALID_ARGUMENT. */
+FLY_API fly_status fly_cross_entropy_fwd_bwd(const fly_tensor* logits, const fly_tensor* labels, int64_t ignore_index,
+                                             double scale, const fly_tensor* loss, const fly_tensor* lse,
+                                             const fly_tensor* dlogits, void* stream);
 /* ---- Mixture-of-experts routing (router, permute, unpermute) -------------------------------
  * The glue around a MoE layer's grouped GEMMs (docs/moe_route.md), forward and backward.
  *

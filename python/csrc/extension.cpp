@@ -14,5 +14,6 @@
 #include "rope.cpp"
 #include "add_rmsnorm.cpp"
 #include "moe_route.cpp"
+#include "cross_entropy.cpp"
 #include "decisions.cpp"
 #include "module.cpp"

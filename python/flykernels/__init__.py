@@ -11,6 +11,7 @@ from . import _decisions as _dec
 from . import _loader
 from ._patch import is_patched, patch, patched, unpatch  # noqa: F401  (Hugging Face modules onto fused ops)
 from ._hub import kernel_config_mapping, kernel_mapping, kernelize, unkernelize  # noqa: F401  (through `kernels`)
+from ._lce import linear_cross_entropy  # noqa: F401  (a language model's loss without its logits in memory)
 
 # 0.1.0+torch2.11.cu130: the library's version and what this build was made against (setup.py)
 __version__: str = _loader.build_info.get("version") or "0.1.0"

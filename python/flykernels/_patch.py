@@ -35,6 +35,17 @@ What it replaces:
   back per token in FP32), whatever `experts_implementation` the model was built with
   (libflykernels' moe_route family; each op differentiable).
 
+- the loss of the Llama, Mistral, Mixtral, Qwen2, Qwen3 and Qwen3-MoE *ForCausalLM models
+  (linear_cross_entropy=True, opt-in until its GPU tests have run): when a forward gets labels
+  with gradients enabled, the loss comes from flykernels.linear_cross_entropy over the final
+  hidden states, lm_head's weight and the labels with Hugging Face's causal shift, ignore_index,
+  shift_labels and num_items_in_batch (plus the router's auxiliary loss where the model adds it),
+  so the [tokens, vocab] logits and their gradient never exist whole; the output's `logits` is
+  None then (as Liger Kernel does). The model's own forward runs around it (with labels=None
+  and logits_to_keep=1, the final hidden states taken by a forward hook on `model.model`);
+  inference, no labels, logits_to_keep != 0, return_dict=False, a custom loss_function and a
+  final_logit_softcapping config run the model's own forward unchanged;
+
 How: the module's `forward` (the experts' `_apply_gate`) becomes an instance attribute (the class
 is untouched, so other models are not affected) that calls the fused op while the "patch" family
 is active. Rotary embeddings are a function of the model's module (modeling_llama, ...), not a
@@ -60,7 +71,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import _loader, _ops
+from . import _lce, _loader, _ops
 
 _log = logging.getLogger("flykernels")
 
@@ -90,7 +101,7 @@ _family = _ops.REGISTRY["patch"]
 # patch() takes them only when asked (add_rms_norm=True, moe=True). A family leaves this table once
 # its GPU tests, both sanitizers and a patched-model run pass; until then a default patch(model)
 # never puts an unverified kernel into a model's forward or backward.
-SHIPPED_DEFAULTS = {"add_rms_norm": False, "moe": False}
+SHIPPED_DEFAULTS = {"add_rms_norm": False, "moe": False, "linear_cross_entropy": False}
 _defaults = dict(SHIPPED_DEFAULTS)
 _patched = weakref.WeakKeyDictionary()
 _checked = {}  # (class, flavour, dtype, device type) -> '' (agrees) or why not
@@ -607,9 +618,150 @@ def _gate_check(mod, act, dtype, device):
     return _probe((type(mod), "gate", act, dtype, device.type), dtype, run)
 
 
-def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False):
+# Causal language models whose forward(self, input_ids, ..., labels, ..., logits_to_keep=0,
+# **kwargs) runs self.model, lm_head over slice_logits_to_keep(last_hidden_state) and, given
+# labels, self.loss_function (ForCausalLMLoss) plus, for the MoE ones, router_aux_loss_coef *
+# aux_loss (transformers 5.17).
+CAUSAL_LM_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                     "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+
+
+def _causal_lm_signature(mod):
+    """The forward's signature when it takes labels, logits_to_keep and **kwargs, else None."""
+    try:
+        sig = inspect.signature(type(mod).forward)
+    except (TypeError, ValueError):
+        return None
+    params = sig.parameters
+    if "labels" not in params or "logits_to_keep" not in params:
+        return None
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return None
+    return sig
+
+
+def _varkw_name(sig):
+    return next(p.name for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD)
+
+
+def _lce_takes(mod):
+    """Whether the model's loss is the one linear_cross_entropy computes (checked per call: these
+    can change after patch())."""
+    head = getattr(mod, "lm_head", None)
+    if not isinstance(head, torch.nn.Linear) or not isinstance(getattr(mod, "model", None), torch.nn.Module):
+        return False
+    if getattr(getattr(mod, "config", None), "final_logit_softcapping", None):
+        return False
+    return getattr(mod.loss_function, "__name__", "") == "ForCausalLMLoss"
+
+
+def _causal_lm_fused(mod, own, sig, bound):
+    """The model's forward with its loss from linear_cross_entropy and no logits (see above)."""
+    import dataclasses
+
+    args = bound.arguments
+    labels = args["labels"]
+    kw = dict(args.get(_varkw_name(sig)) or {})
+    num_items = kw.get("num_items_in_batch")
+    ignore_index = kw.get("ignore_index", -100)
+    shift_labels = kw.get("shift_labels")
+    return_dict = kw.pop("return_dict", None)
+    if return_dict is None:
+        return_dict = getattr(mod.config, "return_dict", True)
+    kw["return_dict"] = True
+    args[_varkw_name(sig)] = kw
+    args["labels"] = None
+    args["logits_to_keep"] = 1  # lm_head over the last position only: [B, 1, V], discarded
+    captured = []
+
+    def grab(module, inputs, output):
+        captured.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
+
+    handle = mod.model.register_forward_hook(grab)
+    try:
+        out = own(*bound.args, **bound.kwargs)
+    finally:
+        handle.remove()
+    if not captured:
+        raise RuntimeError("flykernels.patch(linear_cross_entropy): the model's forward did not run model.model")
+    hidden = captured[-1]
+    if shift_labels is None:  # ForCausalLMLoss: token t predicts label t + 1, the last one nothing
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    shift_labels = shift_labels.to(hidden.device)
+    head = mod.lm_head
+    loss = _lce.linear_cross_entropy(hidden, head.weight, shift_labels, bias=head.bias, ignore_index=ignore_index,
+                                     reduction="sum" if num_items is not None else "mean",
+                                     num_items_in_batch=num_items)
+    aux = getattr(out, "aux_loss", None)
+    if aux is not None and hasattr(mod, "router_aux_loss_coef"):
+        loss = loss + mod.router_aux_loss_coef * aux.to(loss.device)
+    vals = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+    vals.update(loss=loss, logits=None)
+    out = type(out)(**vals)
+    return out if return_dict else out.to_tuple()
+
+
+def _causal_lm_forward(sig):
+    def forward(self, *args, **kwargs):
+        own = type(self).forward
+        if not _family.on or not torch.is_grad_enabled():
+            return own(self, *args, **kwargs)
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError:
+            return own(self, *args, **kwargs)  # (the model's own forward raises the caller's mistake)
+        a = bound.arguments
+        keep = a.get("logits_to_keep", 0)
+        if (a.get("labels") is None or not isinstance(a["labels"], torch.Tensor) or type(keep) is not int or keep != 0
+                or not _lce_takes(self)):
+            return own(self, *args, **kwargs)
+        return _causal_lm_fused(self, own, sig, bound)
+    forward.__flykernels_patch__ = "linear_cross_entropy"
+    return forward
+
+
+def _causal_lm_check(mod, sig):
+    """The model's own loss and the fused one on a few random tokens (eval mode, no gradients:
+    the loss-only path of the same ops) agree, logits aside."""
+    head = getattr(mod, "lm_head", None)
+    w = getattr(head, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.device.type == "meta":
+        return "lm_head weight missing or on the meta device: cannot check"
+    if not _lce_takes(mod):
+        return "its lm_head, loss_function or config is not what linear_cross_entropy computes"
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def run():
+        V = w.shape[0]
+        ids = torch.randint(0, V, (2, 7), generator=gen).to(w.device)
+        labels = ids.clone()
+        labels[0, :2] = -100
+        own = type(mod).forward
+        ref = own(mod, input_ids=ids, labels=labels)
+        bound = sig.bind(mod, input_ids=ids, labels=labels)
+        got = _causal_lm_fused(mod, own, sig, bound)
+        if got.logits is not None or got.loss is None:
+            raise RuntimeError("the fused forward returned logits or no loss")
+        return ref.loss.reshape(1), got.loss.reshape(1)
+    modes = [(m, m.training) for m in mod.modules()]
+    mod.eval()  # no dropout: both forwards must see the same hidden states
+    try:
+        return _probe((type(mod), "linear_cross_entropy", w.dtype, w.device.type), w.dtype, run)
+    finally:
+        for m, t in modes:
+            m.training = t
+
+
+def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False, linear_cross_entropy=False):
     """(attribute, replacement factory, check) for a module patch() knows, or a skip reason, or None."""
     cls = type(mod).__name__
+    if linear_cross_entropy and cls in CAUSAL_LM_CLASSES:
+        sig = _causal_lm_signature(mod)
+        if sig is None:
+            return "its forward takes no labels, logits_to_keep or **kwargs (not the layout this patch knows)"
+        if not isinstance(getattr(mod, "lm_head", None), torch.nn.Linear):
+            return "no nn.Linear lm_head (not the layout this patch knows)"
+        return "forward", lambda: _causal_lm_forward(sig), lambda: _causal_lm_check(mod, sig)
     if add_rms_norm and cls in DECODER_LAYER_CLASSES:
         norm = getattr(mod, "post_attention_layernorm", None)
         w = getattr(norm, "weight", None)
@@ -660,7 +812,8 @@ def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False):
     return None
 
 
-def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=None, check=True):
+def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=None, linear_cross_entropy=None,
+          check=True):
     """Patches the modules of `model` (an nn.Module: a whole model or one block) that FlyKernels
     knows, in place; returns {"patched": {class: count}, "skipped": {class: reason}}. rms_norm:
     the RMSNorm modules; glu: the gated MLPs (SwiGLU / GeGLU) and the gate of transformers' fused
@@ -668,24 +821,29 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
     flykernels::rope; add_rms_norm: the decoder layers' post-attention residual add and norm, onto
     flykernels::add_rms_norm; moe: the routers and fused experts of the Qwen3-MoE, Mixtral and OLMoE
     sparse-MoE blocks, onto flykernels::moe_route / moe_permute / moe_unpermute around the grouped GEMMs
-    (the experts' activation through flykernels::glu). add_rms_norm and moe are off unless asked for
-    (None: SHIPPED_DEFAULTS) until their kernels' GPU tests have run. Patching a patched module again does nothing.
+    (the experts' activation through flykernels::glu); linear_cross_entropy: the training loss of
+    the *ForCausalLM models, onto flykernels.linear_cross_entropy (no logits in the output then).
+    add_rms_norm, moe and linear_cross_entropy are off unless asked for (None: SHIPPED_DEFAULTS)
+    until their kernels' GPU tests have run. Patching a patched module again does nothing.
     `check=False` skips the probe
     of each class (see above)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"flykernels.patch: model must be a torch.nn.Module, not {type(model).__name__}")
     add_rms_norm = _defaults["add_rms_norm"] if add_rms_norm is None else add_rms_norm
     moe = _defaults["moe"] if moe is None else moe
+    if linear_cross_entropy is None:
+        linear_cross_entropy = _defaults.get("linear_cross_entropy", False)
     report = {"patched": {}, "skipped": {}}
     have_glu = glu and _loader.ext is not None and hasattr(torch.ops.flykernels, "glu")
     have_rope = rope and _loader.ext is not None and hasattr(torch.ops.flykernels, "rope")
     have_add_norm = add_rms_norm and _loader.ext is not None and hasattr(torch.ops.flykernels, "add_rms_norm")
     have_moe = (moe and _loader.ext is not None and hasattr(torch.ops.flykernels, "moe_route")
                 and hasattr(torch.ops.flykernels, "glu"))
+    have_lce = linear_cross_entropy and _lce.have_fused()
     for mod in model.modules():
         if mod in _patched:
             continue
-        cand = _candidates(mod, rms_norm, glu, rope, add_rms_norm, moe)
+        cand = _candidates(mod, rms_norm, glu, rope, add_rms_norm, moe, linear_cross_entropy)
         if cand is None:
             continue
         cls = type(mod).__name__
@@ -696,6 +854,7 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
         why = ""
         moe_cls = cls in MOE_ROUTER_CLASSES or cls in MOE_EXPERTS_CLASSES and attr == "forward"
         if (moe_cls and not have_moe or cls in DECODER_LAYER_CLASSES and not have_add_norm
+                or cls in CAUSAL_LM_CLASSES and not have_lce
                 or not moe_cls and ((attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu
                                     or attr == "rope" and not have_rope)):
             why = f"the flykernels extension is not loaded ({_loader.reason or 'unknown'})"

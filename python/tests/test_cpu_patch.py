@@ -764,7 +764,7 @@ def test_hf_moe_models_patched_on_the_cpu(cfg_name, impl, patch_on):
 def test_unverified_families_are_opt_in_as_shipped(monkeypatch):
     """As shipped, a plain patch(model) leaves decoder layers and sparse-MoE blocks alone (their
     kernels' GPU tests have not run yet); asking for them by name still patches."""
-    assert _patch.SHIPPED_DEFAULTS == {"add_rms_norm": False, "moe": False}
+    assert _patch.SHIPPED_DEFAULTS == {"add_rms_norm": False, "moe": False, "linear_cross_entropy": False}
     monkeypatch.setattr(_patch, "_defaults", dict(_patch.SHIPPED_DEFAULTS))
     r = Qwen3MoeTopKRouter(8, 4, 2, True)
     assert flykernels.patch(r) == {"patched": {}, "skipped": {}}

@@ -248,6 +248,16 @@ std::vector<Call> calls() {
   }
   {
     Call c;
+    c.name = "cross_entropy_fwd_bwd";  // logits, labels, loss, lse, dlogits
+    c.t = {t2(0, FLY_BF16, 8, 64), t1(1, FLY_I64, 8), t1(2, FLY_F32, 8), t1(3, FLY_F32, 8), t2(4, FLY_BF16, 8, 64)};
+    c.out = 4;
+    c.run = [](Call& c) {
+      return fly_cross_entropy_fwd_bwd(&c.t[0], &c.t[1], -100, 1.0, &c.t[2], &c.t[3], &c.t[4], nullptr);
+    };
+    v.push_back(c);
+  }
+  {
+    Call c;
     c.name = "moe_route_fwd";  // logits, weights, ids
     c.t = {t2(0, FLY_BF16, 16, 64), t2(1, FLY_F32, 16, 8), t2(2, FLY_I64, 16, 8)};
     c.out = 1;
@@ -459,6 +469,21 @@ TEST_CASE("status mapping: an output overlapping an input -> FLY_ERROR_INVALID_A
     c.t[3].data = shifted(c.t[0].data, 0);  // rstd inside x
     CHECK(c.run(c) == FLY_ERROR_INVALID_ARGUMENT);
     CHECK(mentions("rstd and x"));
+  }
+  SECTION("cross-entropy: dlogits exactly the logits (in place) is allowed, a shifted view is not") {
+    std::vector<Call> v = calls();
+    for (Call& c : v) {
+      if (c.name != "cross_entropy_fwd_bwd") continue;
+      c.t[4] = c.t[0];
+      CHECK(c.run(c) == FLY_ERROR_NO_DEVICE);
+      c.t[4].data = shifted(c.t[0].data, 64 * 2);
+      CHECK(c.run(c) == FLY_ERROR_INVALID_ARGUMENT);
+      CHECK(mentions("dlogits and logits"));
+      c.t[4] = c.t[0];
+      c.t[2].data = shifted(c.t[3].data, 4);  // loss inside lse
+      CHECK(c.run(c) == FLY_ERROR_INVALID_ARGUMENT);
+      CHECK(mentions("loss and lse"));
+    }
   }
   SECTION("outputs overlapping each other") {
     std::vector<Call> v = calls();

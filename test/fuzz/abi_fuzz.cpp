@@ -217,6 +217,32 @@ void fuzz_mx(Input& in) {
   }
 }
 
+// fly_cross_entropy_fwd_bwd: half of entry 10 (the other half stays fly_variant_name, so the
+// other entries' share of the inputs is what it was before the family came).
+void fuzz_cross_entropy(Input& in) {
+  Buffers& b = buffers();
+  const int launches_before = b.launch_count ? b.launch_count() : 0;
+  const int32_t dt = int32_t(FLY_F16 + in.byte() % 3);
+  fly_tensor x = tensor(in, 2, dt), lab = tensor(in, 1, FLY_I64), loss = tensor(in, 1, FLY_F32),
+             lse = tensor(in, 1, FLY_F32), d = tensor(in, 2, dt);
+  if (in.byte() < 180) {  // agreeing shapes, so calls reach dispatch and launch
+    lab.sizes[0] = loss.sizes[0] = lse.sizes[0] = x.sizes[0];
+    std::memcpy(d.sizes, x.sizes, sizeof x.sizes);
+    if (in.byte() < 80) d = x;  // in place
+  }
+  const double scale = in.tame ? 1.0 : in.real();
+  const int64_t ignore = in.byte() < 128 ? -100 : in.i64();
+  const fly_tensor* lp = in.byte() & 1 ? maybe(in, &lse) : nullptr;
+  const fly_tensor* dp = in.byte() & 1 ? maybe(in, &d) : nullptr;
+  const fly_status s =
+      fly_cross_entropy_fwd_bwd(maybe(in, &x), maybe(in, &lab), ignore, scale, maybe(in, &loss), lp, dp, stream(in));
+  check("fly_cross_entropy_fwd_bwd", s);
+  if (s == FLY_SUCCESS && !(std::fabs(scale) <= 3.4028234663852886e38))
+    broken("fly_cross_entropy_fwd_bwd", s, "accepted scale");
+  if (s == FLY_SUCCESS && b.launch_count && x.sizes[0] > 0 && b.launch_count() == launches_before)
+    broken("fly_cross_entropy_fwd_bwd", s, "succeeded on rows without a launch");
+}
+
 int fly_fuzz_one(const uint8_t* data, size_t size) {
   Input in{data, size};
   Buffers& b = buffers();
@@ -469,6 +495,12 @@ int fly_fuzz_one(const uint8_t* data, size_t size) {
       }
       break;
     }
+    case 10:
+      if (in.byte() & 1) {
+        fuzz_cross_entropy(in);
+        break;
+      }
+      [[fallthrough]];
     default: {
       const int i = int(int32_t(in.u64()));
       const char* v = fly_variant_name(i);
