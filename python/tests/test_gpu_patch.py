@@ -4,6 +4,8 @@ logits and gradients of the patched model against the same model unpatched, eage
 torch.compile and in a CUDA graph; every RMSNorm module of each family patched, its MLPs or
 experts' gate (flykernels::glu) and its attention's rotary embeddings (flykernels::rope); the
 sparse-MoE blocks' routing (flykernels::moe_*) and those ops on their own against torch."""
+import copy
+
 import pytest
 import torch
 
@@ -64,6 +66,13 @@ def test_patched_model_matches_stock(cfg_name):
                                      if p.grad is not None
                                      and any(t in n for t in ("norm", "mlp", "experts", "q_proj", "k_proj"))}
     ref_logits, ref_grads = run()
+    # The same model in FP32: a gradient summed over tokens with cancellation (an MoE router's) is
+    # bf16 noise in stock too, so each gradient is held to stock's own distance from FP32 as well.
+    model32 = copy.deepcopy(model).float()
+    model32.zero_grad(set_to_none=True)
+    model32(input_ids=ids, labels=ids).loss.backward()
+    grads32 = {n: p.grad for n, p in model32.named_parameters() if n in ref_grads}
+    del model32
     report = flykernels.patch(model)
     try:
         assert report["skipped"] == {}
@@ -75,7 +84,8 @@ def test_patched_model_matches_stock(cfg_name):
         assert _rel(logits, ref_logits) < 2e-2
         assert grads.keys() == ref_grads.keys()
         for n in grads:
-            assert _rel(grads[n], ref_grads[n]) < 5e-2, n
+            assert _rel(grads[n], ref_grads[n]) < 5e-2 or \
+                _rel(grads[n], grads32[n]) < 2 * _rel(ref_grads[n], grads32[n]), n
     finally:
         assert flykernels.unpatch(model) == sum(report["patched"].values())
 
