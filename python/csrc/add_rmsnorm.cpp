@@ -34,32 +34,15 @@ void check_add_rms_args(const at::Tensor& x, const at::Tensor& residual, const s
 
 bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
-// The [M, N] row view of t (leading dimensions as M rows of one stride, last dimension
-// unit-stride): false when they do not collapse that way.
-bool add_norm_rows(const at::Tensor& t, int64_t* M, int64_t* ld) {
-  const int64_t d = t.dim();
-  const int64_t N = t.size(d - 1);
-  if (N > 1 && t.stride(d - 1) != 1) return false;
-  int64_t rows = 1, inner = -1;
-  for (int64_t i = 0; i + 1 < d; ++i) rows *= t.size(i);
-  for (int64_t i = d - 2; i >= 0; --i) {
-    if (t.size(i) == 1) continue;
-    if (inner >= 0 && t.stride(i) != t.stride(inner) * t.size(inner)) return false;
-    inner = i;
-  }
-  *M = rows;
-  *ld = inner >= 0 ? t.stride(inner) : N;
-  return true;
-}
 fly_tensor add_norm_desc(const at::Tensor& t) {
   int64_t M = 0, ld = 0;
-  add_norm_rows(t, &M, &ld);
+  row_view(t, &M, &ld);
   return desc_2d(t, M, t.size(-1), ld);
 }
 // A tensor the kernel reads: itself where its rows collapse, else a contiguous copy.
 at::Tensor as_rows(const at::Tensor& t) {
   int64_t M, ld;
-  return add_norm_rows(t, &M, &ld) ? t : t.contiguous();
+  return row_view(t, &M, &ld) ? t : t.contiguous();
 }
 
 // Whether fly_add_rms_norm_* can take the call (CUDA, one float dtype and device, the weight

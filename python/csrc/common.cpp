@@ -166,6 +166,24 @@ fly_tensor desc_nd(const at::Tensor& t) {
   return d;
 }
 
+bool row_view(const at::Tensor& t, int64_t* M, int64_t* ld) {
+  const int64_t d = t.dim();
+  if (d == 0) return false;
+  const int64_t N = t.size(d - 1);
+  if (N > 1 && t.stride(d - 1) != 1) return false;
+  int64_t rows = 1, stride = N, inner = -1;  // inner: the non-trivial leading dimension just inside i
+  for (int64_t i = 0; i + 1 < d; ++i) rows *= t.size(i);
+  for (int64_t i = d - 2; i >= 0; --i) {
+    if (t.size(i) == 1) continue;
+    if (inner < 0) stride = t.stride(i);  // the row stride: the innermost one's, never an outer one's
+    else if (t.stride(i) != t.stride(inner) * t.size(inner)) return false;
+    inner = i;
+  }
+  *M = rows;
+  *ld = stride;
+  return true;
+}
+
 at::Tensor empty_unfilled(c10::IntArrayRef sizes, at::ScalarType dtype) {
   return at::Tensor(at::detail::empty_generic(sizes, c10::GetAllocator(c10::DeviceType::CUDA),
                                               c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype,

@@ -51,6 +51,10 @@ fly_tensor desc_2d(const at::Tensor& t, int64_t rows, int64_t cols, int64_t ld);
 fly_tensor desc_1d(const at::Tensor& t, int64_t n);
 // The tensor as it is: every size and stride (the library checks the layout it needs).
 fly_tensor desc_nd(const at::Tensor& t);
+// The [M, N] row view of t: its leading dimensions as M rows of one stride `ld` (the innermost
+// non-trivial leading dimension's; each outer one tiles the next), last dimension unit-stride;
+// false when they do not collapse that way.
+bool row_view(const at::Tensor& t, int64_t* M, int64_t* ld);
 
 // ---- allocation ------------------------------------------------------------------------------
 // An uninitialised tensor from torch's CUDA caching allocator (current device). Unlike at::empty it

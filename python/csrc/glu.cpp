@@ -27,29 +27,6 @@ void check_act(int64_t act) {
               "flykernels::glu: act must be 0 (silu), 1 (gelu tanh) or 2 (gelu), got ", act);
 }
 
-// The [M, N] row view of t: its leading dimensions as M rows of one stride `ld` (each
-// non-trivial leading dimension tiles the next one out), last dimension unit-stride; false when
-// they do not collapse that way.
-bool rows_of(const at::Tensor& t, int64_t* M, int64_t* ld) {
-  const int64_t d = t.dim();
-  if (d == 0) return false;
-  const int64_t N = t.size(d - 1);
-  if (N > 1 && t.stride(d - 1) != 1) return false;
-  int64_t rows = 1, inner = -1;  // inner: the last non-trivial leading dimension seen (outermost first)
-  for (int64_t i = 0; i + 1 < d; ++i) rows *= t.size(i);
-  for (int64_t i = d - 2; i >= 0; --i) {
-    if (t.size(i) == 1) continue;
-    if (inner >= 0 && t.stride(i) != t.stride(inner) * t.size(inner)) return false;
-    inner = i;
-  }
-  int64_t stride = N;
-  for (int64_t i = d - 2; i >= 0; --i)
-    if (t.size(i) != 1) { stride = t.stride(i); break; }
-  *M = rows;
-  *ld = stride;
-  return true;
-}
-
 // Whether fly_glu_* can take these operands (same shape, dtype and CUDA device, rows of one
 // stride); the library checks the rest and may still decline.
 bool eligible(std::initializer_list<const at::Tensor*> ts) {
@@ -58,14 +35,14 @@ bool eligible(std::initializer_list<const at::Tensor*> ts) {
   for (const at::Tensor* t : ts) {
     if (t->scalar_type() != g.scalar_type() || t->sizes() != g.sizes() || t->device() != g.device()) return false;
     int64_t M, ld;
-    if (!rows_of(*t, &M, &ld)) return false;
+    if (!row_view(*t, &M, &ld)) return false;
   }
   return true;
 }
 
 fly_tensor rows_desc(const at::Tensor& t) {
   int64_t M = 0, ld = 0;
-  rows_of(t, &M, &ld);
+  row_view(t, &M, &ld);
   return desc_2d(t, M, t.size(-1), ld);
 }
 

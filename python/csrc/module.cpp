@@ -127,6 +127,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("beta") = 1.0, py::arg("alpha") = 1.0, py::arg("workspace") = py::none());
   m.def("grouped_mm_out", &flyk::grouped_mm_out, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("out"));
   m.def("gemm_workspace_size", &flyk::gemm_workspace_size, py::arg("a"), py::arg("b"), py::arg("out"));
+  m.def(
+      "row_view",
+      [](const at::Tensor& t) -> py::object {
+        int64_t M = 0, ld = 0;
+        if (!flyk::row_view(t, &M, &ld)) return py::none();
+        return py::make_tuple(M, ld);
+      },
+      "(rows, row stride) the row-wise ops (glu, add_rms_norm) hand the library for t, or None when "
+      "t's leading dimensions do not collapse into rows of one stride (they copy it then)");
   m.def("counts", &counts, "{op: (ours, stock)} dispatch counts since the last reset");
   m.def("reset_counts", &flyk::reset_counts);
   m.def("set_log", &flyk::set_log, "print each fallback reason once (FLYKERNELS_LOG=info)");

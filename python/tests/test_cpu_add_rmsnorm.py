@@ -34,6 +34,23 @@ def patch_on():
     flykernels.torch.enable(before)
 
 
+def test_row_view_takes_the_innermost_row_stride():
+    """The (rows, row stride) the row-wise ops (add_rms_norm, glu) hand the library. A batched
+    [B, S, N] tensor's row stride is S's, N (not B's, S * N: a stride that made the library read
+    B * S rows that far apart; found on the GPU, where the library refused the overlap it implied)."""
+    from flykernels import _loader
+    rv = _loader.ext.row_view
+    assert rv(torch.empty(3, 37, 1000)) == (111, 1000)
+    assert rv(torch.empty(8, 1, 64)) == (8, 64)
+    assert rv(torch.empty(1, 48, 64)) == (48, 64)
+    assert rv(torch.empty(2, 3, 5, 16)) == (30, 16)
+    assert rv(torch.empty(3, 37, 1024)[..., :1000]) == (111, 1024)  # padded rows
+    assert rv(torch.empty(2, 48, 128).transpose(0, 1)) is None       # leading dims do not collapse
+    assert rv(torch.empty(4, 6).t()) is None                          # last dim not unit-stride
+    assert rv(torch.empty(7)) == (1, 7)
+    assert rv(torch.empty(0, 5, 8)) == (0, 8)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_weight", [True, False])
 def test_op_matches_the_composition(dtype, with_weight):
