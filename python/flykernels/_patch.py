@@ -26,7 +26,7 @@ What it replaces:
   forward and backward (libflykernels' add_rmsnorm family). The layer's forward is rebuilt around
   it (input_layernorm, self_attn with every argument the layer got, the fused add + norm, mlp, the
   last residual add), so its class's forward must have that shape: the probe below decides;
-- the routing glue of the Qwen3-MoE, Mixtral and OLMoE sparse-MoE blocks (moe=True): the router's
+- the routing glue of the Qwen3-MoE, Mixtral and OLMoE sparse-MoE blocks (moe, on by default): the router's
   softmax, top-k and renormalization become one flykernels::moe_route call (the logits still come
   from the router's own F.linear and are returned, so router-logit recording and the auxiliary
   loss see them), and the experts' forward becomes flykernels::moe_permute (a device counting
@@ -36,7 +36,7 @@ What it replaces:
   (libflykernels' moe_route family; each op differentiable).
 
 - the loss of the Llama, Mistral, Mixtral, Qwen2, Qwen3 and Qwen3-MoE *ForCausalLM models
-  (linear_cross_entropy=True, opt-in until its GPU tests have run): when a forward gets labels
+  (linear_cross_entropy=True, opt-in: the output then has no logits): when a forward gets labels
   with gradients enabled, the loss comes from flykernels.linear_cross_entropy over the final
   hidden states, lm_head's weight and the labels with Hugging Face's causal shift, ignore_index,
   shift_labels and num_items_in_batch (plus the router's auxiliary loss where the model adds it),
@@ -97,11 +97,13 @@ _CHECK_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 _family = _ops.REGISTRY["patch"]
 # module -> the attribute patch() set on it ("forward" or "_apply_gate"; the class's own before)
-# Families whose kernels have not yet run their GPU tests (and compute-sanitizer) on a Hopper card:
-# patch() takes them only when asked (add_rms_norm=True, moe=True). A family leaves this table once
-# its GPU tests, both sanitizers and a patched-model run pass; until then a default patch(model)
-# never puts an unverified kernel into a model's forward or backward.
-SHIPPED_DEFAULTS = {"add_rms_norm": False, "moe": False, "linear_cross_entropy": False}
+# What a plain patch(model) takes of the families below. add_rms_norm waits for a GPU re-run of its
+# op tests (they found batched inputs handed the library a wrong row stride, fixed since; the
+# kernels' own GPU tests and both sanitizers pass): until then a default patch(model) never puts it
+# into a model. moe passed its GPU tests, compute-sanitizer and a patched-model run (H100,
+# 2026-12-07). linear_cross_entropy is opt-in by design: a patched training forward returns no
+# logits, which a caller may read.
+SHIPPED_DEFAULTS = {"add_rms_norm": False, "moe": True, "linear_cross_entropy": False}
 _defaults = dict(SHIPPED_DEFAULTS)
 _patched = weakref.WeakKeyDictionary()
 _checked = {}  # (class, flavour, dtype, device type) -> '' (agrees) or why not
@@ -823,8 +825,9 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
     sparse-MoE blocks, onto flykernels::moe_route / moe_permute / moe_unpermute around the grouped GEMMs
     (the experts' activation through flykernels::glu); linear_cross_entropy: the training loss of
     the *ForCausalLM models, onto flykernels.linear_cross_entropy (no logits in the output then).
-    add_rms_norm, moe and linear_cross_entropy are off unless asked for (None: SHIPPED_DEFAULTS)
-    until their kernels' GPU tests have run. Patching a patched module again does nothing.
+    None takes SHIPPED_DEFAULTS: moe on; add_rms_norm off until its op's GPU tests have run again;
+    linear_cross_entropy off (it drops the logits of a training forward). Patching a patched module
+    again does nothing.
     `check=False` skips the probe
     of each class (see above)."""
     if not isinstance(model, torch.nn.Module):

@@ -761,14 +761,15 @@ def test_hf_moe_models_patched_on_the_cpu(cfg_name, impl, patch_on):
     assert flykernels.unpatch(model) == 4
 
 
-def test_unverified_families_are_opt_in_as_shipped(monkeypatch):
-    """As shipped, a plain patch(model) leaves decoder layers and sparse-MoE blocks alone (their
-    kernels' GPU tests have not run yet); asking for them by name still patches."""
-    assert _patch.SHIPPED_DEFAULTS == {"add_rms_norm": False, "moe": False, "linear_cross_entropy": False}
+def test_shipped_defaults(monkeypatch):
+    """As shipped, a plain patch(model) takes sparse-MoE blocks (GPU-verified) and leaves decoder
+    layers (their op's GPU re-run pending) and the causal-LM loss (it drops the logits) alone;
+    moe=False leaves the blocks too."""
+    assert _patch.SHIPPED_DEFAULTS == {"add_rms_norm": False, "moe": True, "linear_cross_entropy": False}
     monkeypatch.setattr(_patch, "_defaults", dict(_patch.SHIPPED_DEFAULTS))
     r = Qwen3MoeTopKRouter(8, 4, 2, True)
-    assert flykernels.patch(r) == {"patched": {}, "skipped": {}}
-    asked = flykernels.patch(r, moe=True)
-    assert "Qwen3MoeTopKRouter" in {**asked["patched"], **asked["skipped"]}
+    assert flykernels.patch(r, moe=False) == {"patched": {}, "skipped": {}}
+    plain = flykernels.patch(r)
+    assert "Qwen3MoeTopKRouter" in {**plain["patched"], **plain["skipped"]}
     flykernels.unpatch(r)
 
