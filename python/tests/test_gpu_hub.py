@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import flykernels
+from conftest import graph_logits
 from flykernels import _hub
 from flykernels.hub import layers
 
@@ -103,19 +104,7 @@ def test_kernelized_model_compiles_and_graphs(fly):
             assert _rel(got, ref) < 2e-2
             assert fly.dispatch_counts()["rope"][0] > 0  # the compiled graph calls flykernels::rope
             # A CUDA graph of the kernelized eager forward replays what it captured.
-            static_ids = ids.clone()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    model(input_ids=static_ids, use_cache=False)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = model(input_ids=static_ids, use_cache=False).logits
-            g.replay()
-            torch.cuda.synchronize()
-            assert _rel(out, ref) < 2e-2
+            assert _rel(graph_logits(model, ids), ref) < 2e-2
         finally:
             flykernels.unkernelize(model)
             torch._dynamo.reset()
