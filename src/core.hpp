@@ -50,6 +50,14 @@ fly_status check_tensor(const fly_tensor* t, const char* what, int rank);
 int64_t numel(const fly_tensor& t);
 // A rank-1 tensor of exactly n elements of dtype dt with unit stride (any stride when n <= 1).
 fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dtype dt);
+// Rows of a rank-2 tensor: unit inner stride (or one column), rows not overlapping. A layout no
+// kernel reads (another inner stride, an input's overlapping rows) is FLY_ERROR_UNSUPPORTED; an
+// output whose rows overlap is a mistake, FLY_ERROR_INVALID_ARGUMENT (docs/robustness.md).
+fly_status check_row_layout(const fly_tensor& t, const char* what, bool output);
+// One [M, N] operand of a row-wise op: a well-formed rank-2 tensor of the call's dtype and shape
+// (those of the argument named `lead`) whose rows pass check_row_layout.
+fly_status check_row_operand(const fly_tensor* t, const char* what, const char* lead, fly_dtype dt, int64_t M,
+                             int64_t N, bool output);
 // Bytes from data to one past the furthest element (0 when numel == 0).
 int64_t extent_bytes(const fly_tensor& t);
 // A workspace argument (every op that takes one): NULL only with 0 bytes (else

@@ -96,6 +96,29 @@ fly_status check_tensor(const fly_tensor* t, const char* what, int rank) {
 }
 
 
+fly_status check_row_layout(const fly_tensor& t, const char* what, bool output) {
+  if (t.sizes[1] > 1 && t.strides[1] != 1)
+    return fail(FLY_ERROR_UNSUPPORTED, "%s: inner stride must be 1, got %" PRId64, what, t.strides[1]);
+  if (t.sizes[0] > 1 && t.strides[0] < t.sizes[1])
+    return fail(output ? FLY_ERROR_INVALID_ARGUMENT : FLY_ERROR_UNSUPPORTED,
+                "%s: row stride %" PRId64 " is smaller than the row length %" PRId64 " (rows overlap)", what,
+                t.strides[0], t.sizes[1]);
+  return FLY_SUCCESS;
+}
+
+fly_status check_row_operand(const fly_tensor* t, const char* what, const char* lead, fly_dtype dt, int64_t M,
+                             int64_t N, bool output) {
+  FLY_TRY(check_tensor(t, what, 2));
+  if (t->dtype != dt)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s does not match %s (%s)", what, dtype_name(t->dtype), lead,
+                dtype_name(dt));
+  if (t->sizes[0] != M || t->sizes[1] != N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT,
+                "%s: shape [%" PRId64 ", %" PRId64 "] does not match %s [%" PRId64 ", %" PRId64 "]", what, t->sizes[0],
+                t->sizes[1], lead, M, N);
+  return check_row_layout(*t, what, output);
+}
+
 fly_status check_vector(const fly_tensor* t, const char* what, int64_t n, fly_dtype dt) {
   FLY_TRY(check_tensor(t, what, 1));
   if (t->sizes[0] != n)

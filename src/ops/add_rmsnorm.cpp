@@ -17,28 +17,6 @@ namespace {
 constexpr const char* kFamily = "add_rmsnorm";
 constexpr int kDwThreads = 256, kDwCols = 32;  // kernels/add_rmsnorm/add_rmsnorm.cu
 
-// One [M, N] operand: rank 2, the call's dtype and shape, unit inner stride, rows that do not
-// overlap (an input whose rows overlap is a layout no kernel reads: FLY_ERROR_UNSUPPORTED; an
-// output's is a mistake: FLY_ERROR_INVALID_ARGUMENT, the mapping of docs/robustness.md).
-fly_status check_operand(const fly_tensor* t, const char* what, const char* lead, fly_dtype dt, int64_t M, int64_t N,
-                         bool output) {
-  FLY_TRY(check_tensor(t, what, 2));
-  if (t->dtype != dt)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s does not match %s (%s)", what, dtype_name(t->dtype), lead,
-                dtype_name(dt));
-  if (t->sizes[0] != M || t->sizes[1] != N)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "%s: shape [%" PRId64 ", %" PRId64 "] does not match %s [%" PRId64 ", %" PRId64 "]", what, t->sizes[0],
-                t->sizes[1], lead, M, N);
-  if (N > 1 && t->strides[1] != 1)
-    return fail(FLY_ERROR_UNSUPPORTED, "%s: inner stride must be 1, got %" PRId64, what, t->strides[1]);
-  if (M > 1 && t->strides[0] < N)
-    return fail(output ? FLY_ERROR_INVALID_ARGUMENT : FLY_ERROR_UNSUPPORTED,
-                "%s: row stride %" PRId64 " is smaller than the row length %" PRId64 " (rows overlap)", what,
-                t->strides[0], N);
-  return FLY_SUCCESS;
-}
-
 // The leading input's dtype and shape: FP16/BF16/FP32 [M, N].
 fly_status check_lead(const fly_tensor* t, const char* what, fly_dtype* dt) {
   FLY_TRY(check_tensor(t, what, 2));
@@ -116,10 +94,10 @@ extern "C" FLY_API fly_status fly_add_rms_norm_fwd(const fly_tensor* x, const fl
   fly_dtype dt;
   FLY_TRY(check_lead(x, "x", &dt));
   const int64_t M = x->sizes[0], N = x->sizes[1];
-  FLY_TRY(check_operand(x, "x", "x", dt, M, N, false));
-  FLY_TRY(check_operand(residual, "residual", "x", dt, M, N, false));
-  FLY_TRY(check_operand(y, "y", "x", dt, M, N, true));
-  FLY_TRY(check_operand(h, "h", "x", dt, M, N, true));
+  FLY_TRY(check_row_operand(x, "x", "x", dt, M, N, false));
+  FLY_TRY(check_row_operand(residual, "residual", "x", dt, M, N, false));
+  FLY_TRY(check_row_operand(y, "y", "x", dt, M, N, true));
+  FLY_TRY(check_row_operand(h, "h", "x", dt, M, N, true));
   if (weight) FLY_TRY(check_vector(weight, "weight", N, dt));
   if (rstd) FLY_TRY(check_vector(rstd, "rstd", M, FLY_F32));
   // Outputs against the other arguments (host arithmetic, before the device check): y and h may
@@ -204,10 +182,10 @@ extern "C" FLY_API fly_status fly_add_rms_norm_bwd(const fly_tensor* dy, const f
   fly_dtype dt;
   FLY_TRY(check_lead(dy, "dy", &dt));
   const int64_t M = dy->sizes[0], N = dy->sizes[1];
-  FLY_TRY(check_operand(dy, "dy", "dy", dt, M, N, false));
-  if (dh) FLY_TRY(check_operand(dh, "dh", "dy", dt, M, N, false));
-  FLY_TRY(check_operand(h, "h", "dy", dt, M, N, false));
-  FLY_TRY(check_operand(dx, "dx", "dy", dt, M, N, true));
+  FLY_TRY(check_row_operand(dy, "dy", "dy", dt, M, N, false));
+  if (dh) FLY_TRY(check_row_operand(dh, "dh", "dy", dt, M, N, false));
+  FLY_TRY(check_row_operand(h, "h", "dy", dt, M, N, false));
+  FLY_TRY(check_row_operand(dx, "dx", "dy", dt, M, N, true));
   if (weight) FLY_TRY(check_vector(weight, "weight", N, dt));
   FLY_TRY(check_vector(rstd, "rstd", M, FLY_F32));
   if (weight && !dweight)

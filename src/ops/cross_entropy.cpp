@@ -27,27 +27,6 @@ bool rows_aligned(const fly_tensor& t, int64_t M, int64_t V, int64_t es) {
   return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && (row_stride(t, M, V) * es) % 16 == 0;
 }
 
-// logits or dlogits: rank 2, the call's dtype and shape, unit inner stride, rows that do not
-// overlap (an input whose rows overlap is a layout no kernel reads: FLY_ERROR_UNSUPPORTED; an
-// output's is a mistake: FLY_ERROR_INVALID_ARGUMENT, docs/robustness.md).
-fly_status check_rows(const fly_tensor* t, const char* what, fly_dtype dt, int64_t M, int64_t V, bool output) {
-  FLY_TRY(check_tensor(t, what, 2));
-  if (t->dtype != dt)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s does not match logits (%s)", what, dtype_name(t->dtype),
-                dtype_name(dt));
-  if (t->sizes[0] != M || t->sizes[1] != V)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "%s: shape [%" PRId64 ", %" PRId64 "] does not match logits [%" PRId64 ", %" PRId64 "]", what,
-                t->sizes[0], t->sizes[1], M, V);
-  if (V > 1 && t->strides[1] != 1)
-    return fail(FLY_ERROR_UNSUPPORTED, "%s: inner stride must be 1, got %" PRId64, what, t->strides[1]);
-  if (M > 1 && t->strides[0] < V)
-    return fail(output ? FLY_ERROR_INVALID_ARGUMENT : FLY_ERROR_UNSUPPORTED,
-                "%s: row stride %" PRId64 " is smaller than the row length %" PRId64 " (rows overlap)", what,
-                t->strides[0], V);
-  return FLY_SUCCESS;
-}
-
 // The default rule (no tuning rows): rows of at most 4096 units (a 32000-entry BF16 row is 4000)
 // fit the registers of a 256-thread CTA, two of which share an SM, so one CTA's loads overlap the
 // other's reduction and stores; longer rows take 512 threads (8192 units in registers, the rest in
@@ -92,11 +71,11 @@ extern "C" FLY_API fly_status fly_cross_entropy_fwd_bwd(const fly_tensor* logits
   if (dt != FLY_F16 && dt != FLY_BF16 && dt != FLY_F32)
     return fail(FLY_ERROR_UNSUPPORTED, "logits: dtype %s is not supported (fp16, bf16, fp32)", dtype_name(dt));
   const int64_t M = logits->sizes[0], V = logits->sizes[1];
-  FLY_TRY(check_rows(logits, "logits", dt, M, V, false));
+  FLY_TRY(check_row_operand(logits, "logits", "logits", dt, M, V, false));
   FLY_TRY(check_vector(labels, "labels", M, FLY_I64));
   FLY_TRY(check_vector(loss, "loss", M, FLY_F32));
   if (lse) FLY_TRY(check_vector(lse, "lse", M, FLY_F32));
-  if (dlogits) FLY_TRY(check_rows(dlogits, "dlogits", dt, M, V, true));
+  if (dlogits) FLY_TRY(check_row_operand(dlogits, "dlogits", "logits", dt, M, V, true));
   // Outputs against the other arguments (host arithmetic, before the device check): dlogits may
   // be the logits exactly (in place), never a shifted or partial view of them; nothing else
   // shares memory.

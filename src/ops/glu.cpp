@@ -13,27 +13,6 @@ constexpr const char* kFamily = "glu";
 constexpr int kThreads = 256;  // kernels/glu/glu.cu
 constexpr int kBlocksPerSm = 8;
 
-// One [M, N] operand: rank 2, the call's dtype and shape, unit inner stride, rows that do not
-// overlap (an input whose rows overlap is a layout no kernel reads: FLY_ERROR_UNSUPPORTED; an output
-// whose rows overlap is a mistake: FLY_ERROR_INVALID_ARGUMENT, the mapping of docs/robustness.md).
-fly_status check_operand(const fly_tensor* t, const char* what, fly_dtype dt, int64_t M, int64_t N, bool output) {
-  FLY_TRY(check_tensor(t, what, 2));
-  if (t->dtype != dt)
-    return fail(FLY_ERROR_INVALID_ARGUMENT, "%s: dtype %s does not match gate (%s)", what, dtype_name(t->dtype),
-                dtype_name(dt));
-  if (t->sizes[0] != M || t->sizes[1] != N)
-    return fail(FLY_ERROR_INVALID_ARGUMENT,
-                "%s: shape [%" PRId64 ", %" PRId64 "] does not match gate [%" PRId64 ", %" PRId64 "]", what,
-                t->sizes[0], t->sizes[1], M, N);
-  if (N > 1 && t->strides[1] != 1)
-    return fail(FLY_ERROR_UNSUPPORTED, "%s: inner stride must be 1, got %" PRId64, what, t->strides[1]);
-  if (M > 1 && t->strides[0] < N)
-    return fail(output ? FLY_ERROR_INVALID_ARGUMENT : FLY_ERROR_UNSUPPORTED,
-                "%s: row stride %" PRId64 " is smaller than the row length %" PRId64 " (rows overlap)", what,
-                t->strides[0], N);
-  return FLY_SUCCESS;
-}
-
 // Whether two [M, N] operands share a byte. Exact for the layouts this family sees: one row
 // (contiguous spans), disjoint spans, or rows of one common stride (gate and up as the halves of
 // one [M, 2N] projection interleave without touching: each row of one lies in the other's gap).
@@ -76,12 +55,12 @@ fly_status run(bool fwd, const fly_tensor* dout, const fly_tensor* gate, const f
   if (dt != FLY_F16 && dt != FLY_BF16 && dt != FLY_F32)
     return fail(FLY_ERROR_UNSUPPORTED, "gate: dtype %s is not supported (fp16, bf16, fp32)", dtype_name(dt));
   const int64_t M = gate->sizes[0], N = gate->sizes[1];
-  FLY_TRY(check_operand(gate, "gate", dt, M, N, false));
-  FLY_TRY(check_operand(up, "up", dt, M, N, false));
-  if (!fwd) FLY_TRY(check_operand(dout, "dout", dt, M, N, false));
+  FLY_TRY(check_row_operand(gate, "gate", "gate", dt, M, N, false));
+  FLY_TRY(check_row_operand(up, "up", "gate", dt, M, N, false));
+  if (!fwd) FLY_TRY(check_row_operand(dout, "dout", "gate", dt, M, N, false));
   const char* out_name = fwd ? "out" : "dgate";
-  FLY_TRY(check_operand(out, out_name, dt, M, N, true));
-  if (!fwd) FLY_TRY(check_operand(dup, "dup", dt, M, N, true));
+  FLY_TRY(check_row_operand(out, out_name, "gate", dt, M, N, true));
+  if (!fwd) FLY_TRY(check_row_operand(dup, "dup", "gate", dt, M, N, true));
   if (act != FLY_GLU_SILU && act != FLY_GLU_GELU_TANH && act != FLY_GLU_GELU)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "activation: %d is not a fly_glu_activation (0 silu, 1 gelu_tanh, 2 gelu)",
                 act);

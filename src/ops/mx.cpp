@@ -13,16 +13,6 @@
 namespace fly {
 namespace {
 
-// Rows of a rank-2 tensor: unit inner stride (or one column), rows not overlapping. A layout no
-// kernel reads is FLY_ERROR_UNSUPPORTED; an output whose rows overlap FLY_ERROR_INVALID_ARGUMENT.
-fly_status check_rows(const fly_tensor& t, const char* what, bool output) {
-  if (t.sizes[1] > 1 && t.strides[1] != 1)
-    return fail(FLY_ERROR_UNSUPPORTED, "%s: inner stride must be 1, got %" PRId64, what, t.strides[1]);
-  if (t.sizes[0] > 1 && t.strides[0] < t.sizes[1])
-    return fail(output ? FLY_ERROR_INVALID_ARGUMENT : FLY_ERROR_UNSUPPORTED, "%s: row stride %" PRId64 " is smaller than the row length %" PRId64
-                " (rows overlap)", what, t.strides[0], t.sizes[1]);
-  return FLY_SUCCESS;
-}
 // Contiguous rows of exactly `rows` x `cols`.
 fly_status check_dense(const fly_tensor& t, const char* what, int64_t rows, int64_t cols) {
   if (t.sizes[0] != rows || t.sizes[1] != cols)
@@ -180,7 +170,7 @@ extern "C" FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, c
   const fly_dtype dt = x->dtype;
   if (dt != FLY_F16 && dt != FLY_BF16 && dt != FLY_F32)
     return fail(FLY_ERROR_UNSUPPORTED, "x: dtype %s is not supported (fp16, bf16, fp32)", dtype_name(dt));
-  FLY_TRY(check_rows(*x, "x", false));
+  FLY_TRY(check_row_layout(*x, "x", false));
   const int64_t M = x->sizes[0], K = x->sizes[1];
   if (K % 32 != 0)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "x: K = %" PRId64 " is not a multiple of 32 (the MX block)", K);
@@ -283,9 +273,9 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   const bool fp4 = a->dtype == FLY_F4_E2M1X2;
   if (c->dtype != FLY_F16 && c->dtype != FLY_BF16)
     return fail(FLY_ERROR_UNSUPPORTED, "c: dtype %s is not supported (fp16, bf16)", dtype_name(c->dtype));
-  FLY_TRY(check_rows(*a, "a", false));
-  FLY_TRY(check_rows(*b, "b", false));
-  FLY_TRY(check_rows(*c, "c", true));
+  FLY_TRY(check_row_layout(*a, "a", false));
+  FLY_TRY(check_row_layout(*b, "b", false));
+  FLY_TRY(check_row_layout(*c, "c", true));
   const int64_t M = a->sizes[0], N = b->sizes[0], K = fp4 ? a->sizes[1] * 2 : a->sizes[1];
   if (b->sizes[1] != a->sizes[1])
     return fail(FLY_ERROR_INVALID_ARGUMENT, "b: %" PRId64 " columns (K%s) do not match a's %" PRId64, b->sizes[1],

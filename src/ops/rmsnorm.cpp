@@ -15,20 +15,6 @@ namespace {
 
 constexpr const char* kFamily = "rmsnorm";
 
-// Rows of a unit-inner-stride matrix: no overlap between rows, unit inner stride (or a single
-// column/row, where the stride is irrelevant). A layout no kernel reads (inner stride, overlapping
-// rows of an input) is FLY_ERROR_UNSUPPORTED; an output whose rows overlap is a mistake
-// (FLY_ERROR_INVALID_ARGUMENT): the status mapping of docs/robustness.md.
-fly_status check_rows(const fly_tensor& t, const char* what, bool output) {
-  if (t.sizes[1] > 1 && t.strides[1] != 1)
-    return fail(FLY_ERROR_UNSUPPORTED, "%s: inner stride must be 1, got %" PRId64, what, t.strides[1]);
-  if (t.sizes[0] > 1 && t.strides[0] < t.sizes[1])
-    return fail(output ? FLY_ERROR_INVALID_ARGUMENT : FLY_ERROR_UNSUPPORTED,
-                "%s: row stride %" PRId64 " is smaller than the row length %" PRId64 " (rows overlap)", what,
-                t.strides[0], t.sizes[1]);
-  return FLY_SUCCESS;
-}
-
 // The family default (built in every configuration, see tuning/rmsnorm.json "defaults"): the
 // smallest CTA whose register cache holds the row's aligned body (at most N / vec vectors), so
 // each thread keeps as many loads in flight as its cache allows.
@@ -101,14 +87,14 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   if (dt != FLY_F16 && dt != FLY_BF16 && dt != FLY_F32)
     return fail(FLY_ERROR_UNSUPPORTED, "x: dtype %s is not supported (fp16, bf16, fp32)", dtype_name(dt));
   const int64_t M = x->sizes[0], N = x->sizes[1];
-  FLY_TRY(check_rows(*x, "x", false));
+  FLY_TRY(check_row_layout(*x, "x", false));
   FLY_TRY(check_tensor(y, "y", 2));
   if (y->sizes[0] != M || y->sizes[1] != N)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "y: shape [%" PRId64 ", %" PRId64 "] does not match x [%" PRId64 ", %" PRId64 "]",
                 y->sizes[0], y->sizes[1], M, N);
   if (y->dtype != dt)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "y: dtype %s does not match x (%s)", dtype_name(y->dtype), dtype_name(dt));
-  FLY_TRY(check_rows(*y, "y", true));
+  FLY_TRY(check_row_layout(*y, "y", true));
   if (weight) FLY_TRY(check_vector(weight, "weight", N, dt));
   if (rstd) FLY_TRY(check_vector(rstd, "rstd", M, FLY_F32));
   // Outputs against the other arguments (host arithmetic, before the device check): y may be x
