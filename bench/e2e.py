@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """End-to-end: Hugging Face transformers models, FlyKernels on against off, same run (issue 45).
 
-  python bench/e2e.py [--models llama,qwen3moe,wide,wide512] [--modes prefill,decode,train]
+  python bench/e2e.py [--models llama,qwen3moe,wide,wide512 | all] [--modes prefill,decode,train]
                       [--compile | --no-compile] [--eager | --no-eager] [--layers 2] [--reps N] [--rounds N]
                       [--quick] [--smoke] [--device cuda|cpu] [--json FILE] [--png FILE] [--budget-s S] [--opt-in]
 
@@ -12,7 +12,14 @@ Models, built from configs with random weights (nothing is downloaded), `--layer
 - qwen3moe: Qwen3-MoE-shaped (hidden 2048, 32 / 4 KV heads, head dim 128, 64 experts, top-8, expert
             MLP 768, vocab 151936), experts_implementation="grouped_mm" (F.grouped_mm);
 - wide:     Gemma-7B-shaped (hidden 3072, 16 heads (MHA), head dim 256, MLP 24576, vocab 256000);
-- wide512:  the same with 8 heads of head dim 512 (SDPA's only backend there is memory-efficient).
+- wide512:  the same with 8 heads of head dim 512 (SDPA's only backend there is memory-efficient);
+and, by name or with --models all (not in the default set):
+- qwen3:    Qwen3-8B-shaped (hidden 4096, 32 / 8 KV heads, head dim 128, q/k norms, MLP 12288,
+            vocab 151936);
+- mixtral:  Mixtral-8x7B-shaped (hidden 4096, 32 / 8 KV heads, 8 experts, top-2, expert MLP 14336,
+            vocab 32000), experts_implementation="grouped_mm";
+- gemma3:   Gemma-3-12B-shaped (hidden 3840, 16 / 8 KV heads, head dim 256, GeGLU MLP 15360,
+            sliding-window and global layers, vocab 262208).
 `--vocab N` replaces every model's vocabulary (smaller: less memory, a smaller lm_head share).
 
 Modes: prefill (no_grad forward of batch 1 x --seq tokens, no cache); decode (a --prompt token
@@ -70,7 +77,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 T0 = time.time()
-MODEL_KEYS = ("llama", "qwen3moe", "wide", "wide512")
+MODEL_KEYS = ("llama", "qwen3moe", "wide", "wide512")  # the default set
+MORE_MODEL_KEYS = ("qwen3", "mixtral", "gemma3")       # by name, or --models all
+MOE_KEYS = ("qwen3moe", "mixtral")  # built with experts_implementation="grouped_mm"
 MODE_KEYS = ("prefill", "decode", "train")
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 OOM = tuple(c for c in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if c)
@@ -137,6 +146,14 @@ def make_config(key, a):
             return tf.Qwen3MoeConfig(**small, num_key_value_heads=1, head_dim=32, intermediate_size=128,
                                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                      norm_topk_prob=True)
+        if key == "qwen3":
+            return tf.Qwen3Config(**small, num_key_value_heads=1, head_dim=32, intermediate_size=128)
+        if key == "mixtral":
+            return tf.MixtralConfig(**small, num_key_value_heads=1, head_dim=32, intermediate_size=128,
+                                    num_local_experts=4, num_experts_per_tok=2)
+        if key == "gemma3":
+            return tf.Gemma3TextConfig(**small, num_key_value_heads=1, head_dim=32, intermediate_size=128,
+                                       sliding_window=16)
         return tf.GemmaConfig(**small, num_key_value_heads=2, head_dim=64 if key == "wide" else 128,
                               intermediate_size=128)
     if key == "llama":
@@ -148,6 +165,18 @@ def make_config(key, a):
                                  intermediate_size=6144, num_experts=64, num_experts_per_tok=8,
                                  moe_intermediate_size=768, norm_topk_prob=True, vocab_size=a.vocab or 151936,
                                  num_hidden_layers=L, max_position_embeddings=8192)
+    if key == "qwen3":
+        return tf.Qwen3Config(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                              intermediate_size=12288, vocab_size=a.vocab or 151936, num_hidden_layers=L,
+                              max_position_embeddings=8192, tie_word_embeddings=False)
+    if key == "mixtral":
+        return tf.MixtralConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+                                vocab_size=a.vocab or 32000, num_hidden_layers=L, max_position_embeddings=8192)
+    if key == "gemma3":
+        return tf.Gemma3TextConfig(hidden_size=3840, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+                                   intermediate_size=15360, vocab_size=a.vocab or 262208, num_hidden_layers=L,
+                                   max_position_embeddings=8192, sliding_window=1024)
     heads, d = (16, 256) if key == "wide" else (8, 512)
     return tf.GemmaConfig(hidden_size=3072, num_attention_heads=heads, num_key_value_heads=heads, head_dim=d,
                           intermediate_size=24576, vocab_size=a.vocab or 256000, num_hidden_layers=L,
@@ -163,7 +192,7 @@ def build_model(key, a, dev):
         cfg.head_dim = 32 if a.smoke else 128  # older configs keep unknown kwargs only as attributes
     info = {"class": type(cfg).__name__, "experts_implementation_requested": None}
     kw = dict(attn_implementation="sdpa")
-    if key == "qwen3moe":
+    if key in MOE_KEYS:
         kw["experts_implementation"] = "grouped_mm"
         info["experts_implementation_requested"] = "grouped_mm"
     torch.manual_seed(a.seed)
@@ -191,7 +220,7 @@ def build_model(key, a, dev):
     model.to(device=dev, dtype=torch.bfloat16)
     c = model.config
     info["experts_implementation"] = getattr(c, "_experts_implementation", None)
-    if key == "qwen3moe" and info["experts_implementation"] != "grouped_mm":
+    if key in MOE_KEYS and info["experts_implementation"] != "grouped_mm":
         log(f"WARNING {key}: experts implementation is {info['experts_implementation']!r}, not 'grouped_mm' "
             "(this transformers has no experts_implementation switch, or it fell back)")
     info["attn_implementation"] = getattr(c, "_attn_implementation", None)
@@ -778,7 +807,8 @@ def jsonable(o):
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(MODEL_KEYS), help=f"comma list of {', '.join(MODEL_KEYS)}")
+    ap.add_argument("--models", default=",".join(MODEL_KEYS),
+                    help=f"comma list of {', '.join(MODEL_KEYS + MORE_MODEL_KEYS)}, or all (default: the first four)")
     ap.add_argument("--modes", default=",".join(MODE_KEYS), help="comma list of prefill, decode, train")
     ap.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=True,
                     help="also under torch.compile (default on)")
@@ -836,14 +866,14 @@ def parse_args():
     a.reps = a.reps or (3 if sm else 5 if q else 10)
     a.rounds = a.rounds or (1 if sm else 2 if q else 3)
     a.budget_s = a.budget_s if a.budget_s is not None else (390.0 if q and not sm else None)
-    a.models = [m for m in a.models.split(",") if m]
+    a.models = list(MODEL_KEYS + MORE_MODEL_KEYS) if a.models == "all" else [m for m in a.models.split(",") if m]
     a.modes = [m for m in a.modes.split(",") if m]
     a.compile_modes = [m for m in a.compile_modes.split(",") if m] if a.compile_modes else list(a.modes)
     a.compile_models = ([m for m in a.compile_models.split(",") if m] if a.compile_models
                         else a.models[:1] if sm else list(a.models))
     for m in a.models + a.compile_models:
-        if m not in MODEL_KEYS:
-            ap.error(f"unknown model {m!r}: {', '.join(MODEL_KEYS)}")
+        if m not in MODEL_KEYS + MORE_MODEL_KEYS:
+            ap.error(f"unknown model {m!r}: {', '.join(MODEL_KEYS + MORE_MODEL_KEYS)}")
     for m in a.modes + a.compile_modes:
         if m not in MODE_KEYS:
             ap.error(f"unknown mode {m!r}: {', '.join(MODE_KEYS)}")
