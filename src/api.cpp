@@ -48,6 +48,15 @@ FLY_API fly_status fly_force_variant(const char* name) {
 }
 FLY_API const char* fly_last_variant(void) { return fly::last_variant(); }
 FLY_API const char* fly_last_decision(void) { return fly::last_decision(); }
+static_assert(fly::kKeyDims == 4, "fly_last_key's k[4] is the ABI");
+FLY_API void fly_last_key(const char** op, const char** dtype, const char** layout, int64_t k[4]) {
+  const fly::DispatchKey& key = fly::last_key();
+  if (op) *op = key.op.c_str();
+  if (dtype) *dtype = key.dtype.c_str();
+  if (layout) *layout = key.layout.c_str();
+  if (k)
+    for (int i = 0; i < fly::kKeyDims; ++i) k[i] = key.k[i];
+}
 
 FLY_API fly_status fly_device_arch(void* stream, const char** arch) {
   fly::clear_error();

@@ -134,6 +134,7 @@ DispatchState& state() {
 thread_local std::string t_forced;
 thread_local std::string t_last_variant;
 thread_local std::string t_last_decision;
+thread_local DispatchKey t_last_key;
 
 // Loads the embedded DB and the environment's overlay once. Caller holds the unique lock.
 void ensure_loaded(DispatchState& s) {
@@ -171,6 +172,7 @@ void record(const Variant* v, const std::string& how, const DispatchRequest& req
             const std::string& why = std::string()) {
   t_last_variant = v->name;
   t_last_decision = how;
+  t_last_key = req.key;
   log(LogLevel::kInfo, "dispatch %s -> %s (%s%s%s%s)", key_text(req).c_str(), v->name.c_str(), how.c_str(),
       why.empty() ? "" : ": ", why.c_str(), cached ? ", cached" : "");
 }
@@ -421,6 +423,7 @@ fly_status set_forced(const char* name) {
 
 const char* last_variant() { return t_last_variant.c_str(); }
 const char* last_decision() { return t_last_decision.c_str(); }
+const DispatchKey& last_key() { return t_last_key; }
 const std::string& forced_variant() { return t_forced; }
 void append_decision(const char* suffix) { t_last_decision += suffix; }
 

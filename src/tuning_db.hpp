@@ -57,6 +57,7 @@ fly_status set_overlay(const char* path);
 fly_status set_forced(const char* name);
 const char* last_variant();
 const char* last_decision();
+const DispatchKey& last_key();
 // The name fly_force_variant set on this thread ("" when none).
 const std::string& forced_variant();
 // Adds to this thread's last decision (fly_last_decision), e.g. ":packed" after a dispatch.

@@ -105,6 +105,13 @@ FLY_API fly_status fly_force_variant(const char* name);
  * without its workspace). */
 FLY_API const char* fly_last_variant(void);
 FLY_API const char* fly_last_decision(void);
+/* The dispatch key this thread's last dispatch computed, as the tuning database's rows hold it:
+ * op ("rmsnorm_fwd", "attention_fwd", ...), dtype, layout and the shape features k[0..3] (unused
+ * ones 0). Tools record it rather than recomputing the launcher's key. Any output may be NULL;
+ * the strings stay valid until this thread's next dispatch. Before any dispatch on this thread:
+ * "" and zeros. An op that launches several kernels (a split decode and its merge, say) leaves
+ * the key of the last one it dispatched. */
+FLY_API void fly_last_key(const char** op, const char** dtype, const char** layout, int64_t k[4]);
 /* Architecture string of the current device ("sm_90a"), or an error. */
 FLY_API fly_status fly_device_arch(void* stream, const char** arch);
 

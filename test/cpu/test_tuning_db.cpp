@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "catch_compat.hpp"
 #include "core.hpp"
@@ -256,6 +257,15 @@ TEST_CASE("dispatch: forced, overlay exact, nearest, default", "[dispatch]") {
     REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
     CHECK(v->name == a);
     CHECK(std::string(fly_last_decision()) == "overlay:nearest");
+    // The key the dispatch computed (not the row it matched), for tools that write rows.
+    const char *op = nullptr, *dtype = nullptr, *layout = nullptr;
+    int64_t k[4] = {-1, -1, -1, -1};
+    fly_last_key(&op, &dtype, &layout, k);
+    CHECK(std::string(op) == "rmsnorm_fwd");
+    CHECK(std::string(dtype) == "bf16");
+    CHECK(std::string(layout) == "row");
+    CHECK((k[0] == 4900 && k[1] == 777 && k[2] == 0 && k[3] == 0));
+    fly_last_key(nullptr, nullptr, nullptr, nullptr);  // every output optional
   }
   SECTION("rows the family cannot run fall through to the default") {
     req.key.dtype = "fp16";  // no fp16 rows in the overlay
@@ -396,6 +406,19 @@ TEST_CASE("dispatch: off the tuned keys the profiled shapes vote; exact rows sti
     CHECK(std::string(fly_last_decision()) == "overlay:nearest");
   }
   fly_set_tuning_db(nullptr);
+}
+
+TEST_CASE("fly_last_key: empty on a thread that has not dispatched", "[dispatch]") {
+  std::string op = "unset";
+  int64_t k[4] = {-1, -1, -1, -1};
+  std::thread t([&] {
+    const char *o = nullptr, *d = nullptr, *l = nullptr;
+    fly_last_key(&o, &d, &l, k);
+    op = std::string(o) + "|" + d + "|" + l;
+  });
+  t.join();
+  CHECK(op == "||");
+  CHECK((k[0] == 0 && k[1] == 0 && k[2] == 0 && k[3] == 0));
 }
 
 TEST_CASE("make_request: the key every op dispatches on; cache_tag separates cached decisions", "[dispatch]") {

@@ -110,6 +110,12 @@ TEST_CASE("rmsnorm: launch configuration and parameters across shapes", "[fake][
         REQUIRE(fake_cuda_launch_count() == 1);
         const fake_cuda_launch* L = last_launch();
         CHECK(std::string(L->kernel) == "rmsnorm_fwd");
+        const char *kop = nullptr, *kdt = nullptr, *klayout = nullptr;
+        int64_t k[4];
+        fly_last_key(&kop, &kdt, &klayout, k);  // the launcher's key: (N, M)
+        CHECK(std::string(kop) == "rmsnorm_fwd");
+        CHECK(std::string(kdt) == fly::dtype_name(dt));
+        CHECK((k[0] == N && k[1] == M));
         const fly::Variant* v = fly::find_variant(fly_last_variant());
         REQUIRE(v);
         CHECK(v->family == "rmsnorm");
