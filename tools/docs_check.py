@@ -13,6 +13,9 @@
    it quotes (`[...](bench/RESULTS.md#<section>)`), and every ratio in that row (`1.23x`) occurs
    in that section of bench/RESULTS.md (the text from its heading to the next heading of the same
    or a higher level), as a whole number: `9.9x` does not match `19.9x` or `9.90x`.
+3. Logs: every path under bench/logs/ a page names, in code spans and fenced code too, names a file
+   that exists; `{a,b}` alternatives and `*` / `?` wildcards are expanded (a wildcard must match
+   at least one file), so a log the page cites is not deleted while the citation stays.
 
 Prints one line per problem, `file:line: what`, and exits 1 when there is any; 0 otherwise.
 Python 3 standard library only.
@@ -21,7 +24,8 @@ import re
 import sys
 from pathlib import Path
 
-DOC_GLOBS = ("README.md", "CONTRIBUTING.md", "SECURITY.md", "CHANGELOG.md", "docs/*.md", "bench/*.md")
+DOC_GLOBS = ("README.md", "CONTRIBUTING.md", "SECURITY.md", "CHANGELOG.md", "docs/*.md", "bench/*.md",
+             "bench/probes/*.md")
 RESULTS = "bench/RESULTS.md"
 FIGURES_HEADING = "Latest figures"
 
@@ -34,6 +38,7 @@ REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)")
 HTML_ANCHOR = re.compile(r"<a\s[^>]*(?:name|id)\s*=\s*[\"']([^\"']+)[\"']", re.I)
 HTML_ID = re.compile(r"\sid\s*=\s*[\"']([^\"']+)[\"']", re.I)
 RATIO = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)x(?![\w])")
+LOG_PATH = re.compile(r"bench/logs/([\w{},*?.\-]+)")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
@@ -85,6 +90,17 @@ def anchors(text):
         found.update(HTML_ANCHOR.findall(line))
         found.update(HTML_ID.findall(line))
     return found
+
+
+def expand_braces(pattern):
+    """['a1x', 'a2x'] for 'a{1,2}x' (nested and repeated groups too)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    out = []
+    for alt in m.group(1).split(","):
+        out += expand_braces(pattern[: m.start()] + alt + pattern[m.end():])
+    return out
 
 
 def links(text):
@@ -146,6 +162,22 @@ class Checker:
                 if anchor.lower() not in {a.lower() for a in self.anchors_of(dest)}:
                     self.error(path, no, f"broken link '{raw}': no heading with anchor #{anchor} in "
                                          f"{dest.relative_to(self.root)}")
+
+    def check_log_paths(self, path):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        logs = self.root / "bench" / "logs"
+        for no, line in enumerate(text.splitlines(), 1):
+            for m in LOG_PATH.finditer(line):
+                cited = m.group(1).rstrip(".,")
+                if not cited.strip("*?{},."):
+                    continue
+                for name in expand_braces(cited):
+                    if any(c in name for c in "*?"):
+                        found = any(logs.glob(name))
+                    else:
+                        found = (logs / name).exists()
+                    if not found:
+                        self.error(path, no, f"log 'bench/logs/{cited}': no file bench/logs/{name}")
 
     def section_text(self, results_text, slug):
         """The text of the section whose heading has this slug, or None."""
@@ -227,6 +259,7 @@ class Checker:
     def run(self):
         for path in self.doc_files():
             self.check_links(path)
+            self.check_log_paths(path)
         self.check_figures(self.root / "README.md")
         return self.errors
 
@@ -239,7 +272,7 @@ def main(argv):
     if errors:
         print(f"docs_check: {len(errors)} problem(s)", file=sys.stderr)
         return 1
-    print("docs_check: links and README figures agree")
+    print("docs_check: links, cited logs and README figures agree")
     return 0
 
 

@@ -124,6 +124,17 @@ class DocsCheckTest(unittest.TestCase):
         errors = self.run_check(README_md=README.replace("#gemm-figures", "#gemm"))
         self.assertTrue(any("#gemm" in e and "README.md:13:" in e for e in errors), errors)
 
+    def test_cited_logs(self):
+        logs = {"bench/logs/run-a1.log": "", "bench/logs/run-a2.log": "", "bench/logs/ncu-x.txt": ""}
+        page = ("Logs `bench/logs/run-a{1,2}.log`, bench/logs/ncu-*.txt, the folder `bench/logs/`.\n"
+                "```\ncat bench/logs/run-a1.log\n```\n")
+        self.assertEqual(self.run_check(docs__logs_md=page, **{k.replace("/", "__"): v for k, v in logs.items()}), [])
+        errors = self.run_check(docs__logs_md=page.replace("{1,2}", "{1,3}").replace("ncu-*", "prof-*"),
+                                **{k.replace("/", "__"): v for k, v in logs.items()})
+        self.assertEqual(len(errors), 2, errors)
+        self.assertTrue(any("docs/logs.md:1:" in e and "bench/logs/run-a3.log" in e for e in errors), errors)
+        self.assertTrue(any("bench/logs/prof-*.txt" in e for e in errors), errors)
+
     def test_main_exit_status(self):
         root = self.tree({"README.md": "[x](missing.md)\n## Latest figures\n"})
         self.assertEqual(docs_check.main(["docs_check.py", str(root)]), 1)
