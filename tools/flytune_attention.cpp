@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <fstream>
 
-#include "../kernels/attention/attention_plan.h"  // padded_head_dim: the dispatch key
+#include "../kernels/attention/attention_plan.h"  // padded_head_dim: the variants a case can run
 #include "attention_bwd_check.hpp"
 
 namespace fly::tools {
@@ -59,15 +59,21 @@ int tune(const Args& args, const std::vector<AttnCase>& cases, const char* famil
     if (timed.empty()) continue;
     std::sort(timed.begin(), timed.end());
     append_times(args, c.str(), timed);
+    // The row's key is the one the launcher computed for this case (every dispatch since the case's
+    // preparation was one of its timed runs), not a copy of src/ops/attention*.cpp's rule.
+    const char *kop = nullptr, *kdt = nullptr, *klayout = nullptr;
+    int64_t k[4];
+    fly_last_key(&kop, &kdt, &klayout, k);
+    if (std::string(kop) != op)
+      throw std::runtime_error("flytune: the last dispatch of " + c.str() + " was " + kop + ", not " + op);
     TuneRow r;
-    r.op = op;
-    r.dtype = c.dt == FLY_F16 ? "fp16" : "bf16";
-    // The dispatch key of src/ops/attention.cpp: layout d<hd>_<causal|full>_g<group>, (Sk, Sq, B*Hq).
-    r.layout = "d" + std::to_string(fly::attn::padded_head_dim(c.D)) + (c.causal ? "_causal" : "_full") + "_g" +
-               std::to_string(c.Hq / c.Hkv);
-    r.k0 = c.Sk;
-    r.k1 = c.Sq;
-    r.k2 = c.B * c.Hq;
+    r.op = kop;
+    r.dtype = kdt;
+    r.layout = klayout;
+    r.k0 = k[0];
+    r.k1 = k[1];
+    r.k2 = k[2];
+    r.k3 = k[3];
     set_winners(r, timed);
     rows.push_back(r);
   }
