@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Version, introspection, database and dispatch controls of the C ABI.
 #include "core.hpp"
-#include "tuning_db.hpp"
+#include "dispatch.hpp"
 
 extern "C" {
 

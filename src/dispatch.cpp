@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "core.hpp"
+#include "dispatch.hpp"
 #include "tuning_db.hpp"
 
 extern "C" {

@@ -42,25 +42,4 @@ class TuningDb {
 // Weighted log2 distance between two shape keys: k[0] counts 4x, k[1] 2x, k[2] and k[3] 1x.
 double key_distance(const int64_t a[kKeyDims], const int64_t b[kKeyDims]);
 
-// Clears the per-shape dispatch cache (tests; fly_set_tuning_db does it too).
-void clear_dispatch_cache();
-// The per-shape dispatch cache keeps at most this many decisions per op (clock replacement).
-constexpr size_t kDispatchCacheEntries = 4096;
-// Decisions cached for `op` now (tests).
-size_t dispatch_cache_size(const std::string& op);
-// Forgets the overlay so the next dispatch reads FLYKERNELS_TUNING_DB again (tests).
-void reload_environment_overlay();
-
-// Dispatch controls behind the C ABI (src/api.cpp): overlay database, forced variant, and this
-// thread's last decision.
-fly_status set_overlay(const char* path);
-fly_status set_forced(const char* name);
-const char* last_variant();
-const char* last_decision();
-const DispatchKey& last_key();
-// The name fly_force_variant set on this thread ("" when none).
-const std::string& forced_variant();
-// Adds to this thread's last decision (fly_last_decision), e.g. ":packed" after a dispatch.
-void append_decision(const char* suffix);
-
 }  // namespace fly

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core.hpp"
-#include "tuning_db.hpp"
+#include "dispatch.hpp"
 #include "gemm/gemm_decode.h"
 #include "gemm/gemm_odd_plan.h"
 #include "gemm/gemm_params.h"

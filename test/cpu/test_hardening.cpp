@@ -17,6 +17,7 @@
 #include "flykernels/flykernels.h"
 #include "test_tensors.hpp"
 #include "topk/topk_params.h"
+#include "dispatch.hpp"
 #include "tuning_db.hpp"
 
 namespace {

@@ -14,6 +14,7 @@
 #include "catch_compat.hpp"
 #include "core.hpp"
 #include "dump_key.hpp"
+#include "dispatch.hpp"
 #include "tuning_db.hpp"
 
 namespace {

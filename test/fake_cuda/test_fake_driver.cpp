@@ -21,7 +21,7 @@
 #include "rmsnorm/rmsnorm_params.h"
 #include "test_tensors.hpp"
 #include "topk/topk_params.h"
-#include "tuning_db.hpp"
+#include "dispatch.hpp"
 
 namespace {
 
