@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "attention/attention_math.h"
+#include "common/pipeline.cuh"  // named_bar_sync / named_bar_arrive
 #include "common/sm90.h"
 #include "common/wgmma_ops.h"
 
@@ -87,14 +88,6 @@ __device__ __forceinline__ void tma_load_4d_multicast(void* dst, const CUtensorM
       "l"(reinterpret_cast<uint64_t>(map)), "r"(sm90::smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "h"(cta_mask)
       : "memory");
-}
-// Named barrier `id` (1..15) over `count` threads (whole warps).
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// Arrive on named barrier `id` without waiting (the producer side of a bar.sync pairing).
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 __device__ __forceinline__ float ex2(float x) { return attn_exp2(x); }  // MUFU.EX2 (attention_math.h)
 template <int N>

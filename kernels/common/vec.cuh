@@ -63,10 +63,4 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Barrier over `count` threads (a multiple of 32) with hardware barrier `id` (1..15; 0 is
-// __syncthreads). Lets independent thread groups of one CTA synchronise separately.
-__device__ __forceinline__ void named_barrier(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-
 }  // namespace fly

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/pipeline.cuh"
 #include "gemm/gemm_legal.h"
 #include "gemm/gemm_operand.h"
 #include "gemm/gemm_params.h"
@@ -73,18 +74,12 @@ constexpr int kConsumers = 1;      // both consumer warpgroups (256 threads)
 constexpr int kWarpgroup = 2;      // + consumer index: one consumer warpgroup (128 threads)
 constexpr int kPingPongTurn = 4;   // + consumer index: the ping-pong turn (256 threads)
 }  // namespace named_bar
-__device__ __forceinline__ void consumers_sync() {
-  asm volatile("bar.sync %0, 256;\n" ::"n"(named_bar::kConsumers) : "memory");
-}
+__device__ __forceinline__ void consumers_sync() { named_bar_sync<named_bar::kConsumers, 256>(); }
 // The same barrier without .aligned: legal when the lanes of a warp arrive apart. The KW = 2
 // hand-over (kw_exchange) uses it: under compute-sanitizer synccheck, the aligned form there was
 // reported as reached by divergent threads (gemm_bf16_bm64_bn128_st4_sw0_mc1_mp2_kb2_kw2).
-__device__ __forceinline__ void consumers_sync_unaligned() {
-  asm volatile("barrier.sync %0, 256;\n" ::"n"(named_bar::kConsumers) : "memory");
-}
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(named_bar::kWarpgroup + wg) : "memory");
-}
+__device__ __forceinline__ void consumers_sync_unaligned() { named_bar_sync_unaligned<named_bar::kConsumers, 256>(); }
+__device__ __forceinline__ void warpgroup_sync(int wg) { named_bar_sync<128>(named_bar::kWarpgroup + wg); }
 
 // Register split between the producer warpgroup and the two consumer warpgroups (setmaxnreg),
 // by tile shape. 128-row tiles: 40 / 232. Narrow tiles (small accumulators): 56 / 224; at 40 the

@@ -215,13 +215,13 @@ __device__ __forceinline__ void store_tile_smem_whole(const OutView& out, const 
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   Elem* s = reinterpret_cast<Elem*>(stage);
   const int bar = named_bar::kWarpgroup + wg;
-  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the previous tile's reads are done
+  named_bar_sync<128>(bar);  // the previous tile's reads are done
   const int i_base = u.tm * Config::BM + wg * 64;  // D row of the block's first row
   const int j_base = u.tn * Config::BN;            // D column of the block's first column
   const int r0 = warp * 16 + lane / 4;             // this thread's local D rows: r0, r0 + 8
   const int c0 = 2 * (lane % 4);                   // and columns c0 + 8 * j8 (+1)
   stage_columns<SWAP, Config::BN>(out, s, acc, 0, i_base, j_base, r0, c0);
-  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the tile is complete
+  named_bar_sync<128>(bar);  // the tile is complete
   copy_staged<SWAP ? Config::BN : 64, SWAP ? 64 : Config::BN, SWAP>(out, s, SWAP ? j_base : i_base,
                                                                    SWAP ? i_base : j_base, t);
 }
@@ -244,9 +244,9 @@ __device__ __forceinline__ void store_tile_smem_passes(const OutView& out, const
 #pragma unroll
   for (int pass = 0; pass < Config::BN / W; ++pass) {
     const int j_base = u.tn * Config::BN + pass * W;  // D column of the pass's first column
-    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the previous pass's reads are done
+    named_bar_sync<128>(bar);  // the previous pass's reads are done
     stage_columns<SWAP, W>(out, s, acc, pass * (W / 8), i_base, j_base, r0, c0);
-    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the pass's tile is complete
+    named_bar_sync<128>(bar);  // the pass's tile is complete
     copy_staged<SWAP ? W : 64, SWAP ? 64 : W, SWAP>(out, s, SWAP ? j_base : i_base, SWAP ? i_base : j_base, t);
   }
 }

@@ -29,12 +29,8 @@ namespace fly::gemm {
 // before it (named barrier kPingPongTurn + w, 256 threads: the other's 128 arrive, these 128 wait). Besides
 // taking turns on the tensor cores, this keeps every full-barrier wait at most one phase ahead of
 // the producer, which the parity test of mbarrier.try_wait needs.
-__device__ __forceinline__ void pp_wait_turn(int wg) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(named_bar::kPingPongTurn + wg) : "memory");
-}
-__device__ __forceinline__ void pp_pass_turn(int wg) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(named_bar::kPingPongTurn + (wg ^ 1)) : "memory");
-}
+__device__ __forceinline__ void pp_wait_turn(int wg) { named_bar_sync<256>(named_bar::kPingPongTurn + wg); }
+__device__ __forceinline__ void pp_pass_turn(int wg) { named_bar_arrive<256>(named_bar::kPingPongTurn + (wg ^ 1)); }
 
 template <int TA, int TB>
 __device__ __forceinline__ void consumer_role_pp(const GemmParams& p, const Ring& ring, int wg) {

@@ -37,8 +37,8 @@
 #include <type_traits>
 
 #include "common/convert.cuh"
+#include "common/pipeline.cuh"
 #include "common/sm90.h"
-#include "common/vec.cuh"  // fly::named_barrier
 #include "common/wgmma_ops.h"
 #include "mx/mx_encode.h"
 #include "mx/mx_store.cuh"
@@ -268,7 +268,7 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
       }
     }
     sm90::fence_proxy_async_smem();  // the widened B tile is read by wgmma (async proxy)
-    fly::named_barrier(2, 256);                // both halves of B widened (and wgmma i - 3 retired in both)
+    fly::named_bar_sync(2, 256);                // both halves of B widened (and wgmma i - 3 retired in both)
     // The FP8 stage is released only now: an arrive placed after the A widening in the source was
     // hoisted by ptxas right behind the loads' issue (it has no data dependence on them), so the
     // producer's TMA (the async proxy) could overwrite the stage while those loads were still in
@@ -320,7 +320,7 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
     rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 1) || rn1;
     rn1 = __shfl_xor_sync(0xFFFFFFFFu, rn1, 2) || rn1;
     colnan[(c.part * 2 + c.bh) * BN + c.bn_row] = (nan_b & kNanBits) != 0u ? 1u : 0u;  // [4 / kS4][2][BN]
-    fly::named_barrier(2, 256);
+    fly::named_bar_sync(2, 256);
   }
   const int ct = c.ct;
   auto fix = [&](int i, float v) {
@@ -334,7 +334,7 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
     return resc != 0 ? rescale(v, resc) : v;
   };
   store_unit(p, q, row0, col0, ct, acc, fix);
-  if (!F16) fly::named_barrier(2, 256);  // colnan read by both warpgroups before the next tile writes it
+  if (!F16) fly::named_bar_sync(2, 256);  // colnan read by both warpgroups before the next tile writes it
 }
 
 // Exact fallback for a tile whose scales no path holds: FP32 dot products per k32 block on the
@@ -348,7 +348,7 @@ __device__ __forceinline__ int2 tile_scalar(const KParams& p, uint8_t* ring, uin
                                             int ra, int ct, int s, uint32_t ph) {
   const int kbs = p.K / 32;
   float* sacc = reinterpret_cast<float*>(wtiles) + (threadIdx.x - 128);
-  fly::named_barrier(2, 256);  // the other warpgroup's last wgmma (reading these tiles) has retired
+  fly::named_bar_sync(2, 256);  // the other warpgroup's last wgmma (reading these tiles) has retired
 #pragma unroll 1
   for (int i = 0; i < ACC; ++i) sacc[i * 256] = 0.0f;
 #pragma unroll 1
@@ -368,7 +368,7 @@ __device__ __forceinline__ int2 tile_scalar(const KParams& p, uint8_t* ring, uin
         sacc[i * 256] = fmaf(dot, fs[j * kRows + row] * fs[j * kRows + kBM + col], sacc[i * 256]);
       }
     }
-    fly::named_barrier(2, 256);  // keeps the arrive behind this stage's loads (see tile_mma)
+    fly::named_bar_sync(2, 256);  // keeps the arrive behind this stage's loads (see tile_mma)
     sm90::mbar_arrive(&empty[s]);
     if (++s == W::kStages) {
       s = 0;
@@ -379,7 +379,7 @@ __device__ __forceinline__ int2 tile_scalar(const KParams& p, uint8_t* ring, uin
 #pragma unroll
   for (int i = 0; i < ACC; ++i) v[i] = sacc[i * 256];
   store_unit(p, q, row0, col0, ct, v);
-  fly::named_barrier(2, 256);  // both warpgroups' accumulators read before the next tile widens into these tiles
+  fly::named_bar_sync(2, 256);  // both warpgroups' accumulators read before the next tile widens into these tiles
   return make_int2(s, int(ph));
 }
 
@@ -560,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
         sc[warp * 4 + 2] = minb;
         sc[warp * 4 + 3] = maxb;
       }
-      fly::named_barrier(1, 128);
+      fly::named_bar_sync(1, 128);
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         mina = sc[w * 4 + 0] < mina ? sc[w * 4 + 0] : mina;

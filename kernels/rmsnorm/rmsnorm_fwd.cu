@@ -12,6 +12,7 @@
 // has a scalar head up to its first 16-byte boundary, a vector body and a scalar tail. Rows of
 // one alignment class share the weight's shifted view, which each thread loads once into
 // registers, because the grid walks rows class by class.
+#include "common/pipeline.cuh"
 #include "common/sm90.h"
 #include "common/vec.cuh"
 #include "common/variant_elem.cuh"
@@ -51,7 +52,7 @@ __device__ __forceinline__ float group_sum(float v, float* red, int lane, int gr
   } else {
     float* slot = red + parity * Config::kWarps;
     if ((lane & 31) == 0) slot[lane >> 5] = v;
-    fly::named_barrier(1 + group, Config::kTpr);
+    fly::named_bar_sync(1 + group, Config::kTpr);
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < Config::kWarps; ++i) s += slot[i];
@@ -248,7 +249,7 @@ rmsnorm_fwd(const RmsNormParams p) {
         if (first_row + int64_t(i) * p.groups < p.M) issue(first_row + int64_t(i) * p.groups, i);
     }
     if constexpr (Config::kWarps == 1) __syncwarp();
-    else fly::named_barrier(1 + group, kTpr);  // barriers initialised before anyone waits
+    else fly::named_bar_sync(1 + group, kTpr);  // barriers initialised before anyone waits
 
     fly::Vec16<T> cur[kCache];
     int slot = 0;
