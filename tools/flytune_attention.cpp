@@ -59,21 +59,7 @@ int tune(const Args& args, const std::vector<AttnCase>& cases, const char* famil
     if (timed.empty()) continue;
     std::sort(timed.begin(), timed.end());
     append_times(args, c.str(), timed);
-    // The row's key is the one the launcher computed for this case (every dispatch since the case's
-    // preparation was one of its timed runs), not a copy of src/ops/attention*.cpp's rule.
-    const char *kop = nullptr, *kdt = nullptr, *klayout = nullptr;
-    int64_t k[4];
-    fly_last_key(&kop, &kdt, &klayout, k);
-    if (std::string(kop) != op)
-      throw std::runtime_error("flytune: the last dispatch of " + c.str() + " was " + kop + ", not " + op);
-    TuneRow r;
-    r.op = kop;
-    r.dtype = kdt;
-    r.layout = klayout;
-    r.k0 = k[0];
-    r.k1 = k[1];
-    r.k2 = k[2];
-    r.k3 = k[3];
+    TuneRow r = launcher_row(op, c.str());
     set_winners(r, timed);
     rows.push_back(r);
   }

@@ -72,12 +72,7 @@ int tune_rmsnorm(const Args& args) {
     if (timed.empty()) continue;
     std::sort(timed.begin(), timed.end());
     append_times(args, std::string(dname) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N), timed);
-    TuneRow r;
-    r.op = "rmsnorm_fwd";
-    r.dtype = dname;
-    r.layout = "row";
-    r.k0 = c.N;
-    r.k1 = c.M;
+    TuneRow r = launcher_row("rmsnorm_fwd", std::string(dname) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N));
     set_winners(r, timed);
     rows.push_back(r);
   }

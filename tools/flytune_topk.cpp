@@ -113,13 +113,8 @@ int tune_topk(const Args& args) {
       std::sort(timed.begin(), timed.end());
       append_times(args, std::string(det ? "det " : "") + "R=" + std::to_string(c.R) + " C=" + std::to_string(c.C) +
                              " k=" + std::to_string(c.k), timed);
-      TuneRow r;
-      r.op = "topk";
-      r.dtype = det ? "fp32_det" : "fp32";
-      r.layout = "row";
-      r.k0 = c.C;
-      r.k1 = c.k;
-      r.k2 = c.R;
+      TuneRow r = launcher_row("topk", std::string(det ? "det " : "") + "R=" + std::to_string(c.R) + " C=" +
+                                           std::to_string(c.C) + " k=" + std::to_string(c.k));
       set_winners(r, timed);
       rows.push_back(r);
     }

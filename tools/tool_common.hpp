@@ -162,6 +162,24 @@ struct TuneRow {
   std::string runner_up;
   double runner_up_us = 0;
 };
+// A row keyed as the launcher keyed the case just timed (fly_last_key): every dispatch since the
+// case began was one of its runs, so the row matches what the library looks up, whatever its key
+// rule. Throws when the last dispatch was another op than `op` (`what` names the case).
+inline TuneRow launcher_row(const std::string& op, const std::string& what) {
+  const char *kop = nullptr, *kdt = nullptr, *klayout = nullptr;
+  int64_t k[4];
+  fly_last_key(&kop, &kdt, &klayout, k);
+  if (op != kop) throw std::runtime_error("flytune: the last dispatch of " + what + " was '" + kop + "', not " + op);
+  TuneRow r;
+  r.op = kop;
+  r.dtype = kdt;
+  r.layout = klayout;
+  r.k0 = k[0];
+  r.k1 = k[1];
+  r.k2 = k[2];
+  r.k3 = k[3];
+  return r;
+}
 // The winner and runner-up of a row from its (time, variant) list sorted fastest first (non-empty).
 inline void set_winners(TuneRow& r, const std::vector<std::pair<double, std::string>>& timed) {
   r.variant = timed[0].second;
