@@ -34,11 +34,6 @@ void check_add_rms_args(const at::Tensor& x, const at::Tensor& residual, const s
 
 bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
-fly_tensor add_norm_desc(const at::Tensor& t) {
-  int64_t M = 0, ld = 0;
-  row_view(t, &M, &ld);
-  return desc_2d(t, M, t.size(-1), ld);
-}
 // A tensor the kernel reads: itself where its rows collapse, else a contiguous copy.
 at::Tensor as_rows(const at::Tensor& t) {
   int64_t M, ld;
@@ -100,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_cuda_impl(const at::Tenso
     at::Tensor y = at::empty(x.sizes(), x.options()), h = at::empty(x.sizes(), x.options());
     at::Tensor rstd = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kFloat));
     const int64_t N = x.size(-1), M = x.numel() / N;
-    const fly_tensor tx = add_norm_desc(xr), tr = add_norm_desc(rr), ty = add_norm_desc(y), th = add_norm_desc(h);
+    const fly_tensor tx = row_desc(xr), tr = row_desc(rr), ty = row_desc(y), th = row_desc(h);
     const fly_tensor tw = has(weight) ? desc_1d(*weight, N) : fly_tensor{};
     const fly_tensor trs = desc_1d(rstd, M);
     const fly_status st = fly_add_rms_norm_fwd(&tx, &tr, has(weight) ? &tw : nullptr, eps, &ty, &th,
@@ -141,8 +136,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_backward_cuda(const at::Tensor& dy, c
     at::Tensor dx = at::empty(h.sizes(), h.options());
     at::Tensor dw = has(weight) ? at::empty({h.size(-1)}, weight->options()) : at::empty({0}, h.options());
     const int64_t N = h.size(-1), M = h.numel() / N;
-    const fly_tensor tdy = add_norm_desc(dyr), th = add_norm_desc(hr), tdx = add_norm_desc(dx);
-    const fly_tensor tdh = has(dh) ? add_norm_desc(dhr) : fly_tensor{};
+    const fly_tensor tdy = row_desc(dyr), th = row_desc(hr), tdx = row_desc(dx);
+    const fly_tensor tdh = has(dh) ? row_desc(dhr) : fly_tensor{};
     const fly_tensor tw = has(weight) ? desc_1d(*weight, N) : fly_tensor{};
     const fly_tensor tdw = has(weight) ? desc_1d(dw, N) : fly_tensor{};
     const fly_tensor trs = desc_1d(rstd, M);

@@ -184,6 +184,12 @@ bool row_view(const at::Tensor& t, int64_t* M, int64_t* ld) {
   return true;
 }
 
+fly_tensor row_desc(const at::Tensor& t) {
+  int64_t M = 0, ld = 0;
+  row_view(t, &M, &ld);
+  return desc_2d(t, M, t.size(-1), ld);
+}
+
 at::Tensor empty_unfilled(c10::IntArrayRef sizes, at::ScalarType dtype) {
   return at::Tensor(at::detail::empty_generic(sizes, c10::GetAllocator(c10::DeviceType::CUDA),
                                               c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype,

@@ -55,6 +55,8 @@ fly_tensor desc_nd(const at::Tensor& t);
 // non-trivial leading dimension's; each outer one tiles the next), last dimension unit-stride;
 // false when they do not collapse that way.
 bool row_view(const at::Tensor& t, int64_t* M, int64_t* ld);
+// The [M, N] descriptor of t's row view (the caller checked row_view holds).
+fly_tensor row_desc(const at::Tensor& t);
 
 // ---- allocation ------------------------------------------------------------------------------
 // An uninitialised tensor from torch's CUDA caching allocator (current device). Unlike at::empty it

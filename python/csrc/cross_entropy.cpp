@@ -79,10 +79,6 @@ bool ce_eligible(const at::Tensor& logits, const at::Tensor& labels) {
   return logits.size(0) > 0;
 }
 
-fly_tensor ce_rows_desc(const at::Tensor& t) {
-  return desc_2d(t, t.size(0), t.size(1), t.size(0) > 1 ? t.stride(0) : t.size(1));
-}
-
 // Runs the kernel: dlogits `out` (undefined: loss only); false when the library declined.
 bool ce_kernel(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index, double scale,
                const at::Tensor& out, at::Tensor* loss, at::Tensor* lse, OpId op) {
@@ -91,8 +87,8 @@ bool ce_kernel(const at::Tensor& logits, const at::Tensor& labels, int64_t ignor
   const at::Tensor lab = labels.contiguous();
   *loss = at::empty({M}, logits.options().dtype(at::kFloat));
   *lse = at::empty({M}, logits.options().dtype(at::kFloat));
-  const fly_tensor tx = ce_rows_desc(logits), tl = desc_1d(lab, M), to = desc_1d(*loss, M), ts = desc_1d(*lse, M);
-  const fly_tensor td = out.defined() ? ce_rows_desc(out) : fly_tensor{};
+  const fly_tensor tx = row_desc(logits), tl = desc_1d(lab, M), to = desc_1d(*loss, M), ts = desc_1d(*lse, M);
+  const fly_tensor td = out.defined() ? row_desc(out) : fly_tensor{};
   const fly_status st = fly_cross_entropy_fwd_bwd(&tx, &tl, ignore_index, scale, &to, &ts,
                                                   out.defined() ? &td : nullptr, current_stream(logits.device()));
   if (st == FLY_SUCCESS) {

@@ -40,18 +40,12 @@ bool eligible(std::initializer_list<const at::Tensor*> ts) {
   return true;
 }
 
-fly_tensor rows_desc(const at::Tensor& t) {
-  int64_t M = 0, ld = 0;
-  row_view(t, &M, &ld);
-  return desc_2d(t, M, t.size(-1), ld);
-}
-
 at::Tensor glu_cuda(const at::Tensor& gate, const at::Tensor& up, int64_t act) {
   check_act(act);
   if (eligible({&gate, &up})) {
     c10::DeviceGuard guard(gate.device());
     at::Tensor out = at::empty(gate.sizes(), gate.options());
-    const fly_tensor g = rows_desc(gate), u = rows_desc(up), o = rows_desc(out);
+    const fly_tensor g = row_desc(gate), u = row_desc(up), o = row_desc(out);
     const fly_status st = fly_glu_fwd(&g, &u, int(act), &o, current_stream(gate.device()));
     if (st == FLY_SUCCESS) {
       note_ours(kGlu);
@@ -80,8 +74,8 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cuda(const at::Tensor& dout, con
   if (eligible({&gate, &up, &dout})) {
     c10::DeviceGuard guard(gate.device());
     at::Tensor dgate = at::empty(gate.sizes(), gate.options()), dup = at::empty(up.sizes(), up.options());
-    const fly_tensor d = rows_desc(dout), g = rows_desc(gate), u = rows_desc(up);
-    const fly_tensor dg = rows_desc(dgate), du = rows_desc(dup);
+    const fly_tensor d = row_desc(dout), g = row_desc(gate), u = row_desc(up);
+    const fly_tensor dg = row_desc(dgate), du = row_desc(dup);
     const fly_status st = fly_glu_bwd(&d, &g, &u, int(act), &dg, &du, current_stream(gate.device()));
     if (st == FLY_SUCCESS) {
       note_ours(kGluBwd);
