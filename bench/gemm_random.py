@@ -23,7 +23,12 @@ Each shape is first checked against an FP32 reference (our output poisoned with 
 then ours and torch's (mm, or addmm with the bias) are timed interleaved in one process
 (bench/timing.py: L2 flushed by a read before every call, rounds in a rotating order, medians).
 Calls we refuse (FLY_ERROR_UNSUPPORTED) are listed as such.
-Prints a table sorted by ratio (torch time / ours: > 1 means we are faster) and the geomean.
+Prints a table sorted by ratio (torch time / ours: > 1 means we are faster) and the geomean, then
+the same per stride class (issue 50): "odd" where TMA cannot address A or B (the library took its
+packed path or the cp.async kernel: TN / TT with M not a multiple of 8, every --odd shape), else
+"aligned"; per class the geomean, the count below 0.85x, the worst WORST shapes and issue 50's
+aligned target (geomean >= 1.0x, none below 0.85x). --json writes the rows (each with its "class")
+and the per-class summary ("classes").
 """
 import argparse
 import json
@@ -65,6 +70,43 @@ def draw_shapes(seed, count, max_gib, max_tflop=None):
     return shapes
 
 
+def stride_class(s, decision=None, variant=None):
+    """'odd' where TMA cannot address A or B, else 'aligned'. From the library's own routing when
+    the call ran (its packed path, ':packed' in the decision, or a gemm_odd_ cp.async variant: what
+    gemm_odd_plan.h needs_odd_path decides), else from TMA's rule on the operands as drawn (leading
+    dimensions multiples of 8 elements, bases 16-byte aligned)."""
+    if decision is not None or variant is not None:
+        return "odd" if ":packed" in (decision or "") or (variant or "").startswith("gemm_odd") else "aligned"
+    ld_a = (s["K"] if s["layout"][0] == "n" else s["M"]) + s.get("lda_extra", 0)
+    ld_b = (s["N"] if s["layout"][1] == "n" else s["K"]) + s.get("ldb_extra", 0)
+    bad = ld_a % 8 or ld_b % 8 or s.get("a_off", 0) % 8 or s.get("b_off", 0) % 8
+    return "odd" if bad else "aligned"
+
+
+def class_summary(rows, worst=5):
+    """{class: {shapes, geomean, min, below_0.85, worst: [rows]}} over the rows that ran, and the
+    lines that print it."""
+    out, lines = {}, []
+    for cls in ("aligned", "odd"):
+        sel = sorted((r for r in rows if r.get("class") == cls and "ratio" in r), key=lambda r: r["ratio"])
+        if not sel:
+            continue
+        xs = [r["ratio"] for r in sel]
+        d = {"shapes": len(xs), "geomean": geomean(xs), "min": min(xs), "below_0.85": sum(x < 0.85 for x in xs),
+             "worst": [{k: r[k] for k in ("M", "N", "K", "dtype", "layout", "bias", "ratio", "fly_us", "torch_us",
+                                          "variant")} for r in sel[:worst]]}
+        out[cls] = d
+        lines.append(f"{cls:<7} {len(xs):3d} shapes: geomean {d['geomean']:.3f}x, min {d['min']:.3f}x, "
+                     f"{d['below_0.85']} below 0.85x; worst: " +
+                     ", ".join(f"{r['layout']} {r['dtype']} {r['M']}x{r['N']}x{r['K']}{' +bias' if r['bias'] else ''} "
+                               f"{r['ratio']:.3f}x" for r in sel[:worst]))
+    if "aligned" in out:
+        a = out["aligned"]
+        lines.append(f"target (issue 50, aligned shapes): geomean >= 1.0x: {'met' if a['geomean'] >= 1.0 else 'NOT met'}; "
+                     f"none below 0.85x: {'met' if a['below_0.85'] == 0 else 'NOT met'}")
+    return out, lines
+
+
 def odd_view(rows, cols, row_major, extra, off, dt):
     """A [rows, cols] view with leading dimension = the contiguous extent + extra, off elements into
     its buffer."""
@@ -98,6 +140,7 @@ def main():
     ap.add_argument("--odd", action="store_true", help="leading dimensions extent + 1 / + 3, bases 0-3 elements in")
     ap.add_argument("--no-workspace", action="store_true", help="call fly_gemm with no workspace (NULL, 0)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--worst", type=int, default=5, help="worst shapes listed per stride class")
     args = ap.parse_args()
     lib = load(args.lib)
     rows = []
@@ -115,11 +158,13 @@ def main():
             c.fill_(float("nan"))
             ours()
         except RuntimeError as e:
-            rows.append(dict(s, status="refused", why=str(e)))
+            rows.append(dict(s, status="refused", why=str(e), **{"class": stride_class(s)}))
             print(f"{i:3d} {tag:36} refused: {e}", flush=True)
             continue
         variant = lib.fly_last_variant().decode()
-        if ":packed" in lib.fly_last_decision().decode():
+        decision = lib.fly_last_decision().decode()
+        cls = stride_class(s, decision, variant)
+        if ":packed" in decision:
             variant += " (packed)"
         err = max_rel_err(c, ref)
         del ref
@@ -129,24 +174,29 @@ def main():
         med = interleaved_us([("fly", ours), ("torch", torch_fn)], ROUNDS, reps=reps, warm_ms=WARM_MS)
         ratio = med["torch"] / med["fly"]
         rows.append(dict(s, status="ok" if ok else "WRONG", err=err, fly_us=med["fly"], torch_us=med["torch"],
-                         ratio=ratio, variant=variant))
+                         ratio=ratio, variant=variant, **{"class": cls}))
         print(f"{i:3d} {tag:36} err {err:.1e} ours {med['fly']:9.1f} us torch {med['torch']:9.1f} us "
               f"{ratio:6.3f}x {variant}", flush=True)
         del a, b, c, bias
     ran = [r for r in rows if r["status"] != "refused"]
     print(f"\n{'odd strides, ' if args.odd else ''}seed {args.seed}: {len(rows)} shapes, {len(ran)} ran, {len(rows) - len(ran)} refused, "
           f"{sum(r['status'] == 'WRONG' for r in ran)} wrong")
-    print(f"{'ratio':>7} {'layout':6} {'dtype':5} {'M':>6} {'N':>6} {'K':>6} bias {'ours us':>9} {'torch us':>9}  variant")
+    print(f"{'ratio':>7} {'layout':6} {'dtype':5} {'M':>6} {'N':>6} {'K':>6} bias {'class':7} {'ours us':>9} "
+          f"{'torch us':>9}  variant")
     for r in sorted(ran, key=lambda r: r["ratio"]):
         print(f"{r['ratio']:6.3f}x {r['layout']:6} {r['dtype']:5} {r['M']:6d} {r['N']:6d} {r['K']:6d} "
-              f"{'yes ' if r['bias'] else 'no  '} {r['fly_us']:9.1f} {r['torch_us']:9.1f}  {r['variant']}")
+              f"{'yes ' if r['bias'] else 'no  '} {r['class']:7} {r['fly_us']:9.1f} {r['torch_us']:9.1f}  {r['variant']}")
     ratios = [r["ratio"] for r in ran]
     if ratios:
         print(f"geomean over torch: {geomean(ratios):.3f}x, min {min(ratios):.3f}x, "
               f"{sum(x < 0.85 for x in ratios)} of {len(ratios)} below 0.85x")
+    classes, lines = class_summary(ran, args.worst)
+    if lines:
+        print("per stride class (odd: TMA cannot address A or B; the packed path or the cp.async kernel ran):")
+        print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"seed": args.seed, "rows": rows}, f, indent=1)
+            json.dump({"seed": args.seed, "odd": args.odd, "classes": classes, "rows": rows}, f, indent=1)
     return 1 if any(r["status"] == "WRONG" for r in ran) else 0
 
 
