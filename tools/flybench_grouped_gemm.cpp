@@ -5,7 +5,9 @@
 // against a double reference.
 //   flybench grouped_gemm [--suite FILE] [--layouts nt,nn] [--json PATH] [--warm-ms 30]
 // Layouts: nt = B [G, K, N] with K contiguous (w.transpose(-2, -1) of [G, N, K] weights, what
-// F.grouped_mm's CUTLASS path is fastest with), nn = B with N contiguous.
+// F.grouped_mm's CUTLASS path is fastest with), nn = B with N contiguous. A case with its own
+// "layout" (suites/moe.json) runs in that one only, and the default --layouts is then every layout
+// the cases carry; its ragged-K (dB, "mn") cases are skipped (grouped_suite.hpp).
 // --json writes [{"case","kind","G","T","K","N","layout","us","tflops","variant","decision"}].
 #include <fstream>
 
@@ -16,7 +18,7 @@ namespace fly::tools {
 int bench_grouped_gemm(const Args& args) {
   nlohmann::json suite = load_suite(args.get("suite", data_file("suites/grouped_gemm.json")));
   const fly_dtype dt = parse_dtype(args.get("dtype", suite.value("dtype", std::string("bf16"))));
-  const std::vector<std::string> layouts = split_csv(args.get("layouts", "nt"));
+  const std::vector<std::string> layouts = split_csv(args.get("layouts", grouped_default_layouts(suite)));
   const double warm_ms = args.get_double("warm-ms", 30);
   cudaStream_t s = 0;
   std::printf("flybench grouped_gemm on %s (%s), L2 flush: %s\n", gpu_name().c_str(), dt == FLY_BF16 ? "bf16" : "fp16",
@@ -29,6 +31,10 @@ int bench_grouped_gemm(const Args& args) {
     if (layout != "nt" && layout != "nn") throw UsageError("--layouts: nt or nn, got '" + layout + "'");
     int idx = 0;
     for (auto& c : suite["cases"]) {
+      if (!grouped_case_in_layout(c, layout)) {
+        ++idx;
+        continue;
+      }
       const std::vector<int64_t> sizes = c["M"].get<std::vector<int64_t>>();
       const int64_t K = c["K"], N = c["N"], G = int64_t(sizes.size());
       GroupedProblem p(dt, sizes, K, N, layout == "nt", 31 + uint64_t(idx));
@@ -47,6 +53,9 @@ int bench_grouped_gemm(const Args& args) {
       ++idx;
     }
   }
+  if (const int skipped = grouped_cases_skipped(suite, layouts))
+    std::printf("%d cases not run: ragged-K (dB) or of a layout not in --layouts (bench/grouped_gemm_torch.py times "
+                "the dB ones)\n", skipped);
   if (args.has("json")) std::ofstream(args.get("json")) << out.dump(1);
   if (!ok) std::fprintf(stderr, "flybench grouped_gemm: some case failed its spot check\n");
   return ok ? 0 : 1;

@@ -6,6 +6,8 @@
 // "nt" | "nn", k0 = N, k1 = K, k2 = mean rows per group rounded up to a power of two, k3 = G. Cases
 // sharing a key (the suite's G = 8, 4096 x 4096 uniform and ragged cases) get the variant with the
 // smallest total time over them.
+// A case with its own "layout" (suites/moe.json) is tuned in that one only (default --layouts: every
+// layout the cases carry); ragged-K (dB, "mn") cases are skipped (grouped_suite.hpp).
 //   flytune grouped_gemm [--suite FILE] [--layouts nt,nn] [--dtype bf16] [--quick] [--db F] [--dump F] [--times F]
 #include <algorithm>
 #include <map>
@@ -18,7 +20,7 @@ int tune_grouped_gemm(const Args& args) {
   nlohmann::json suite = load_suite(args.get("suite", data_file("suites/grouped_gemm.json")));
   const fly_dtype dt = parse_dtype(args.get("dtype", suite.value("dtype", std::string("bf16"))));
   const std::string dts = dt == FLY_BF16 ? "bf16" : "fp16";
-  const std::vector<std::string> layouts = split_csv(args.get("layouts", "nt"));
+  const std::vector<std::string> layouts = split_csv(args.get("layouts", grouped_default_layouts(suite)));
   const bool quick = args.has("quick");
   std::vector<std::string> variants;
   for (const auto& v : bundled_variants("grouped_gemm"))
@@ -36,11 +38,20 @@ int tune_grouped_gemm(const Args& args) {
     int cases = 0;
   };
   std::map<std::string, KeyTimes> keys;
-  Progress bar(layouts.size() * suite["cases"].size() * variants.size(), "flytune grouped_gemm");
+  size_t runs = 0;
+  for (const auto& layout : layouts)
+    for (const auto& c : suite["cases"]) runs += grouped_case_in_layout(c, layout) ? 1 : 0;
+  if (const int skipped = grouped_cases_skipped(suite, layouts))
+    std::printf("flytune grouped_gemm: %d cases not tuned: ragged-K (dB) or of a layout not in --layouts\n", skipped);
+  Progress bar(runs * variants.size(), "flytune grouped_gemm");
   int rejected = 0, idx = 0;
   for (const auto& layout : layouts) {
     if (layout != "nt" && layout != "nn") throw UsageError("--layouts: nt or nn, got '" + layout + "'");
     for (auto& c : suite["cases"]) {
+      if (!grouped_case_in_layout(c, layout)) {
+        ++idx;
+        continue;
+      }
       const std::vector<int64_t> sizes = c["M"].get<std::vector<int64_t>>();
       const int64_t K = c["K"], N = c["N"], G = int64_t(sizes.size());
       GroupedProblem p(dt, sizes, K, N, layout == "nt", 777 + uint64_t(idx++));

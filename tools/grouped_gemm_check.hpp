@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "grouped_suite.hpp"
 #include "tool_common.hpp"
 
 namespace fly::tools {

@@ -57,6 +57,10 @@ done
 if [ -f "$(dirname "$0")/../../suites/gemm_bf16.json" ]; then
   run 3 flybench gemm --suite "$(dirname "$0")/../../suites/gemm_bf16.json"
 fi
+if [ -f "$(dirname "$0")/../../suites/moe.json" ]; then
+  run 3 flybench grouped_gemm --suite "$(dirname "$0")/../../suites/moe.json"
+  run 3 flytune grouped_gemm --suite "$(dirname "$0")/../../suites/moe.json"
+fi
 
 # flyinfo: exit 0 without a GPU, its family column aligned (every count starts in one column).
 if run 0 flyinfo; then
