@@ -31,7 +31,8 @@ ratio, TFLOP/s of both and, for decode, the fraction of the HBM byte floor each 
 the non-empty experts' weights + A + C over the card's peak, timing.hbm_peak_tbs or --hbm-tbs);
 geomeans per model, per phase (prefill/train vs decode), per pass, and the issue's targets.
 Filters: --models, --phases, --passes, --projs, --tokens, --cases; --mm-loop adds the torch.mm loop.
-About 4 minutes for all 160 cases on an H100 (most of it the DeepSeek-V3 and Mixtral prefill).
+All 160 cases: about 2-4 minutes on an H100 by an estimate from their work (not yet timed), most
+of it the DeepSeek-V3 and Mixtral prefill; the DeepSeek-V3 gate_up dB cases hold ~45 GiB.
 
   python3 bench/grouped_gemm_torch.py --lib build/libflykernels.so --suite moe [--json moe.json]
 
