@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU tests of the benchmark scripts' own logic (CI: .ci/python.sh runs them with the CPU torch):
+bench/grouped_gemm_torch.py's MoE path end to end on a tiny suite in the moe format, with CPU
+stand-ins for the device, the library (torch._grouped_mm on the CPU) and the timing; and
+bench/gemm_random.py's stride classes and per-class summary."""
+import json
+import os
+import random
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gemm_random  # noqa: E402
+import grouped_gemm_torch as ggt  # noqa: E402
+
+
+def tiny_moe_suite():
+    """Two models' worth of cases in suites/moe.json's format, small enough for the CPU."""
+    cases = []
+    for model, rows_pre, rows_dec in (("m8", [5, 0, 9, 2, 7, 1, 0, 8], [1, 0, 0, 1, 0, 2, 0, 0]),
+                                      ("m4", [3, 6, 2, 5], [0, 1, 1, 0])):
+        for phase, rows, passes in (("prefill", rows_pre, ("fwd", "dA", "dB")), ("decode", rows_dec, ("fwd",))):
+            for proj, (k, n) in (("gate_up", (64, 96)), ("down", (48, 64))):
+                for what in passes:
+                    K, N = (n, k) if what == "dA" else (k, n)
+                    cases.append({"model": model, "phase": phase, "tokens": sum(rows), "topk": 1, "proj": proj,
+                                  "pass": what, "layout": {"fwd": "nt", "dA": "nn", "dB": "mn"}[what],
+                                  "kind": phase, "G": len(rows), "K": K, "N": N, "M": rows})
+    return {"op": "grouped_gemm", "cases": cases}
+
+
+@pytest.fixture
+def cpu_device(monkeypatch):
+    """grouped_gemm_torch's globals pointed at CPU stand-ins: tensors made on the CPU, no-op
+    syncs, each contender called once and given a made-up time, and 'ours' computed by
+    torch._grouped_mm into the output the real caller would write."""
+    def no_device(f):
+        def made(*a, **k):
+            k.pop("device", None)
+            return f(*a, **k)
+        return made
+    fake = types.SimpleNamespace(**{n: getattr(torch, n) for n in dir(torch) if not n.startswith("__")})
+    fake.__version__ = torch.__version__
+    fake.randn, fake.empty, fake.tensor = no_device(torch.randn), no_device(torch.empty), no_device(torch.tensor)
+    fake.cuda = types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None,
+                                      get_device_name=lambda: "cpu stand-in")
+    rng = random.Random(7)
+
+    def timed(contenders, rounds, **kw):
+        for _, fn in contenders:
+            fn()
+        return {name: rng.uniform(10, 20) for name, _ in contenders}
+
+    def caller(lib, a, b, offs, c, force=None):
+        return lambda: c.copy_(torch._grouped_mm(a, b, offs=offs))
+
+    monkeypatch.setattr(ggt, "torch", fake)
+    monkeypatch.setattr(ggt, "interleaved_us", timed)
+    monkeypatch.setattr(ggt, "hbm_peak_tbs", lambda override=None: override or 3.35)
+    monkeypatch.setattr(ggt, "grouped_caller", caller)
+    monkeypatch.setattr(ggt, "ragged_k_caller", caller)
+    return types.SimpleNamespace(fly_last_variant=lambda: b"stand_in")
+
+
+def moe_args(tmp_path, **kw):
+    base = dict(suite="tiny", cases=None, models=None, phases=None, passes=None, projs=None, tokens=None,
+                mm_loop=True, hbm_tbs=None, json=str(tmp_path / "moe.json"))
+    base.update(kw)
+    return ggt.argparse.Namespace(**base)
+
+
+def test_moe_runs_every_case_and_writes_the_summary(cpu_device, tmp_path, capsys):
+    suite = tiny_moe_suite()
+    assert ggt.main_moe(moe_args(tmp_path), cpu_device, suite) == 0
+    out = json.loads((tmp_path / "moe.json").read_text())
+    rows = out["rows"]
+    assert len(rows) == len(suite["cases"])
+    assert all(r["status"] == "ok" and r["err"] == 0.0 and r["variant"] == "stand_in" for r in rows)
+    assert {r["pass"] for r in rows} == {"fwd", "dA", "dB"}
+    assert set(out["summary"]["per_model_phase"]) == {"m8 prefill", "m8 decode", "m4 prefill", "m4 decode"}
+    assert set(out["summary"]["per_pass"]) == {"fwd", "dA", "dB"}
+    assert out["summary"]["decode_floor"]["fly_mean"] > 0
+    for r in rows:
+        assert r["x_grouped_mm"] == pytest.approx(r["grouped_mm_us"] / r["fly_us"])
+        assert "x_mm_loop" in r
+    text = capsys.readouterr().out
+    assert "targets (issue 49)" in text and "decode HBM byte floor" in text
+
+
+def test_moe_filters(cpu_device, tmp_path):
+    suite = tiny_moe_suite()
+    args = moe_args(tmp_path, models="m4", phases="prefill", passes="dB", mm_loop=False)
+    assert [c["pass"] for _, c in ggt.moe_selected(args, suite)] == ["dB", "dB"]
+    assert ggt.main_moe(args, cpu_device, suite) == 0
+    rows = json.loads((tmp_path / "moe.json").read_text())["rows"]
+    assert [(r["model"], r["pass"]) for r in rows] == [("m4", "dB"), ("m4", "dB")]
+
+
+def test_moe_wrong_result_is_reported(cpu_device, tmp_path, monkeypatch):
+    def wrong(lib, a, b, offs, c, force=None):
+        return lambda: c.copy_(torch._grouped_mm(a, b, offs=offs) + 1.0)
+    monkeypatch.setattr(ggt, "grouped_caller", wrong)
+    args = moe_args(tmp_path, passes="fwd", mm_loop=False)
+    assert ggt.main_moe(args, cpu_device, tiny_moe_suite()) == 1
+    rows = json.loads((tmp_path / "moe.json").read_text())["rows"]
+    assert all(r["status"] == "WRONG" for r in rows)
+
+
+def test_decode_byte_floor_counts_only_used_experts():
+    c = {"pass": "fwd", "M": [0, 3, 0, 1], "K": 64, "N": 32}
+    floor, _ = ggt.moe_bytes(c)
+    assert floor == (2 * 64 * 32 + 4 * 64 + 4 * 32) * 2
+
+
+def test_gemm_random_stride_classes():
+    s = {"M": 13, "N": 256, "K": 512, "layout": "tn"}
+    assert gemm_random.stride_class(s) == "odd"  # A column-major with M = 13 rows per line
+    assert gemm_random.stride_class(dict(s, layout="nt")) == "aligned"
+    assert gemm_random.stride_class(dict(s, layout="nn", lda_extra=1)) == "odd"
+    assert gemm_random.stride_class(s, "gemm:nt", "gemm_bf16_bn128") == "aligned"  # the library's routing wins
+    assert gemm_random.stride_class(s, "gemm:nt:packed", "gemm_bf16_bn128") == "odd"
+    assert gemm_random.stride_class(s, "gemm", "gemm_odd_bf16_bn128") == "odd"
+    rows = [dict(M=i, N=8, K=8, dtype="bf16", layout="nn", bias=False, ratio=r, fly_us=1.0, torch_us=r, variant="v",
+                 **{"class": cls}) for i, (r, cls) in enumerate([(0.5, "aligned"), (2.0, "aligned"), (0.8, "odd"),
+                                                                 (1.25, "odd"), (1.0, "aligned")])]
+    classes, lines = gemm_random.class_summary(rows, worst=2)
+    assert classes["aligned"]["shapes"] == 3 and classes["odd"]["shapes"] == 2
+    assert classes["aligned"]["geomean"] == pytest.approx(1.0)
+    assert classes["aligned"]["below_0.85"] == 1 and classes["odd"]["below_0.85"] == 1
+    assert [w["ratio"] for w in classes["aligned"]["worst"]] == [0.5, 1.0]
+    assert any("NOT met" in ln for ln in lines)  # aligned: one shape below 0.85x
