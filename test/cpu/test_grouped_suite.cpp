@@ -16,7 +16,7 @@ namespace {
 
 nlohmann::json read_suite(const std::string& name) {
   std::ifstream in(std::string(FLY_SOURCE_DIR) + "/suites/" + name);
-  REQUIRE(in);
+  REQUIRE(in.is_open());
   return nlohmann::json::parse(in);
 }
 
