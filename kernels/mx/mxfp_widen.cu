@@ -118,8 +118,8 @@ template <bool F16> __device__ __forceinline__ void widen4(uint32_t x, uint32_t 
 
 // Keeps a register-A fragment set live in the front end's view up to this point (a wgmma reads its
 // A registers until the wait_group that retires it). Defensive: ptxas tracks wgmma operands itself,
-// and the intermittent mismatch once suspected here is the stage release's (tile_mma). It stays
-// because the form that passed the repeated GPU tests and the sanitizers has it: removing it needs
+// and the intermittent mismatch it was written against came from the stage release (tile_mma). It
+// stays because the validated form (repeated GPU tests, the sanitizers) has it: removing it needs
 // those runs again (PROBE=mx_widen_repeat tools/device_python.sh).
 __device__ __forceinline__ void hold(uint32_t (&a)[2][4][4]) {
 #pragma unroll
