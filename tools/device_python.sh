@@ -5,7 +5,8 @@
 #   tools/device_python.sh [steps...]   steps: build cpu gtests sanitize sanitize_all ctest tune check
 #                                       tests bench flybench flytune ncu ptxas ab e2e
 #                                       (default: build tests; with FAMILY, that family's checks)
-#   FAMILY=<family> tools/device_python.sh [steps...]
+#   FAMILY=<family> tools/device_python.sh [steps...]   a family's GPU checks
+#   PROBE=<probe> tools/device_python.sh [steps...]     a probe of bench/probes/README.md
 # build: apply PATCH (a patch file, -p1, skipped when already applied: an experiment on the
 # device's copy of the tree), configure (tools/device_run.sh BUILD_DIR CMAKE_ARGS; MATCH=REGEX adds
 # -DFLY_ALL_VARIANTS=ON -DFLY_VARIANT_MATCH=REGEX), build BUILD_TARGETS (default the library and
@@ -49,7 +50,11 @@
 # bench/probes/gemm/ab_libs.py --a old --b new AB_ARGS (default "--layouts nt,nn,tn,tt --rounds 5");
 # e2e: bench/e2e.py --quick.
 # FAMILY presets (the variables above, each unless already set, and the steps): glu (glu and rope),
-# add_rmsnorm, moe_route, cross_entropy (a build of that family alone in build-ce); see
+# add_rmsnorm, moe_route, cross_entropy (a build of that family alone in build-ce); PROBE presets
+# likewise: attention, attention_bwd, attention_wide, attention_bwd_wide, attention_decode,
+# attention_pingpong, attention_bwdtune, attention_atomic_dq, gemm_packed, gemm_core_ab,
+# grouped_gemm, grouped_gemm_k, grouped_triton, mx_widen, mx_widen_repeat, mx_splitk, mx_quant,
+# verify (each commented where it is defined); see
 # bench/probes/README.md, which gives the helper command of every probe. Logs and results land in
 # $OUT. Env also: TUNE_ARGS, E2E_ARGS, GTEST_TIMEOUT, SAN_TIMEOUT (seconds per tool, default 600),
 # BENCH_TIMEOUT (default 600). CMAKE_ARGS is split on spaces.
