@@ -16,6 +16,11 @@
 3. Logs: every path under bench/logs/ a page names, in code spans and fenced code too, names a file
    that exists; `{a,b}` alternatives and `*` / `?` wildcards are expanded (a wildcard must match
    at least one file), so a log the page cites is not deleted while the citation stays.
+4. Uncited logs: every file under bench/logs/ is named by one of those pages (a path, or a `{a,b}`
+   or wildcard pattern that matches it), so raw output nobody cites does not pile up in the
+   repository: a run's logs stay in its OUT folder unless a page quotes them.
+5. Probes: every file under bench/probes/<family>/ is named in bench/probes/README.md, where each
+   probe has the question it answers and the command that re-runs it.
 
 Prints one line per problem, `file:line: what`, and exits 1 when there is any; 0 otherwise.
 Python 3 standard library only.
@@ -27,6 +32,8 @@ from pathlib import Path
 DOC_GLOBS = ("README.md", "CONTRIBUTING.md", "SECURITY.md", "CHANGELOG.md", "docs/*.md", "bench/*.md",
              "bench/probes/*.md")
 RESULTS = "bench/RESULTS.md"
+LOGS = "bench/logs"
+PROBES = "bench/probes"
 FIGURES_HEADING = "Latest figures"
 
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
@@ -120,6 +127,7 @@ class Checker:
         self.root = Path(root).resolve()
         self.errors = []
         self._anchor_cache = {}
+        self.cited_logs = set()  # files under bench/logs/ a page names, relative to it
 
     def error(self, path, line, what):
         rel = path.relative_to(self.root) if path.is_absolute() else path
@@ -173,11 +181,35 @@ class Checker:
                     continue
                 for name in expand_braces(cited):
                     if any(c in name for c in "*?"):
-                        found = any(logs.glob(name))
+                        matches = [m for m in logs.glob(name) if m.is_file()]
                     else:
-                        found = (logs / name).exists()
+                        matches = [logs / name] if (logs / name).exists() else []
+                    found = bool(matches)
+                    self.cited_logs.update(m.relative_to(logs).as_posix() for m in matches)
                     if not found:
                         self.error(path, no, f"log 'bench/logs/{cited}': no file bench/logs/{name}")
+
+    def check_uncited_logs(self):
+        logs = self.root / LOGS
+        if not logs.is_dir():
+            return
+        for path in sorted(p for p in logs.rglob("*") if p.is_file()):
+            name = path.relative_to(logs).as_posix()
+            if name not in self.cited_logs:
+                self.error(path, 1, f"log '{LOGS}/{name}' is cited by no page (README.md, docs/, bench/*.md): "
+                                    f"delete it or cite it where its figures are quoted")
+
+    def check_probes_listed(self):
+        probes = self.root / PROBES
+        readme = probes / "README.md"
+        if not probes.is_dir():
+            return
+        text = readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else ""
+        for path in sorted(p for p in probes.glob("*/*") if p.is_file()):
+            if path.name not in text:
+                self.error(readme if readme.is_file() else path, 1,
+                           f"probe '{path.relative_to(self.root).as_posix()}' is not listed in {PROBES}/README.md "
+                           f"(the question it answers and the command that re-runs it)")
 
     def section_text(self, results_text, slug):
         """The text of the section whose heading has this slug, or None."""
@@ -261,6 +293,8 @@ class Checker:
             self.check_links(path)
             self.check_log_paths(path)
         self.check_figures(self.root / "README.md")
+        self.check_uncited_logs()
+        self.check_probes_listed()
         return self.errors
 
 
@@ -272,7 +306,7 @@ def main(argv):
     if errors:
         print(f"docs_check: {len(errors)} problem(s)", file=sys.stderr)
         return 1
-    print("docs_check: links, cited logs and README figures agree")
+    print("docs_check: links, cited logs, probes and README figures agree")
     return 0
 
 

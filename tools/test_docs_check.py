@@ -131,9 +131,31 @@ class DocsCheckTest(unittest.TestCase):
         self.assertEqual(self.run_check(docs__logs_md=page, **{k.replace("/", "__"): v for k, v in logs.items()}), [])
         errors = self.run_check(docs__logs_md=page.replace("{1,2}", "{1,3}").replace("ncu-*", "prof-*"),
                                 **{k.replace("/", "__"): v for k, v in logs.items()})
-        self.assertEqual(len(errors), 2, errors)
+        # two citations of missing files, and the two logs no page names any more
+        self.assertEqual(len(errors), 4, errors)
         self.assertTrue(any("docs/logs.md:1:" in e and "bench/logs/run-a3.log" in e for e in errors), errors)
         self.assertTrue(any("bench/logs/prof-*.txt" in e for e in errors), errors)
+        self.assertTrue(any(e.startswith("bench/logs/run-a2.log:1:") and "cited by no page" in e for e in errors), errors)
+        self.assertTrue(any(e.startswith("bench/logs/ncu-x.txt:1:") and "cited by no page" in e for e in errors), errors)
+
+    def test_uncited_log(self):
+        page = "The run: `bench/logs/kept.log`.\n"
+        errors = self.run_check(docs__logs_md=page, **{"bench/logs/kept.log": "", "bench/logs/old/stray.txt": ""})
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIn("bench/logs/old/stray.txt:1:", errors[0])
+        self.assertIn("cited by no page", errors[0])
+        # a citation in a source file is not a page: the log still counts as uncited
+        errors = self.run_check(**{"src/y.cpp": "// bench/logs/kept.log\n", "bench/logs/kept.log": ""})
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIn("bench/logs/kept.log:1:", errors[0])
+
+    def test_probes_listed(self):
+        readme = "| `a.py` | a question | `python3 bench/probes/x/a.py` |\n"
+        self.assertEqual(self.run_check(**{"bench/probes/README.md": readme, "bench/probes/x/a.py": ""}), [])
+        errors = self.run_check(**{"bench/probes/README.md": readme, "bench/probes/x/a.py": "", "bench/probes/x/b.sh": ""})
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIn("bench/probes/README.md:1:", errors[0])
+        self.assertIn("bench/probes/x/b.sh", errors[0])
 
     def test_main_exit_status(self):
         root = self.tree({"README.md": "[x](missing.md)\n## Latest figures\n"})

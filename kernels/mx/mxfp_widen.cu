@@ -118,9 +118,9 @@ template <bool F16> __device__ __forceinline__ void widen4(uint32_t x, uint32_t 
 
 // Keeps a register-A fragment set live in the front end's view up to this point (a wgmma reads its
 // A registers until the wait_group that retires it). Defensive: ptxas tracks wgmma operands itself,
-// and the intermittent mismatch once suspected here is the stage release's (tile_mma). It stays
-// because the form that passed the repeated GPU tests and the sanitizers has it: removing it needs
-// those runs again (bench/probes/mxfp/mx_widen_repeat.sh).
+// and the intermittent mismatch it was written against came from the stage release (tile_mma). It
+// stays because the validated form (repeated GPU tests, the sanitizers) has it: removing it needs
+// those runs again (PROBE=mx_widen_repeat tools/device_python.sh).
 __device__ __forceinline__ void hold(uint32_t (&a)[2][4][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -287,7 +287,7 @@ __device__ __forceinline__ void tile_mma(const KParams& p, Cons& c, uint8_t* rin
     // wgmma i left in flight while stage i + 1 is widened (wgmma i - 1 retired: its A registers are
     // free, B tile i - 3 too). Safe because the release follows the fence and the barrier
     // (tile_mma); repeated GPU-test runs and the sanitizers are clean with it
-    // (bench/probes/mxfp/mx_widen_repeat.sh).
+    // (PROBE=mx_widen_repeat tools/device_python.sh).
     sm90::wgmma_wait<1>();
 #else
     sm90::wgmma_wait<0>();  // probe `_ov0`: this stage's wgmma retired before the next is widened (2-7% slower)

@@ -230,7 +230,7 @@ TEST_CASE("gemm small-M (split-K / swap-AB) and K tails", "[gemm][gpu]") {
 
 TEST_CASE("gemm: every bundled variant is right", "[gemm][gpu]") {
   // FLY_TEST_GEMM_ONLY=SUBSTRING: only the variants whose name contains it (the sanitizer runs of
-  // bench/probes/gemm/gemm_core_ab_device.sh take the decode variants this way); unset: all of them.
+  // PROBE=gemm_core_ab of tools/device_python.sh take the decode variants this way); unset: all.
   const char* only = std::getenv("FLY_TEST_GEMM_ONLY");
   int forced = 0;
   for (int i = 0; i < fly_variant_count(); ++i) {

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Merges `python -m flykernels tune --dump` files (one per op, bench/probes/decisions/tune_device.sh)
+"""Merges `python -m flykernels tune --dump` files (one per op, TUNE_OPS=... tools/device_python.sh build tune)
 into python/flykernels/decisions_sm_90a.sql: a card's rows of an op replace that card's earlier rows of
 that op; other cards' and other ops' rows stay. Usage: python3 bench/probes/decisions/merge_rows.py OUT/rows_*.sql"""
 import sqlite3
