@@ -1,4 +1,14 @@
 -- sm_90a tuning rows (written by flytune; reviewable text, built into the embedded DB)
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_fwd','bf16','row',4096,4096,0,0,'add_rmsnorm_fwd_bf16_t128_c2',51.810,'add_rmsnorm_fwd_bf16_t512_c2',52.800,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_fwd','bf16','row',2048,8192,0,0,'add_rmsnorm_fwd_bf16_t128_c2',51.680,'add_rmsnorm_fwd_bf16_t512_c2',65.200,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_fwd','bf16','row',8192,4096,0,0,'add_rmsnorm_fwd_bf16_t512_c2',97.730,'add_rmsnorm_fwd_bf16_t128_c2',102.100,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_fwd','bf16','row',4096,16384,0,0,'add_rmsnorm_fwd_bf16_t128_c2',191.420,'add_rmsnorm_fwd_bf16_t512_c2',192.700,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_fwd','bf16','row',4096,32,0,0,'add_rmsnorm_fwd_bf16_t512_c2',5.090,'add_rmsnorm_fwd_bf16_t128_c2',7.500,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_bwd','bf16','row',4096,4096,0,0,'add_rmsnorm_bwd_bf16_t256_c2',69.060,'add_rmsnorm_bwd_bf16_t256_c4',77.100,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_bwd','bf16','row',2048,8192,0,0,'add_rmsnorm_bwd_bf16_t256_c2',67.900,'add_rmsnorm_bwd_bf16_t256_c4',78.700,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_bwd','bf16','row',8192,4096,0,0,'add_rmsnorm_bwd_bf16_t256_c4',137.760,'add_rmsnorm_bwd_bf16_t256_c2',213.200,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_bwd','bf16','row',4096,16384,0,0,'add_rmsnorm_bwd_bf16_t256_c2',216.190,'add_rmsnorm_bwd_bf16_t256_c4',251.400,'NVIDIA H100 80GB HBM3','2026-12-07');
+INSERT OR REPLACE INTO tuning VALUES ('sm_90a','add_rmsnorm_bwd','bf16','row',4096,32,0,0,'add_rmsnorm_bwd_bf16_t256_c4',11.700,'add_rmsnorm_bwd_bf16_t256_c2',11.700,'NVIDIA H100 80GB HBM3','2026-12-07');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','attention_fwd','bf16','d128_causal_g1',1024,1024,64,0,'attention_fwd_bf16_hd128_m128_n128_st2_ov0_pp0_ps1',58.048,'attention_fwd_bf16_hd128_m128_n128_st2_ov0',64.480,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','attention_fwd','bf16','d128_causal_g1',16384,16384,32,0,'attention_fwd_bf16_hd128_m128_n160_st2_ov0',3488.704,'attention_fwd_bf16_hd128_m128_n128_st2_ov0',3514.048,'NVIDIA H200','2026-12-02');
 INSERT OR REPLACE INTO tuning VALUES ('sm_90a','attention_fwd','bf16','d128_causal_g1',4096,4096,64,0,'attention_fwd_bf16_hd128_m128_n128_st2_ov0_pp0_ps1',508.896,'attention_fwd_bf16_hd128_m128_n128_st2_ov0',532.224,'NVIDIA H200','2026-12-02');

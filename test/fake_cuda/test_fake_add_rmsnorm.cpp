@@ -26,7 +26,13 @@ P addnorm_params_of(const fake_cuda_launch* L) {
   return p;
 }
 
-bool addnorm_built() { return fly::find_variant("add_rmsnorm_fwd_bf16_t256_c8") != nullptr; }
+bool addnorm_built() { return fly::find_variant("add_rmsnorm_fwd_bf16_t128_c2") != nullptr; }
+
+// Threads per CTA of the variant the last dispatch ran.
+int64_t last_threads() {
+  const fly::Variant* v = fly::find_variant(fly_last_variant());
+  return v ? v->get_int("threads") : -1;
+}
 
 }  // namespace
 
@@ -49,11 +55,15 @@ TEST_CASE("add_rms_norm forward: variant, launch and parameters", "[fake][add_rm
         const fly_status st = fly_add_rms_norm_fwd(&x, &r, &w, 1e-6, &y, &h, &rs, s);
         INFO(fly_get_last_error() << " " << fake_cuda_last_refusal() << " M " << M << " N " << N);
         REQUIRE(st == FLY_SUCCESS);
-        CHECK(std::string(fly_last_variant()) == std::string("add_rmsnorm_fwd_") + fly::dtype_name(dt) + "_t256_c8");
+        const std::string ran = fly_last_variant();
+        CHECK(ran.rfind(std::string("add_rmsnorm_fwd_") + fly::dtype_name(dt) + "_t", 0) == 0);
+        // No FP16 or FP32 rows in the embedded database: the family's default for the dtype.
+        if (dt == FLY_F16) CHECK(ran == "add_rmsnorm_fwd_fp16_t128_c2");
+        if (dt == FLY_F32) CHECK(ran == "add_rmsnorm_fwd_fp32_t256_c8");
         REQUIRE(fake_cuda_launch_count() == 1);
         const fake_cuda_launch* L = fake_cuda_get_launch(0);
         CHECK(std::string(L->kernel) == "add_rmsnorm_fwd");
-        CHECK(L->block[0] == 256u);
+        CHECK(int64_t(L->block[0]) == last_threads());
         CHECK(L->stream == s);
         CHECK(L->grid[0] >= 1u);
         CHECK(int64_t(L->grid[0]) <= M);
@@ -100,11 +110,11 @@ TEST_CASE("add_rms_norm backward: launches, workspace partials and the dweight r
                                                  with_weight ? &dw : nullptr, ws, bytes, s);
       INFO(fly_get_last_error() << " " << fake_cuda_last_refusal() << " M " << M);
       REQUIRE(st == FLY_SUCCESS);
-      CHECK(std::string(fly_last_variant()) == "add_rmsnorm_bwd_bf16_t256_c4");
+      CHECK(std::string(fly_last_variant()).rfind("add_rmsnorm_bwd_bf16_t256_c", 0) == 0);
       REQUIRE(fake_cuda_launch_count() == (with_weight ? 2 : 1));
       const fake_cuda_launch* L = fake_cuda_get_launch(0);
       CHECK(std::string(L->kernel) == "add_rmsnorm_bwd");
-      CHECK(L->block[0] == 256u);
+      CHECK(int64_t(L->block[0]) == last_threads());
       CHECK(int64_t(L->grid[0]) <= std::min<int64_t>(M, FLY_ADD_RMSNORM_BWD_MAX_CTAS));
       const auto p = addnorm_params_of<AddRmsNormBwdParams>(L);
       CHECK(p.dy == dyd);
@@ -127,4 +137,46 @@ TEST_CASE("add_rms_norm backward: launches, workspace partials and the dweight r
       CHECK(q.N == N);
       CHECK(q.parts == int32_t(L->grid[0]));  // every partial row the backward wrote, no more
     }
+}
+
+TEST_CASE("add_rms_norm dispatch: the database's picks, and a backward takes only a variant that holds its row",
+          "[fake][add_rmsnorm]") {
+  if (!addnorm_built()) { WARN("add_rmsnorm not in this build"); return; }
+  void* s = fake_cuda_stream_create(0);
+  struct Case { bool fwd; int64_t M, N; const char* expect; };
+  const Case cases[] = {
+      {true, 4096, 4096, "add_rmsnorm_fwd_bf16_t128_c2"},   // exact rows (H100 sweep)
+      {true, 32, 4096, "add_rmsnorm_fwd_bf16_t512_c2"},
+      {true, 4096, 8192, "add_rmsnorm_fwd_bf16_t512_c2"},
+      {false, 4096, 4096, "add_rmsnorm_bwd_bf16_t256_c2"},
+      {false, 4096, 8192, "add_rmsnorm_bwd_bf16_t256_c4"},
+      // nearest row (4096 x 4096) names t256_c2, whose registers hold 4096 elements: not 5120
+      {false, 4096, 5120, "add_rmsnorm_bwd_bf16_t256_c4"},
+      {false, 2048, 3072, "add_rmsnorm_bwd_bf16_t256_c2"},
+  };
+  for (const Case& c : cases) {
+    const int64_t M = c.M, N = c.N, es = 2;
+    void* a = fake_cuda_malloc(size_t(M * N * es));
+    void* b = fake_cuda_malloc(size_t(M * N * es));
+    void* o = fake_cuda_malloc(size_t(M * N * es));
+    void* o2 = fake_cuda_malloc(size_t(M * N * es));
+    void* wd = fake_cuda_malloc(size_t(N * es));
+    void* dwd = fake_cuda_malloc(size_t(N * es));
+    void* sd = fake_cuda_malloc(size_t(M * 4));
+    fly_tensor A = mat(a, FLY_BF16, M, N, N), B = mat(b, FLY_BF16, M, N, N), O = mat(o, FLY_BF16, M, N, N),
+               O2 = mat(o2, FLY_BF16, M, N, N), w = vec(wd, FLY_BF16, N), dw = vec(dwd, FLY_BF16, N),
+               rs = vec(sd, FLY_F32, M);
+    fly_status st;
+    if (c.fwd) {
+      st = fly_add_rms_norm_fwd(&A, &B, &w, 1e-6, &O, &O2, &rs, s);
+    } else {
+      size_t bytes = 0;
+      REQUIRE(fly_add_rms_norm_bwd_workspace_size(&B, &w, &bytes) == FLY_SUCCESS);
+      void* ws = fake_cuda_malloc(bytes);
+      st = fly_add_rms_norm_bwd(&A, nullptr, &B, &w, &rs, &O, &dw, ws, bytes, s);
+    }
+    INFO(fly_get_last_error() << " M " << M << " N " << N << " " << fly_last_decision());
+    REQUIRE(st == FLY_SUCCESS);
+    CHECK(std::string(fly_last_variant()) == c.expect);
+  }
 }
