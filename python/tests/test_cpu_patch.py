@@ -762,10 +762,10 @@ def test_hf_moe_models_patched_on_the_cpu(cfg_name, impl, patch_on):
 
 
 def test_shipped_defaults(monkeypatch):
-    """As shipped, a plain patch(model) takes sparse-MoE blocks (GPU-verified) and leaves decoder
-    layers (their op's GPU re-run pending) and the causal-LM loss (it drops the logits) alone;
-    moe=False leaves the blocks too."""
-    assert _patch.SHIPPED_DEFAULTS == {"add_rms_norm": False, "moe": True, "linear_cross_entropy": False}
+    """As shipped, a plain patch(model) takes sparse-MoE blocks and decoder layers (both
+    GPU-verified; test_cpu_add_rmsnorm.py checks the layers) and leaves the causal-LM loss (it drops
+    the logits) alone; moe=False leaves the blocks."""
+    assert _patch.SHIPPED_DEFAULTS == {"add_rms_norm": True, "moe": True, "linear_cross_entropy": False}
     monkeypatch.setattr(_patch, "_defaults", dict(_patch.SHIPPED_DEFAULTS))
     r = Qwen3MoeTopKRouter(8, 4, 2, True)
     assert flykernels.patch(r, moe=False) == {"patched": {}, "skipped": {}}
