@@ -218,6 +218,7 @@ TEST_CASE("every variant named in the shipped dumps is bundled (for the families
   const std::pair<const char*, const char*> op_family[] = {{"rmsnorm_fwd", "rmsnorm"}, {"topk", "topk"}, {"gemm", "gemm"},
                                                            {"attention_fwd", "attention"}, {"attention_bwd", "attention_bwd"},
                                                            {"grouped_gemm", "grouped_gemm"},
+                                                           {"add_rmsnorm_fwd", "add_rmsnorm"}, {"add_rmsnorm_bwd", "add_rmsnorm"},
                                                            {"scaled_gemm", "mxfp"}, {"gemm_profile", "gemm"}};
   for (auto& r : db.rows()) {
     const char* family = nullptr;
