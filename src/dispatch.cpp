@@ -185,10 +185,11 @@ std::string nearest_text(const DispatchRequest& req, const TuningRow& r, double 
   return "row" + dims_text(req, r.k) + d;
 }
 
-// The profile vote (DispatchRequest::profile_op): the variant and its reason, or nullptr.
-const Variant* profile_vote(const std::vector<ProfileShape>& shapes, const DispatchRequest& req,
-                            const std::function<bool(const Variant*)>& ok, std::string* why) {
-  if (shapes.empty()) return nullptr;
+// The profile vote (DispatchRequest::profile_op): the winning name (under the call's names) and
+// its reason, or "" when no listed variant passes `ok`.
+std::string profile_vote(const std::vector<ProfileShape>& shapes, const DispatchRequest& req,
+                         const std::function<bool(const std::string&)>& ok, std::string* why) {
+  if (shapes.empty()) return std::string();
   auto l2 = [](int64_t x) { return std::log2(double(std::max<int64_t>(x, 1))); };
   std::vector<std::pair<double, const ProfileShape*>> near;
   near.reserve(shapes.size());
@@ -210,18 +211,17 @@ const Variant* profile_vote(const std::vector<ProfileShape>& shapes, const Dispa
           std::find(names.begin(), names.end(), mapped) == names.end())
         names.push_back(mapped);
     }
-  const Variant* best = nullptr;
+  const std::string* best = nullptr;
   double best_score = 0;
   for (const std::string& name : names) {
-    const Variant* v = find_variant(name);
-    if (!ok(v)) continue;
+    if (!ok(name)) continue;
     double score = 0;
     for (size_t j = 0; j < n; ++j) {
       auto it = rel[j].find(name);
       score += std::log(std::min(it == rel[j].end() ? kProfileCap : it->second, kProfileCap));
     }
     if (!best || score < best_score) {
-      best = v;
+      best = &name;
       best_score = score;
     }
   }
@@ -233,10 +233,19 @@ const Variant* profile_vote(const std::vector<ProfileShape>& shapes, const Dispa
                   near[0].first, std::exp(best_score / double(n)));
     *why = d;
   }
-  return best;
+  return best ? *best : std::string();
 }
 
 }  // namespace
+
+std::string profile_pick(const std::vector<const TuningDb*>& dbs, const std::string& arch, const DispatchRequest& req,
+                         const std::function<bool(const std::string&)>& ok) {
+  ProfileIndex index;
+  for (const TuningDb* db : dbs) add_profile_rows(*db, &index);
+  auto it = index.find(arch + "|" + req.profile_op);
+  std::string why;
+  return it == index.end() ? std::string() : profile_vote(it->second, req, ok, &why);
+}
 
 std::string DispatchKey::str() const {
   std::string s = op + " " + dtype + " " + layout;
@@ -341,8 +350,12 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
     }
     auto it = s.profile.find(dc.arch + "|" + req.profile_op);
     if (it != s.profile.end()) {
-      chosen = profile_vote(it->second, req, [&](const Variant* v) { return ok(v); }, &why);
-      if (chosen) how = "db:profile";
+      const std::string name =
+          profile_vote(it->second, req, [&](const std::string& n) { return ok(find_variant(n)); }, &why);
+      if (!name.empty()) {
+        chosen = find_variant(name);
+        how = "db:profile";
+      }
     }
   }
   if (!chosen) {
