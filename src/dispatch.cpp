@@ -84,7 +84,7 @@ class DecisionCache {
   size_t hand_ = 0;
 };
 
-// Profile rows of one (arch, op), grouped by shape (DispatchRequest::profile_op).
+// Profile rows of one (arch, served op), grouped by shape (DispatchRequest::profile_op).
 struct ProfileShape {
   std::string layout;
   int64_t k[3] = {0, 0, 0};
@@ -92,10 +92,11 @@ struct ProfileShape {
 };
 using ProfileIndex = std::map<std::string, std::vector<ProfileShape>>;  // "arch|op" -> shapes
 
+// A shape's rows in the database's order; the dtype is not part of the shape (the profile_name
+// mapping puts every row under the call's names).
 void add_profile_rows(const TuningDb& db, ProfileIndex* index) {
   std::map<std::string, size_t> at;  // "arch|op|layout|k0|k1|k2" -> position in its vector
-  for (const TuningRow& r : db.rows()) {
-    if (r.op.find("_profile") == std::string::npos) continue;
+  for (const ProfileRow& r : db.profile_rows()) {
     std::vector<ProfileShape>& shapes = (*index)[r.arch + "|" + r.op];
     const std::string key = r.arch + "|" + r.op + "|" + r.layout + "|" + std::to_string(r.k[0]) + "|" +
                             std::to_string(r.k[1]) + "|" + std::to_string(r.k[2]) + "|" + db.source();
@@ -108,7 +109,7 @@ void add_profile_rows(const TuningDb& db, ProfileIndex* index) {
     }
     // A time over the shape's best is >= 1 by its definition; a row that says otherwise (a broken
     // overlay) counts as the best, one that is not a number is left out.
-    if (std::isfinite(r.time_us)) shapes[it->second].rel.emplace_back(r.variant, std::max(1.0, r.time_us));
+    if (std::isfinite(r.rel_time)) shapes[it->second].rel.emplace_back(r.variant, std::max(1.0, r.rel_time));
   }
 }
 

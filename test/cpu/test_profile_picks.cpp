@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The GEMM profile vote's picks over the shipped profile rows (db/sm_90a_gemm_profile.sql) on a
 // fixed set of off-key shapes, against test/cpu/data/gemm_profile_picks.tsv: the picks the vote
-// made before profile rows had a table of their own. Runs without cubins (profile_pick takes the
-// registry's place with a predicate on names). FLY_WRITE_PROFILE_PICKS=FILE writes the picks.
+// made when profile rows still lived in the tuning table (schema version 2, recorded before the
+// profile table). The same rows written back in the version 2 format pick the same. Runs without
+// cubins (profile_pick takes the registry's place with a predicate on names).
+// FLY_WRITE_PROFILE_PICKS=FILE writes the picks.
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -99,16 +101,9 @@ std::string picks(const fly::TuningDb& db, const std::string& profile_op) {
   return out;
 }
 
-}  // namespace
-
-TEST_CASE("gemm profile vote: the shipped rows pick as recorded", "[db][profile]") {
-  const std::string src = FLY_SOURCE_DIR;
-  SqlFile f(slurp(src + "/db/schema.sql") + slurp(src + "/db/sm_90a_gemm_profile.sql"));
-  fly::TuningDb db;
-  REQUIRE(db.load_file(f.path) == FLY_SUCCESS);
-  const std::string got = picks(db, "gemm_profile");
-  if (const char* w = std::getenv("FLY_WRITE_PROFILE_PICKS")) std::ofstream(w) << got;
-  const std::string want = slurp(src + "/test/cpu/data/gemm_profile_picks.tsv");
+// `got` line by line against the recorded picks.
+void check_picks(const std::string& got) {
+  const std::string want = slurp(std::string(FLY_SOURCE_DIR) + "/test/cpu/data/gemm_profile_picks.tsv");
   REQUIRE(!want.empty());
   std::istringstream g(got), e(want);
   int lines = 0;
@@ -119,4 +114,50 @@ TEST_CASE("gemm profile vote: the shipped rows pick as recorded", "[db][profile]
     ++lines;
   }
   CHECK(lines == 400);
+}
+
+// The profile rows of `db` as a schema version 2 file writes them: tuning rows of op
+// "<op>_profile", k3 numbering a shape's variants, time_us the ratio.
+std::string as_v2(const fly::TuningDb& db) {
+  std::string sql =
+      "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+      "INSERT INTO meta VALUES ('schema_version', '2');"
+      "CREATE TABLE tuning (arch TEXT NOT NULL, op TEXT NOT NULL, dtype TEXT NOT NULL, layout TEXT NOT NULL,"
+      " k0 INTEGER NOT NULL, k1 INTEGER NOT NULL, k2 INTEGER NOT NULL, k3 INTEGER NOT NULL DEFAULT 0,"
+      " variant TEXT NOT NULL, time_us REAL, runner_up TEXT, runner_up_us REAL, gpu TEXT, tuned_at TEXT,"
+      " PRIMARY KEY (arch, op, dtype, layout, k0, k1, k2, k3));\n";
+  std::string shape;
+  int slot = 0;
+  char rel[32];
+  for (const fly::ProfileRow& p : db.profile_rows()) {
+    const std::string s = p.arch + "','" + p.op + "_profile','" + p.dtype + "','" + p.layout + "'," +
+                          std::to_string(p.k[0]) + "," + std::to_string(p.k[1]) + "," + std::to_string(p.k[2]);
+    slot = s == shape ? slot + 1 : 0;
+    shape = s;
+    std::snprintf(rel, sizeof rel, "%.17g", p.rel_time);
+    sql += "INSERT INTO tuning VALUES ('" + s + "," + std::to_string(slot) + ",'" + p.variant + "'," + rel +
+           ",'',0,'g','d');\n";
+  }
+  return sql;
+}
+
+}  // namespace
+
+TEST_CASE("gemm profile vote: the shipped rows pick as recorded, from either schema version", "[db][profile]") {
+  const std::string src = FLY_SOURCE_DIR;
+  SqlFile f(slurp(src + "/db/schema.sql") + slurp(src + "/db/sm_90a_gemm_profile.sql"));
+  fly::TuningDb db;
+  REQUIRE(db.load_file(f.path) == FLY_SUCCESS);
+  CHECK(db.rows().empty());
+  CHECK(db.profile_rows().size() == 4631);
+  const std::string got = picks(db, "gemm");
+  if (const char* w = std::getenv("FLY_WRITE_PROFILE_PICKS")) std::ofstream(w) << got;
+  check_picks(got);
+
+  SqlFile old(as_v2(db));
+  fly::TuningDb v2;
+  REQUIRE(v2.load_file(old.path) == FLY_SUCCESS);
+  CHECK(v2.rows().empty());
+  REQUIRE(v2.profile_rows().size() == db.profile_rows().size());
+  check_picks(picks(v2, "gemm"));
 }
