@@ -207,8 +207,10 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
   }
   sqlite3_finalize(st);
   st = nullptr;
-  // Version 3: the profile table, in the order its rows were written (a file without one has none).
-  if (rc == SQLITE_DONE && !legacy_profile && has_profile && rows_.size() <= kMaxRows) {
+  // The profile table, in the order its rows were written (a file without one has none). Read in
+  // any version: a writer of version 2 rows (python/flykernels/_decisions.py before it kept the
+  // version) may have set a version 3 file's schema_version back.
+  if (rc == SQLITE_DONE && has_profile && rows_.size() <= kMaxRows) {
     if (sqlite3_prepare_v2(db,
                            "SELECT arch, op, dtype, layout, k0, k1, k2, variant, coalesce(rel_time, 0) FROM profile "
                            "ORDER BY rowid",

@@ -474,6 +474,14 @@ TEST_CASE("profile rows: their own table; a version 2 file's <op>_profile tuning
     CHECK(p.rel_time == 1.25);
     CHECK(db.profile_rows()[0].variant == "v1");  // the file's order, not the names'
   }
+  SECTION("a profile table is read whatever the version says") {
+    TempDb t("UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+             "INSERT INTO profile VALUES ('sm_90a','gemm','bf16','nt',1,2,3,'v',1.0,'g','d');");
+    fly::TuningDb db;
+    REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+    REQUIRE(db.profile_rows().size() == 1);
+    CHECK(db.profile_rows()[0].variant == "v");
+  }
   SECTION("version 3: an op named like a profile is an ordinary tuning row") {
     TempDb t(row("rmsnorm_profile", "bf16", 1, 2, 0, "v"));
     fly::TuningDb db;
