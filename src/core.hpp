@@ -226,9 +226,10 @@ struct DispatchRequest {
   // the row's runner-up when that one is bundled and passes both; else the winner still. A forced
   // variant ignores it. Part of the cache key's inputs like `supports` (cache_tag).
   std::function<bool(const Variant&)> prefer;
-  // May be empty. Profile rows (op `profile_op`: one row per (shape, variant) of a profiling run,
-  // k0..k2 the shape in this key's order, layout the shape's layout, variant the name measured,
-  // time_us its time over the best time on that shape): where no exact row exists, the
+  // May be empty. Profile rows (the database's `profile` table, tuning_db.hpp ProfileRow, rows of
+  // op `profile_op`, the op they serve, e.g. "gemm": one row per (shape, variant) of a profiling
+  // run, k0..k2 the shape in this key's order, layout the shape's layout, variant the name
+  // measured, rel_time its time over the best time on that shape): where no exact row exists, the
   // kProfileNeighbours profiled shapes nearest the key (log2 distance, +1 for another layout)
   // vote before the nearest-row rule. Each variant listed at one of them (mapped to this call's
   // name by `profile_name`; it must be bundled and pass `supports`) scores the mean log of its

@@ -84,7 +84,7 @@ class DecisionCache {
   size_t hand_ = 0;
 };
 
-// Profile rows of one (arch, op), grouped by shape (DispatchRequest::profile_op).
+// Profile rows of one (arch, served op), grouped by shape (DispatchRequest::profile_op).
 struct ProfileShape {
   std::string layout;
   int64_t k[3] = {0, 0, 0};
@@ -92,10 +92,11 @@ struct ProfileShape {
 };
 using ProfileIndex = std::map<std::string, std::vector<ProfileShape>>;  // "arch|op" -> shapes
 
+// A shape's rows in the database's order; the dtype is not part of the shape (the profile_name
+// mapping puts every row under the call's names).
 void add_profile_rows(const TuningDb& db, ProfileIndex* index) {
   std::map<std::string, size_t> at;  // "arch|op|layout|k0|k1|k2" -> position in its vector
-  for (const TuningRow& r : db.rows()) {
-    if (r.op.find("_profile") == std::string::npos) continue;
+  for (const ProfileRow& r : db.profile_rows()) {
     std::vector<ProfileShape>& shapes = (*index)[r.arch + "|" + r.op];
     const std::string key = r.arch + "|" + r.op + "|" + r.layout + "|" + std::to_string(r.k[0]) + "|" +
                             std::to_string(r.k[1]) + "|" + std::to_string(r.k[2]) + "|" + db.source();
@@ -108,7 +109,7 @@ void add_profile_rows(const TuningDb& db, ProfileIndex* index) {
     }
     // A time over the shape's best is >= 1 by its definition; a row that says otherwise (a broken
     // overlay) counts as the best, one that is not a number is left out.
-    if (std::isfinite(r.time_us)) shapes[it->second].rel.emplace_back(r.variant, std::max(1.0, r.time_us));
+    if (std::isfinite(r.rel_time)) shapes[it->second].rel.emplace_back(r.variant, std::max(1.0, r.rel_time));
   }
 }
 
@@ -185,10 +186,11 @@ std::string nearest_text(const DispatchRequest& req, const TuningRow& r, double 
   return "row" + dims_text(req, r.k) + d;
 }
 
-// The profile vote (DispatchRequest::profile_op): the variant and its reason, or nullptr.
-const Variant* profile_vote(const std::vector<ProfileShape>& shapes, const DispatchRequest& req,
-                            const std::function<bool(const Variant*)>& ok, std::string* why) {
-  if (shapes.empty()) return nullptr;
+// The profile vote (DispatchRequest::profile_op): the winning name (under the call's names) and
+// its reason, or "" when no listed variant passes `ok`.
+std::string profile_vote(const std::vector<ProfileShape>& shapes, const DispatchRequest& req,
+                         const std::function<bool(const std::string&)>& ok, std::string* why) {
+  if (shapes.empty()) return std::string();
   auto l2 = [](int64_t x) { return std::log2(double(std::max<int64_t>(x, 1))); };
   std::vector<std::pair<double, const ProfileShape*>> near;
   near.reserve(shapes.size());
@@ -210,18 +212,17 @@ const Variant* profile_vote(const std::vector<ProfileShape>& shapes, const Dispa
           std::find(names.begin(), names.end(), mapped) == names.end())
         names.push_back(mapped);
     }
-  const Variant* best = nullptr;
+  const std::string* best = nullptr;
   double best_score = 0;
   for (const std::string& name : names) {
-    const Variant* v = find_variant(name);
-    if (!ok(v)) continue;
+    if (!ok(name)) continue;
     double score = 0;
     for (size_t j = 0; j < n; ++j) {
       auto it = rel[j].find(name);
       score += std::log(std::min(it == rel[j].end() ? kProfileCap : it->second, kProfileCap));
     }
     if (!best || score < best_score) {
-      best = v;
+      best = &name;
       best_score = score;
     }
   }
@@ -233,10 +234,19 @@ const Variant* profile_vote(const std::vector<ProfileShape>& shapes, const Dispa
                   near[0].first, std::exp(best_score / double(n)));
     *why = d;
   }
-  return best;
+  return best ? *best : std::string();
 }
 
 }  // namespace
+
+std::string profile_pick(const std::vector<const TuningDb*>& dbs, const std::string& arch, const DispatchRequest& req,
+                         const std::function<bool(const std::string&)>& ok) {
+  ProfileIndex index;
+  for (const TuningDb* db : dbs) add_profile_rows(*db, &index);
+  auto it = index.find(arch + "|" + req.profile_op);
+  std::string why;
+  return it == index.end() ? std::string() : profile_vote(it->second, req, ok, &why);
+}
 
 std::string DispatchKey::str() const {
   std::string s = op + " " + dtype + " " + layout;
@@ -341,8 +351,12 @@ fly_status choose_variant(const DeviceCtx& dc, const DispatchRequest& req, const
     }
     auto it = s.profile.find(dc.arch + "|" + req.profile_op);
     if (it != s.profile.end()) {
-      chosen = profile_vote(it->second, req, [&](const Variant* v) { return ok(v); }, &why);
-      if (chosen) how = "db:profile";
+      const std::string name =
+          profile_vote(it->second, req, [&](const std::string& n) { return ok(find_variant(n)); }, &why);
+      if (!name.empty()) {
+        chosen = find_variant(name);
+        how = "db:profile";
+      }
     }
   }
   if (!chosen) {

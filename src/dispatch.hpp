@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "core.hpp"
 
@@ -33,5 +35,12 @@ const DispatchKey& last_key();
 const std::string& forced_variant();
 // Adds to this thread's last decision (fly_last_decision), e.g. ":packed" after a dispatch.
 void append_decision(const char* suffix);
+
+class TuningDb;
+// The profile vote choose_variant runs (DispatchRequest::profile_op), over the profile rows of
+// `dbs` (in the dispatch's order: overlay, then embedded) for `req` on `arch`, with `ok` in place
+// of the registry and `supports`: the winning name, or "" (tests compare picks without cubins).
+std::string profile_pick(const std::vector<const TuningDb*>& dbs, const std::string& arch, const DispatchRequest& req,
+                         const std::function<bool(const std::string&)>& ok);
 
 }  // namespace fly

@@ -62,6 +62,15 @@ int progress_budget(void* ctx) {
   return --*left < 0 ? 1 : 0;  // nonzero interrupts the statement
 }
 
+// A schema version 1 or 2 file keeps its profile rows in `tuning` under op "<op>_profile" (k3 an
+// ordinal, time_us the ratio); the op they serve, or "" for an ordinary tuning row.
+std::string legacy_profile_op(const std::string& op) {
+  static const std::string kSuffix = "_profile";
+  if (op.size() <= kSuffix.size() || op.compare(op.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0)
+    return std::string();
+  return op.substr(0, op.size() - kSuffix.size());
+}
+
 }  // namespace
 
 fly_status TuningDb::load_file(const std::string& path) {
@@ -105,13 +114,15 @@ fly_status TuningDb::load_image(const uint8_t* data, size_t size, const std::str
 
 fly_status TuningDb::load(sqlite3* db, const std::string& what) {
   rows_.clear();
+  profile_.clear();
   source_ = what;
   int64_t budget = kMaxProgressChecks;
   sqlite3_progress_handler(db, kProgressPeriod, progress_budget, &budget);
   sqlite3_stmt* st = nullptr;
-  // Both tables must be tables: a view can compute anything (a recursive one never ends).
-  if (sqlite3_prepare_v2(db, "SELECT name, type FROM sqlite_master WHERE name IN ('meta', 'tuning')", -1, &st,
-                         nullptr) != SQLITE_OK) {
+  // Every table read must be a table: a view can compute anything (a recursive one never ends).
+  bool has_profile = false;
+  if (sqlite3_prepare_v2(db, "SELECT name, type FROM sqlite_master WHERE name IN ('meta', 'tuning', 'profile')", -1,
+                         &st, nullptr) != SQLITE_OK) {
     std::string m = sqlite3_errmsg(db);
     sqlite3_finalize(st);
     return fail(FLY_ERROR_DATABASE, "tuning database %s: unreadable (%s)", what.c_str(), m.c_str());
@@ -126,6 +137,7 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
       return fail(FLY_ERROR_DATABASE, "tuning database %s: '%s' is a %s, not a table", what.c_str(), n.c_str(),
                   t.c_str());
     }
+    if (name && std::strcmp(reinterpret_cast<const char*>(name), "profile") == 0) has_profile = true;
   }
   sqlite3_finalize(st);
   st = nullptr;
@@ -139,10 +151,13 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
   if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
     version = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
-  // Version 2 added the fourth key dimension k3; a version 1 database reads as k3 = 0.
-  if (version != "1" && version != "2")
-    return fail(FLY_ERROR_DATABASE, "tuning database %s: schema version '%s', this library reads 1 and 2",
+  // Version 2 added the fourth key dimension k3; a version 1 database reads as k3 = 0. Version 3
+  // moved profile rows out of `tuning` into `profile`; an older file's "<op>_profile" rows are
+  // read as profile rows of <op>.
+  if (version != "1" && version != "2" && version != "3")
+    return fail(FLY_ERROR_DATABASE, "tuning database %s: schema version '%s', this library reads 1 to 3",
                 what.c_str(), printable(version.c_str(), 32).c_str());
+  const bool legacy_profile = version != "3";
   // The runner-up column (db/schema.sql) when the table has it, else "" for every row.
   const char* q = version == "1"
                       ? "SELECT arch, op, dtype, layout, k0, k1, k2, 0, variant, coalesce(time_us, 0) FROM tuning"
@@ -174,21 +189,69 @@ fly_status TuningDb::load(sqlite3* db, const std::string& what) {
     r.variant = text(8);
     r.time_us = sqlite3_column_double(st, 9);
     if (sqlite3_column_count(st) > 10) r.runner_up = text(10);
-    rows_.push_back(std::move(r));
-    if (rows_.size() > kMaxRows) break;
+    const std::string served = legacy_profile ? legacy_profile_op(r.op) : std::string();
+    if (!served.empty()) {
+      ProfileRow p;
+      p.arch = std::move(r.arch);
+      p.op = served;
+      p.dtype = std::move(r.dtype);
+      p.layout = std::move(r.layout);
+      for (int i = 0; i < 3; ++i) p.k[i] = r.k[i];  // k3 only numbered the shape's variants
+      p.variant = std::move(r.variant);
+      p.rel_time = r.time_us;
+      profile_.push_back(std::move(p));
+    } else {
+      rows_.push_back(std::move(r));
+    }
+    if (rows_.size() + profile_.size() > kMaxRows) break;
   }
   sqlite3_finalize(st);
-  if (rows_.size() > kMaxRows) {
+  st = nullptr;
+  // The profile table, in the order its rows were written (a file without one has none). Read in
+  // any version: a writer of version 2 rows (python/flykernels/_decisions.py before it kept the
+  // version) may have set a version 3 file's schema_version back.
+  if (rc == SQLITE_DONE && has_profile && rows_.size() <= kMaxRows) {
+    if (sqlite3_prepare_v2(db,
+                           "SELECT arch, op, dtype, layout, k0, k1, k2, variant, coalesce(rel_time, 0) FROM profile "
+                           "ORDER BY rowid",
+                           -1, &st, nullptr) != SQLITE_OK) {
+      std::string m = sqlite3_errmsg(db);
+      sqlite3_finalize(st);
+      rows_.clear();
+      return fail(FLY_ERROR_DATABASE, "tuning database %s: bad profile table (%s)", what.c_str(), m.c_str());
+    }
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      ProfileRow p;
+      auto text = [&](int c) {
+        const unsigned char* t = sqlite3_column_text(st, c);
+        return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
+      };
+      p.arch = text(0);
+      p.op = text(1);
+      p.dtype = text(2);
+      p.layout = text(3);
+      for (int i = 0; i < 3; ++i) p.k[i] = sqlite3_column_int64(st, 4 + i);
+      p.variant = text(7);
+      p.rel_time = sqlite3_column_double(st, 8);
+      profile_.push_back(std::move(p));
+      if (rows_.size() + profile_.size() > kMaxRows) break;
+    }
+    sqlite3_finalize(st);
+  }
+  if (rows_.size() + profile_.size() > kMaxRows) {
     rows_.clear();
+    profile_.clear();
     return fail(FLY_ERROR_DATABASE, "tuning database %s: more than %zu rows", what.c_str(), kMaxRows);
   }
   if (rc == SQLITE_INTERRUPT || budget < 0) {
     rows_.clear();
+    profile_.clear();
     return fail(FLY_ERROR_DATABASE, "tuning database %s: reading it took too long (more than %lld steps)",
                 what.c_str(), (long long)kMaxProgressChecks * kProgressPeriod);
   }
   if (rc != SQLITE_DONE) {
     rows_.clear();
+    profile_.clear();
     return fail(FLY_ERROR_DATABASE, "tuning database %s: read failed (%s)", what.c_str(), sqlite3_errmsg(db));
   }
   return FLY_SUCCESS;

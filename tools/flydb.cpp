@@ -40,15 +40,27 @@ int main(int argc, char** argv) try {
       throw std::runtime_error(m);
     }
   }
-  sqlite3_stmt* st = nullptr;
-  int rows = 0;
-  if (sqlite3_prepare_v2(db, "SELECT count(*) FROM tuning", -1, &st, nullptr) == SQLITE_OK &&
-      sqlite3_step(st) == SQLITE_ROW)
-    rows = sqlite3_column_int(st, 0);
-  sqlite3_finalize(st);
+  auto count = [&](const char* sql) {
+    sqlite3_stmt* st = nullptr;
+    int n = 0;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+      n = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    return n;
+  };
+  const int rows = count("SELECT count(*) FROM tuning"), profile = count("SELECT count(*) FROM profile");
+  // Profile rows belong in their own table since schema version 3; one written the old way (a
+  // tuning row of op "<op>_profile") would not reach the vote.
+  const int misplaced = count("SELECT count(*) FROM tuning WHERE length(op) > 8 AND substr(op, -8) = '_profile'");
+  if (misplaced) {
+    sqlite3_close(db);
+    throw std::runtime_error(std::to_string(misplaced) +
+                             " tuning rows of an op named <op>_profile: profile rows go in the profile table "
+                             "(db/schema.sql, version 3)");
+  }
   sqlite3_exec(db, "VACUUM", nullptr, nullptr, nullptr);
   sqlite3_close(db);
-  std::printf("flydb: %d tuning rows -> %s\n", rows, out.c_str());
+  std::printf("flydb: %d tuning rows, %d profile rows -> %s\n", rows, profile, out.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "flydb: error: %s\n", e.what());

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "schema_migrate.hpp"
 #include "../kernels/mx/mx_wgmma_params.h"  // mxw::launch_splits, split_ws_bytes (the launcher's split rule)
 
 namespace fly::tools {
@@ -438,24 +439,6 @@ std::string quote(const std::string& s) {
   for (char c : s) { if (c == '\'') o += "''"; else o += c; }
   return o + "'";
 }
-// Applies the schema script; a tuning table of schema version 1 (no k3, so a narrower primary key)
-// is rebuilt in the current schema first, its rows with k3 = 0.
-void apply_schema(sqlite3* db, const std::string& schema) {
-  sqlite3_stmt* st = nullptr;
-  std::string version;
-  if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &st, nullptr) == SQLITE_OK &&
-      sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-    version = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
-  sqlite3_finalize(st);
-  if (version != "1") {
-    exec(db, schema);
-    return;
-  }
-  exec(db, "BEGIN; ALTER TABLE tuning RENAME TO tuning_v1;");
-  exec(db, schema);
-  exec(db, "INSERT INTO tuning SELECT arch, op, dtype, layout, k0, k1, k2, 0, variant, time_us, runner_up, "
-           "runner_up_us, gpu, tuned_at FROM tuning_v1; DROP TABLE tuning_v1; COMMIT;");
-}
 }  // namespace
 
 namespace {
@@ -520,7 +503,7 @@ void write_tuning_rows(const std::string& db_path, const std::string& dump_path,
     sqlite3_close(db);
     throw std::runtime_error("cannot read " + schema_path + " (pass --data-dir DIR)");
   }
-  apply_schema(db, schema);
+  fly::tools::apply_schema(db, schema);  // migrates a version 1 or 2 file first
   exec(db, "BEGIN");
   sqlite3_stmt* st = nullptr;
   sqlite3_prepare_v2(db,

@@ -27,9 +27,11 @@ from . import _loader
 
 PREFIX = "torch."
 SHIPPED = Path(__file__).with_name("decisions_sm_90a.sql")
+# Version 2's tuning table (the library reads versions 1-3). OR IGNORE: a file flytune made
+# version 3 (db/schema.sql: profile rows in their own table) keeps its version.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-INSERT OR REPLACE INTO meta VALUES ('schema_version', '2');
+INSERT OR IGNORE INTO meta VALUES ('schema_version', '2');
 CREATE TABLE IF NOT EXISTS tuning (
   arch TEXT NOT NULL, op TEXT NOT NULL, dtype TEXT NOT NULL, layout TEXT NOT NULL,
   k0 INTEGER NOT NULL, k1 INTEGER NOT NULL, k2 INTEGER NOT NULL, k3 INTEGER NOT NULL DEFAULT 0,

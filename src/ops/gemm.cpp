@@ -275,7 +275,7 @@ fly_status run_tma(const DeviceCtx& dc, const GemmCall& call, void* workspace, s
   req.fallback = [dt, M] { return default_variant(dt, M); };
   // Off the tuned keys, the profiled shapes vote (db/sm_90a_gemm_profile.sql: random shapes timed
   // with every bundled variant, either dtype: a variant's speed does not depend on it).
-  req.profile_op = "gemm_profile";
+  req.profile_op = "gemm";
   req.profile_name = [dt](const std::string& name) { return with_dtype(name, dt); };
   // The two kernels of the family have their own entry symbols and parameter structs.
   const Variant* v = nullptr;

@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "catch_compat.hpp"
 #include "core.hpp"
 #include "dump_key.hpp"
+#include "schema_migrate.hpp"
 #include "dispatch.hpp"
 #include "tuning_db.hpp"
 
@@ -218,18 +220,21 @@ TEST_CASE("every variant named in the shipped dumps is bundled (for the families
   const std::pair<const char*, const char*> op_family[] = {{"rmsnorm_fwd", "rmsnorm"}, {"topk", "topk"}, {"gemm", "gemm"},
                                                            {"attention_fwd", "attention"}, {"attention_bwd", "attention_bwd"},
                                                            {"grouped_gemm", "grouped_gemm"},
-                                                           {"add_rmsnorm_fwd", "add_rmsnorm"}, {"add_rmsnorm_bwd", "add_rmsnorm"},
-                                                           {"scaled_gemm", "mxfp"}, {"gemm_profile", "gemm"}};
-  for (auto& r : db.rows()) {
+                                                           {"scaled_gemm", "mxfp"}, {"add_rmsnorm_fwd", "add_rmsnorm"},
+                                                           {"add_rmsnorm_bwd", "add_rmsnorm"}};
+  auto check = [&](const std::string& op, const std::string& variant) {
     const char* family = nullptr;
-    for (auto& of : op_family) if (r.op == of.first) family = of.second;
-    INFO(r.op << " " << r.variant);
+    for (auto& of : op_family) if (op == of.first) family = of.second;
+    INFO(op << " " << variant);
     REQUIRE(family);
-    if (fly::variants_of(family).empty()) continue;  // family filtered out of this build
-    const fly::Variant* v = fly::find_variant(r.variant);
+    if (fly::variants_of(family).empty()) return;  // family filtered out of this build
+    const fly::Variant* v = fly::find_variant(variant);
     REQUIRE(v);
     CHECK(v->family == family);
-  }
+  };
+  for (auto& r : db.rows()) check(r.op, r.variant);
+  REQUIRE(!db.profile_rows().empty());
+  for (auto& p : db.profile_rows()) check(p.op, p.variant);
 }
 
 TEST_CASE("dispatch: forced, overlay exact, nearest, default", "[dispatch]") {
@@ -359,13 +364,13 @@ TEST_CASE("dispatch: off the tuned keys the profiled shapes vote; exact rows sti
   req.family = "rmsnorm";
   req.key = key(3000, 777);
   req.fallback = [&] { return a; };
-  req.profile_op = "rmsnorm_profile";
+  req.profile_op = "rmsnorm_fwd";
   const fly::Variant* v = nullptr;
-  // A profile row: (N, M) shape, slot, variant, time over that shape's best.
-  auto prof = [](int64_t n, int64_t m, int slot, const std::string& variant, double rel, const std::string& layout = "row") {
-    return "INSERT INTO tuning VALUES ('sm_90a','rmsnorm_profile','bf16','" + layout + "'," + std::to_string(n) + "," +
-           std::to_string(m) + ",0," + std::to_string(slot) + ",'" + variant + "'," + std::to_string(rel) +
-           ",'',0,'test','2026-01-01');";
+  // A profile row: (N, M) shape, (slot: unused since schema version 3), variant, time over that
+  // shape's best.
+  auto prof = [](int64_t n, int64_t m, int, const std::string& variant, double rel, const std::string& layout = "row") {
+    return "INSERT INTO profile VALUES ('sm_90a','rmsnorm_fwd','bf16','" + layout + "'," + std::to_string(n) + "," +
+           std::to_string(m) + ",0,'" + variant + "'," + std::to_string(rel) + ",'test','2026-01-01');";
   };
   // Five shapes around (3000, 777): `a` is best on the nearest one, `b` on the four others and close
   // behind on the first, so the vote takes `b`; the tuning row nearest the key names `a`. A sixth,
@@ -407,6 +412,151 @@ TEST_CASE("dispatch: off the tuned keys the profiled shapes vote; exact rows sti
     CHECK(v->name == a);
     CHECK(std::string(fly_last_decision()) == "overlay:nearest");
   }
+  fly_set_tuning_db(nullptr);
+}
+
+// A schema version 2 database (profile rows in `tuning` as op "<op>_profile") built from `sql`.
+std::string v2_schema() {
+  return "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+         "INSERT INTO meta VALUES ('schema_version', '2');"
+         "CREATE TABLE tuning (arch TEXT NOT NULL, op TEXT NOT NULL, dtype TEXT NOT NULL, layout TEXT NOT NULL,"
+         " k0 INTEGER NOT NULL, k1 INTEGER NOT NULL, k2 INTEGER NOT NULL, k3 INTEGER NOT NULL DEFAULT 0,"
+         " variant TEXT NOT NULL, time_us REAL, runner_up TEXT, runner_up_us REAL, gpu TEXT, tuned_at TEXT,"
+         " PRIMARY KEY (arch, op, dtype, layout, k0, k1, k2, k3));";
+}
+
+TEST_CASE("profile rows: their own table; a version 2 file's <op>_profile tuning rows read as profile rows",
+          "[db][profile]") {
+  SECTION("version 3: the profile table, in the file's order, never in rows()") {
+    TempDb t(row("rmsnorm_fwd", "bf16", 4096, 64, 0, "tuned") +
+             "INSERT INTO profile VALUES ('sm_90a','rmsnorm_fwd','bf16','row',4096,64,0,'z_first',1.5,'g','d');"
+             "INSERT INTO profile VALUES ('sm_90a','rmsnorm_fwd','bf16','row',4096,64,0,'a_second',1.0,'g','d');");
+    fly::TuningDb db;
+    REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+    REQUIRE(db.rows().size() == 1);
+    CHECK(db.rows()[0].variant == "tuned");
+    REQUIRE(db.profile_rows().size() == 2);
+    const fly::ProfileRow& p = db.profile_rows()[0];
+    CHECK(p.arch == "sm_90a");
+    CHECK(p.op == "rmsnorm_fwd");
+    CHECK(p.dtype == "bf16");
+    CHECK(p.layout == "row");
+    CHECK((p.k[0] == 4096 && p.k[1] == 64 && p.k[2] == 0));
+    CHECK(p.variant == "z_first");
+    CHECK(p.rel_time == 1.5);
+    CHECK(db.profile_rows()[1].variant == "a_second");
+  }
+  SECTION("version 3: a rel_time below 1 is refused when written") {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(":memory:", &db) == SQLITE_OK);
+    CHECK(sqlite3_exec(db, read_schema().c_str(), nullptr, nullptr, nullptr) == SQLITE_OK);
+    CHECK(sqlite3_exec(db, "INSERT INTO profile VALUES ('sm_90a','gemm','bf16','nt',1,1,1,'v',0.9,'g','d');", nullptr,
+                       nullptr, nullptr) != SQLITE_OK);
+    sqlite3_close(db);
+  }
+  SECTION("version 2: <op>_profile rows become profile rows of <op>; the rest stay tuning rows") {
+    TempDb t(v2_schema() +
+                 "INSERT INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,4096,64,0,'tuned',9.0,'',0,'g','d');"
+                 "INSERT INTO tuning VALUES ('sm_90a','gemm_profile','fp16','nn',100,200,3,0,'v1',1.0,'',0,'g','d');"
+                 "INSERT INTO tuning VALUES ('sm_90a','gemm_profile','fp16','nn',100,200,3,1,'v0',1.25,'',0,'g','d');",
+             false);
+    fly::TuningDb db;
+    REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+    REQUIRE(db.rows().size() == 1);
+    CHECK(db.rows()[0].op == "gemm");
+    REQUIRE(db.profile_rows().size() == 2);
+    const fly::ProfileRow& p = db.profile_rows()[1];
+    CHECK(p.op == "gemm");
+    CHECK(p.dtype == "fp16");
+    CHECK(p.layout == "nn");
+    CHECK((p.k[0] == 100 && p.k[1] == 200 && p.k[2] == 3));
+    CHECK(p.variant == "v0");
+    CHECK(p.rel_time == 1.25);
+    CHECK(db.profile_rows()[0].variant == "v1");  // the file's order, not the names'
+  }
+  SECTION("a profile table is read whatever the version says") {
+    TempDb t("UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+             "INSERT INTO profile VALUES ('sm_90a','gemm','bf16','nt',1,2,3,'v',1.0,'g','d');");
+    fly::TuningDb db;
+    REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+    REQUIRE(db.profile_rows().size() == 1);
+    CHECK(db.profile_rows()[0].variant == "v");
+  }
+  SECTION("version 3: an op named like a profile is an ordinary tuning row") {
+    TempDb t(row("rmsnorm_profile", "bf16", 1, 2, 0, "v"));
+    fly::TuningDb db;
+    REQUIRE(db.load_file(t.path) == FLY_SUCCESS);
+    CHECK(db.rows().size() == 1);
+    CHECK(db.profile_rows().empty());
+  }
+  SECTION("a profile that is a view is refused") {
+    TempDb t("DROP TABLE profile; CREATE VIEW profile AS SELECT * FROM tuning;");
+    fly::TuningDb db;
+    CHECK(db.load_file(t.path) == FLY_ERROR_DATABASE);
+    CHECK(std::string(fly_get_last_error()).find("'profile' is a view") != std::string::npos);
+  }
+}
+
+TEST_CASE("flytune's schema step moves a version 2 file's profile rows into the profile table", "[db][profile]") {
+  TempDb t(v2_schema() +
+               "INSERT INTO tuning VALUES ('sm_90a','gemm','bf16','nt',4096,4096,64,0,'tuned',9.0,'',0,'g','d');"
+               "INSERT INTO tuning VALUES ('sm_90a','gemm_profile','bf16','nn',100,200,3,0,'b',1.0,'',0,'g','d');"
+               "INSERT INTO tuning VALUES ('sm_90a','gemm_profile','bf16','nn',100,200,3,1,'a',1.2,'',0,'g','d');"
+               "INSERT INTO tuning VALUES ('sm_90a','gemm_profile','bf16','nn',100,200,3,2,'b',1.1,'',0,'g','d');"
+               "INSERT INTO tuning VALUES ('sm_90a','gemm_profile','bf16','nn',100,200,4,0,'c',0.5,'',0,'g','d');",
+           false);
+  fly::TuningDb before;
+  REQUIRE(before.load_file(t.path) == FLY_SUCCESS);
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(t.path.c_str(), &db) == SQLITE_OK);
+  REQUIRE_NOTHROW(fly::tools::apply_schema(db, read_schema()));
+  CHECK(fly::tools::schema_version(db) == "3");
+  REQUIRE_NOTHROW(fly::tools::apply_schema(db, read_schema()));  // again: nothing to move
+  sqlite3_close(db);
+  fly::TuningDb after;
+  REQUIRE(after.load_file(t.path) == FLY_SUCCESS);
+  REQUIRE(after.rows().size() == 1);
+  CHECK(after.rows()[0].variant == "tuned");
+  // The rows the library read from the version 2 file, in order, less the repeated (shape, variant)
+  // (the vote took the first) and with rel_time at least 1 (the vote read it so).
+  REQUIRE(before.profile_rows().size() == 4);
+  REQUIRE(after.profile_rows().size() == 3);
+  const size_t kept[] = {0, 1, 3};
+  for (size_t i = 0; i < 3; ++i) {
+    const fly::ProfileRow &a = before.profile_rows()[kept[i]], &b = after.profile_rows()[i];
+    INFO(i);
+    CHECK((a.arch == b.arch && a.op == b.op && a.dtype == b.dtype && a.layout == b.layout && a.variant == b.variant));
+    CHECK((a.k[0] == b.k[0] && a.k[1] == b.k[1] && a.k[2] == b.k[2]));
+    CHECK(std::max(1.0, a.rel_time) == b.rel_time);
+  }
+}
+
+TEST_CASE("dispatch: a version 2 overlay's profile rows still vote", "[dispatch][profile]") {
+  std::string a, b;
+  fly::DeviceCtx dc;
+  if (!dispatch_setup(&a, &b, &dc)) return;
+  fly::DispatchRequest req;
+  req.family = "rmsnorm";
+  req.key = key(3000, 777);
+  req.fallback = [&] { return a; };
+  req.profile_op = "rmsnorm_fwd";
+  req.cache_tag = "v2 overlay";
+  // As the profile vote test above, in the old format: `b` wins the vote, the nearest row says `a`.
+  auto prof = [](int64_t n, int64_t m, int slot, const std::string& variant, double rel) {
+    return "INSERT INTO tuning VALUES ('sm_90a','rmsnorm_fwd_profile','bf16','row'," + std::to_string(n) + "," +
+           std::to_string(m) + ",0," + std::to_string(slot) + ",'" + variant + "'," + std::to_string(rel) +
+           ",'',0,'test','2026-01-01');";
+  };
+  std::string sql = v2_schema() + row("rmsnorm_fwd", "bf16", 3100, 800, 0, a) + prof(3000, 760, 0, a, 1.0) +
+                    prof(3000, 760, 1, b, 1.05);
+  const int64_t ns[] = {2800, 3300, 2600, 3600};
+  for (int i = 0; i < 4; ++i) sql += prof(ns[i], 777, 0, b, 1.0) + prof(ns[i], 777, 1, a, 1.25);
+  TempDb t(sql, false);
+  REQUIRE(fly_set_tuning_db(t.path.c_str()) == FLY_SUCCESS);
+  const fly::Variant* v = nullptr;
+  REQUIRE(fly::choose_variant(dc, req, &v) == FLY_SUCCESS);
+  CHECK(v->name == b);
+  CHECK(std::string(fly_last_decision()) == "db:profile");
   fly_set_tuning_db(nullptr);
 }
 

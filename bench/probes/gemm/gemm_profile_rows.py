@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Profile rows for the GEMM dispatch's vote (src/dispatch.cpp profile_vote) from flytune --times
-output: for every shape, each variant within --cap of the shape's best time, as a row of op
-"gemm_profile" whose time_us is the variant's time over that best (k3 numbers the variants).
+output: for every shape, each variant within --cap of the shape's best time, as a row of the
+`profile` table (db/schema.sql) for op "gemm" whose rel_time is the variant's time over that best.
 
   python3 bench/probes/gemm/gemm_profile_rows.py --times bench/logs/gemm-profile-train-times-2026-12-02e.tsv.gz \\
       --out db/sm_90a_gemm_profile.sql [--cap 1.3] [--gpu "NVIDIA H200"] [--date 2026-12-02]
@@ -78,16 +78,17 @@ def main():
     if args.loo:
         loo(T, args.cap)
         return
-    lines = [f"-- GEMM profile rows (op gemm_profile, src/dispatch.cpp profile_vote): {len(T)} shapes timed with every",
-             "-- bundled variant; time_us = the variant's time over the shape's best, variants within "
+    lines = [f"-- GEMM profile rows (table profile, op gemm; src/dispatch.cpp profile_vote): {len(T)} shapes timed with",
+             "-- every bundled variant; rel_time = the variant's time over the shape's best, variants within "
              f"{args.cap}x of it.",
              f"-- Written by bench/probes/gemm/gemm_profile_rows.py --times {args.times} --cap {args.cap}"]
     n = 0
     for (dt, lay, M, N, K), tv in sorted(T.items()):
         best = min(tv.values())
-        for slot, (v, t) in enumerate(sorted((v, t) for v, t in tv.items() if t <= best * args.cap)):
-            lines.append(f"INSERT OR REPLACE INTO tuning VALUES ('sm_90a','gemm_profile','{dt}','{lay}',{N},{K},{M},"
-                         f"{slot},'{v}',{t / best:.4f},'',0,'{args.gpu}','{args.date}');")
+        # Rows in (shape, variant) order: the vote reads a shape's rows in the file's order.
+        for v, t in sorted((v, t) for v, t in tv.items() if t <= best * args.cap):
+            lines.append(f"INSERT OR REPLACE INTO profile VALUES ('sm_90a','gemm','{dt}','{lay}',{N},{K},{M},"
+                         f"'{v}',{t / best:.4f},'{args.gpu}','{args.date}');")
             n += 1
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
