@@ -63,6 +63,8 @@ MEANINGS = {
     "fold": "k128 scale folding (MXFP4)",
     "pipe": "software pipeline depth of the scale decode",
     "split": "CTAs splitting K",
+    "act": "activation (and output) element type of a weight-only GEMM",
+    "fmt": "MX element format of the weights: e4m3 (MXFP8) or e2m1 (MXFP4)",
 }
 
 ROOT = Path(__file__).resolve().parents[1]

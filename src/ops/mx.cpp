@@ -4,8 +4,11 @@
 #include <cinttypes>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string>
 
 #include "core.hpp"
+#include "mx/mx_decode.h"
 #include "mx/mx_params.h"
 #include "mx/mx_wgmma_params.h"
 #include "mx/mx_widen.h"
@@ -155,6 +158,157 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
   return launch1(fr, rc, stream, r);
 }
 
+// ---- weight-only mode (BF16/FP16 activations, MX weights): the decode kernel ---------------
+// kernels/mx/mx_decode.cu, family mx_decode (tuning/mx_decode.json), docs/mxfp.md "Weight-only
+// decode". Chosen by fly_scaled_gemm when a is FP16/BF16 and scale_a is NULL.
+bool is_16bit(fly_dtype dt) { return dt == FLY_F16 || dt == FLY_BF16; }
+const char* mx_fmt_name(bool fp4) { return fp4 ? "e2m1" : "e4m3"; }
+// Largest M the decode kernels take (8 * the largest mt of the space); larger M has no kernel yet.
+constexpr int64_t kWeightOnlyMaxM = 64;
+
+// The family default for a call (only names listed in tuning/mx_decode.json "defaults"): the
+// 16-row activation tile with 32 weight rows per warp up to M = 16; the 64-row one above, with 16
+// rows per warp (32 would spill: 64 accumulators a thread per m tile).
+std::string weight_only_default(fly_dtype act, bool fp4, int64_t M) {
+  return std::string("mx_decode_") + dtype_name(act) + "_" + mx_fmt_name(fp4) + (M <= 16 ? "_w8_r32_m2" : "_w8_r16_m8") +
+         (fp4 ? "_d6" : "_d4");
+}
+
+// Shapes, dtypes and layouts of a weight-only call (shared by the workspace query, which needs no
+// scale tensor, and the call). Returns M, N, K.
+fly_status check_weight_only(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c, int64_t* M,
+                             int64_t* N, int64_t* K) {
+  FLY_TRY(check_tensor(b, "b", 2));
+  FLY_TRY(check_tensor(c, "c", 2));
+  if (b->dtype != FLY_F8_E4M3 && b->dtype != FLY_F4_E2M1X2)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: dtype %s is not supported with %s activations (weight-only: e4m3, e2m1x2)",
+                dtype_name(b->dtype), dtype_name(a->dtype));
+  const bool fp4 = b->dtype == FLY_F4_E2M1X2;
+  FLY_TRY(check_row_layout(*a, "a", false));
+  FLY_TRY(check_row_layout(*b, "b", false));
+  FLY_TRY(check_row_layout(*c, "c", true));
+  *M = a->sizes[0];
+  *K = a->sizes[1];
+  *N = b->sizes[0];
+  const int64_t bcols = fp4 ? *K / 2 : *K;
+  if (b->sizes[1] != bcols || (fp4 && *K % 2 != 0))
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "b: %" PRId64 " columns do not match a's K = %" PRId64 " (%s: %" PRId64 ")",
+                b->sizes[1], *K, fp4 ? "packed E2M1, K/2 bytes" : "E4M3, K bytes", bcols);
+  if (c->sizes[0] != *M || c->sizes[1] != *N)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "c: shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
+                c->sizes[0], c->sizes[1], *M, *N);
+  if (c->dtype != a->dtype)
+    return fail(FLY_ERROR_UNSUPPORTED, "c: dtype %s; the weight-only mode writes a's dtype (%s)", dtype_name(c->dtype),
+                dtype_name(a->dtype));
+  if (*K % 32 != 0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "a: K = %" PRId64 " is not a multiple of 32 (the MX block)", *K);
+  return FLY_SUCCESS;
+}
+
+fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* scale_b, const fly_tensor* bias,
+                            const fly_tensor* c, void* workspace, size_t workspace_bytes, void* stream) {
+  int64_t M = 0, N = 0, K = 0;
+  FLY_TRY(check_weight_only(a, b, c, &M, &N, &K));
+  const bool fp4 = b->dtype == FLY_F4_E2M1X2;
+  FLY_TRY(check_tensor(scale_b, "scale_b", 2));
+  if (scale_b->dtype != FLY_E8M0)
+    return fail(FLY_ERROR_INVALID_ARGUMENT, "scale_b: dtype %s, expected e8m0", dtype_name(scale_b->dtype));
+  FLY_TRY(check_dense(*scale_b, "scale_b", N, K / 32));
+  if (bias) FLY_TRY(check_vector(bias, "bias", N, c->dtype));
+  FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
+  {
+    const fly_tensor* all[5] = {a, b, scale_b, bias, c};
+    const char* names[5] = {"a", "b", "scale_b", "bias", "c"};
+    for (int i = 0; i < 4; ++i) FLY_TRY(check_disjoint(c, "c", all[i], names[i]));
+    for (int i = 0; i < 5; ++i) FLY_TRY(check_workspace_disjoint(workspace, workspace_bytes, all[i], names[i]));
+  }
+  if (M == 0 || N == 0) return FLY_SUCCESS;
+  if (K == 0) return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported by the MX kernels");
+  if (M > kWeightOnlyMaxM)
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "a: M = %" PRId64 " rows; the weight-only MX mode (%s activations) has decode kernels for M <= %" PRId64
+                " only (prefill is not implemented yet: dequantize and use fly_gemm)",
+                M, dtype_name(a->dtype), kWeightOnlyMaxM);
+  const int64_t lda = row_stride(*a), ldb = row_stride(*b);
+  if ((lda * 2) % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "a: row stride %" PRId64 " elements is not a multiple of 8 (16 bytes)", lda);
+  if (ldb % 16 != 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: row stride %" PRId64 " bytes is not a multiple of 16", ldb);
+  if (reinterpret_cast<uintptr_t>(a->data) % 16 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "a: data pointer %p is not 16-byte aligned", a->data);
+  if (reinterpret_cast<uintptr_t>(b->data) % 16 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "b: data pointer %p is not 16-byte aligned", b->data);
+  if (N > INT32_MAX || K > INT32_MAX || (N + 15) / 16 > INT32_MAX / 8)
+    return fail(FLY_ERROR_UNSUPPORTED, "b: N = %" PRId64 ", K = %" PRId64 " exceed the decode kernel's 32-bit indices", N, K);
+
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_device_pointer(*a, "a"));
+  FLY_TRY(check_device_pointer(*b, "b"));
+  FLY_TRY(check_device_pointer(*scale_b, "scale_b"));
+  FLY_TRY(check_device_pointer(*c, "c"));
+  if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
+  if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
+
+  const fly_dtype act = a->dtype;
+  const std::string key_dtype = std::string(dtype_name(act)) + "_" + mx_fmt_name(fp4);
+  DispatchRequest req = make_request("mx_decode", "scaled_gemm_wo", key_dtype, "nt", {{"N", N}, {"K", K}, {"M", M}});
+  const int smem_max = dc->max_smem_optin;
+  req.supports = [act, fp4, M, smem_max](const Variant& v) {
+    const int mt = int(v.get_int("mt", 0)), nw = int(v.get_int("nw", 0)), rpw = int(v.get_int("rpw", 0));
+    return v.get("act") == dtype_name(act) && v.get("fmt") == mx_fmt_name(fp4) && 8 * int64_t(mt) >= M && nw > 0 &&
+           rpw > 0 && (smem_max <= 0 || mxd::smem_bytes(nw, rpw, mt) <= smem_max);
+  };
+  req.fallback = [act, fp4, M] { return weight_only_default(act, fp4, M); };
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "fly_mx_decode_sm90", &rk));
+  const Variant& v = *rk.v;
+  mxd::Shape shape;
+  shape.nw = int(v.get_int("nw", 8));
+  shape.rpw = int(v.get_int("rpw", 32));
+  shape.mt = int(v.get_int("mt", 2));
+  shape.cl = int(v.get_int("cl", 0));
+  if (8 * int64_t(shape.mt) < M)  // a forced variant whose activation tile is too small
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s takes M <= %d, got M = %" PRId64, v.name.c_str(), 8 * shape.mt, M);
+  const mxd::Launch L = mxd::plan(N, K, shape, dc->sm_count > 0 ? dc->sm_count : 132);
+  mxd::DecodeParams p;
+  std::memset(&p, 0, sizeof(p));
+  {
+    const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(M)};
+    const cuuint64_t strides[1] = {cuuint64_t(M > 1 ? lda * 2 : ((K * 2 + 15) / 16) * 16)};
+    const cuuint32_t box[2] = {64, cuuint32_t(8 * shape.mt)};
+    const cuuint32_t es[2] = {1, 1};
+    FLY_CU(rk.d->cuTensorMapEncodeTiled(&p.tm_a, act == FLY_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                                        2, a->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+           "cuTensorMapEncodeTiled");
+  }
+  p.w = static_cast<const uint8_t*>(b->data);
+  p.sw = static_cast<const uint8_t*>(scale_b->data);
+  p.c = c->data;
+  p.bias = bias ? bias->data : nullptr;
+  p.ldw = N > 1 ? ldb : (fp4 ? K / 2 : K);
+  p.ldc = row_stride(*c);
+  p.M = int32_t(M);
+  p.N = int32_t(N);
+  p.K = int32_t(K);
+  p.kst_per_cta = L.kst_per_cta;
+  p.cl = L.cl;
+  if (int64_t(L.smem) > dc->max_smem_optin && dc->max_smem_optin > 0)
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d", v.name.c_str(),
+                L.smem, dc->max_smem_optin);
+  log(LogLevel::kInfo, "scaled_gemm weight-only %s: grid %u, cluster %u (M %lld N %lld K %lld)", v.name.c_str(), L.grid,
+      L.cluster, (long long)M, (long long)N, (long long)K);
+  LaunchConfig cfg;
+  cfg.grid[0] = L.grid;
+  cfg.block[0] = L.threads;
+  cfg.smem = L.smem;
+  cfg.cluster[0] = L.cluster;
+  return launch1(rk.f, cfg, stream, p);
+}
+
 }  // namespace
 }  // namespace fly
 
@@ -233,10 +387,15 @@ extern "C" FLY_API fly_status fly_scaled_gemm_workspace_size(const fly_tensor* a
   if (!bytes) return fail(FLY_ERROR_INVALID_ARGUMENT, "bytes: NULL");
   *bytes = 0;
   FLY_TRY(check_tensor(a, "a", 2));
+  if (is_16bit(a->dtype)) {  // weight-only: the decode kernel needs no workspace
+    int64_t M = 0, N = 0, K = 0;
+    return check_weight_only(a, b, c, &M, &N, &K);
+  }
   FLY_TRY(check_tensor(b, "b", 2));
   FLY_TRY(check_tensor(c, "c", 2));
   if (a->dtype != FLY_F8_E4M3 && a->dtype != FLY_F4_E2M1X2)
-    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (e4m3, e2m1x2)", dtype_name(a->dtype));
+    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (e4m3, e2m1x2; fp16/bf16 activations: weight-only)",
+                dtype_name(a->dtype));
   if (b->dtype != a->dtype)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(a->dtype));
   const bool fp4 = a->dtype == FLY_F4_E2M1X2;
@@ -262,12 +421,16 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   using namespace fly;
   clear_error();
   FLY_TRY(check_tensor(a, "a", 2));
+  // Weight-only mode: FP16/BF16 activations, no activation scales, MX weights (the decode kernel).
+  if (is_16bit(a->dtype) && !scale_a)
+    return weight_only_gemm(a, b, scale_b, bias, c, workspace, workspace_bytes, stream);
   FLY_TRY(check_tensor(b, "b", 2));
   FLY_TRY(check_tensor(c, "c", 2));
   FLY_TRY(check_tensor(scale_a, "scale_a", 2));
   FLY_TRY(check_tensor(scale_b, "scale_b", 2));
   if (a->dtype != FLY_F8_E4M3 && a->dtype != FLY_F4_E2M1X2)
-    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (e4m3, e2m1x2)", dtype_name(a->dtype));
+    return fail(FLY_ERROR_UNSUPPORTED, "a: dtype %s is not supported (e4m3, e2m1x2%s)", dtype_name(a->dtype),
+                is_16bit(a->dtype) ? "; fp16/bf16 activations are the weight-only mode: pass scale_a = NULL" : "");
   if (b->dtype != a->dtype)
     return fail(FLY_ERROR_INVALID_ARGUMENT, "b: dtype %s does not match a (%s)", dtype_name(b->dtype), dtype_name(a->dtype));
   const bool fp4 = a->dtype == FLY_F4_E2M1X2;

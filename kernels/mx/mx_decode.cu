@@ -1,0 +1,324 @@
+// SPDX-License-Identifier: Apache-2.0
+// Weight-only MX decode GEMM for sm_90a: C[M, N] = A[M, K] * dequant(W[N, K])^T (+ bias), M <= 64,
+// A and C BF16 or FP16, W MXFP8 (E4M3) or MXFP4 (packed E2M1) with E8M0 scales per 32 k
+// (kernels/mx/mx_decode.h: parameters, plan, widenings; docs/mxfp.md "Weight-only decode").
+//
+// The BF16 decode kernel's structure (kernels/gemm/gemm_decode_sm90.cu): at decode sizes the GEMM
+// is a stream of W, so W never touches shared memory. Each warp owns RPW rows of W and loads them
+// straight from global memory into registers, DEPTH 64-wide k stages ahead; they are widened in
+// registers to the mma.sync A operand (m16n8k16, W rows as the MMA's M, tokens as its N). The
+// activations (read by every CTA) arrive through a TMA ring of 64-wide k stages filled by one
+// thread; a cluster of CL CTAs splits K and reduces through DSMEM in rank order (deterministic).
+//
+// Scales, exactly: a lane (g = lane / 4, c = lane % 4) holds k [8c, 8c + 8) of every 32-k block of
+// its rows g and g + 8 of each 16-row m tile: 8 bytes (MXFP8) or 4 bytes (MXFP4) per row and
+// block, so each k16 mma adds the products of one block only. Per block the two mma accumulate
+// into a zeroed fp32 scratch, and acc += scratch * 2^(e - 127) (one FFMA per accumulator per block,
+// the row's multiplier decoded from its E8M0 byte with three integer operations): exact for every
+// scale byte (0x00 = 2^-127, 0xFF = NaN), where multiplying the 16-bit weights by the scale would
+// leave FP16's ~40 binades (and round away BF16's subnormals). The price is narrower loads (a
+// quad reads one 32-byte sector per row for MXFP8, half of one for MXFP4) instead of one 16-byte
+// load per lane, which would put two blocks into every k16 step.
+//
+// Widening (mx_decode.h, checked on the CPU over every input): MXFP8 by cvt.rn.f16x2.e4m3x2
+// (exact), to BF16 through FP32 (exact); MXFP4 by bit placement, FP16 w * 2^-14 (the 2^14 folded
+// into the partial before the reduction) or BF16 w * 2^-126 times 2^126 (one HMUL2).
+//
+// Register layout of one k16 step s (0, 1) of block b, lane (g, c): the A slots {2c, 2c + 1} and
+// {2c + 8, 2c + 9} take the lane's logical k (8c + 4s + {0, 1}, 8c + 4s + {2, 3}) (MXFP8: the
+// two halves of byte word s) or (8c + {2s, 2s + 4}, 8c + {2s + 1, 2s + 5}) (MXFP4: nibble pairs 2s,
+// 2s + 1); the B fragment takes the same activations from one 16-byte shared-memory read of
+// activation row 8t + (g >> 1) + 4 (g & 1) (the original kernel's conflict-free row order),
+// permuted with prmt for MXFP4.
+//
+// Variant constants (tools/flygen): FLY_ACT_IS_{BF16,FP16}, FLY_FMT_IS_{E4M3,E2M1}, FLY_NW
+// (warps), FLY_RPW (W rows per warp: 16 or 32), FLY_MT (activation rows / 8: M <= 8 MT),
+// FLY_DEPTH (k stages of W in flight per warp beyond the one in use).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/sm90.h"
+#include "common/vec.cuh"
+#include "gemm/gemm_reduce.cuh"
+#include "gemm/gemm_ring.cuh"
+#include "mx/mx_decode.h"
+
+#if defined(FLY_ACT_IS_BF16)
+using T = __nv_bfloat16;
+#define FLY_MMA_TYPE "bf16"
+constexpr bool kBf16 = true;
+#elif defined(FLY_ACT_IS_FP16)
+using T = __half;
+#define FLY_MMA_TYPE "f16"
+constexpr bool kBf16 = false;
+#else
+#error "mx_decode: FLY_ACT_IS_BF16 or FLY_ACT_IS_FP16 must be defined"
+#endif
+#if defined(FLY_FMT_IS_E2M1)
+constexpr bool kFp4 = true;
+#elif defined(FLY_FMT_IS_E4M3)
+constexpr bool kFp4 = false;
+#else
+#error "mx_decode: FLY_FMT_IS_E4M3 or FLY_FMT_IS_E2M1 must be defined"
+#endif
+
+namespace {
+
+using fly::mxd::DecodeParams;
+using fly::mxd::kStages;
+
+constexpr int NW = FLY_NW;
+constexpr int RPW = FLY_RPW;
+constexpr int MT = FLY_MT;
+constexpr int DEPTH = FLY_DEPTH;
+constexpr int MI = RPW / 16;                 // 16-row m tiles per warp
+constexpr int ROWS = NW * RPW;               // W rows per CTA
+constexpr int ACT_ROWS = 8 * MT;             // activation rows in the ring (TMA zero-fills past M)
+constexpr int STAGE_BYTES = ACT_ROWS * 128;  // one 64-wide k stage of them, 128B-swizzled
+constexpr int THREADS = fly::mxd::threads_per_cta(NW);
+using PartialLayout = fly::gemm::PartialLayoutT<ACT_ROWS, ROWS>;
+constexpr int REGION = fly::mxd::region_bytes(NW, RPW, MT);
+using ActRing = fly::gemm::StageRing<kStages, STAGE_BYTES, REGION>;
+using RingPos = fly::gemm::RingPos<kStages>;
+static_assert(REGION >= STAGE_BYTES * kStages && REGION >= ACT_ROWS * (ROWS + 4) * 4, "the ring and the partial tile");
+static_assert(RPW == 16 || RPW == 32 || RPW == 64, "W rows per warp: 16, 32 or 64");
+static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8, "activation tile: 8, 16, 32 or 64 rows");
+static_assert(DEPTH >= 1 && DEPTH <= 12, "k stages in flight");
+static_assert(fly::mxd::smem_bytes(NW, RPW, MT) == REGION + 2 * kStages * 8 + 1024, "host sizing");
+// MXFP4 into FP16 carries w * 2^-14: the partial is multiplied back before the reduction.
+constexpr float kFold = (kFp4 && !kBf16) ? 16384.f : 1.f;
+
+// C as the shared reduction writes it (gemm_reduce.cuh reduce_partials_t): D = C, row-major.
+struct DecodeOut {
+  using Elem = T;
+  T* c;
+  const T* bias;
+  int64_t ldc;
+  int rows, cols;  // M, N
+  bool swap, vec;
+};
+struct DecodeUnit {
+  int tm, tn;  // the tile: rows 0.. of C (tm = 0), columns tn * ROWS..
+};
+
+// One 64-wide k stage of a lane's W rows in registers: [m tile][row g, g + 8][32-k block], the
+// weight bytes and the E8M0 scale bytes.
+struct WStage {
+#if defined(FLY_FMT_IS_E2M1)
+  uint32_t w[MI][2][2];
+#else
+  uint2 w[MI][2][2];
+#endif
+  uint32_t s[MI][2][2];
+};
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." FLY_MMA_TYPE "." FLY_MMA_TYPE ".f32"
+               " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two E4M3 bytes (the low or high half of w) -> the A operand pair (FP16, or BF16 through FP32).
+__device__ __forceinline__ uint32_t widen_e4m3x2(uint32_t w, bool hi) {
+  uint32_t h;
+  const unsigned short v = static_cast<unsigned short>(hi ? w >> 16 : w & 0xFFFFu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v));
+  if constexpr (!kBf16) {
+    return h;
+  } else {
+    const __half2 hh = *reinterpret_cast<const __half2*>(&h);
+    const float2 f = __half22float2(hh);
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: E4M3 fits BF16
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+// Nibble pair j of an MXFP4 word -> the A operand pair (FP16 w * 2^-14, or BF16 w).
+__device__ __forceinline__ uint32_t widen_e2m1(uint32_t q, int j) {
+  if constexpr (!kBf16) {
+    return fly::mxd::e2m1_pair_f16(q, j);
+  } else {
+    const uint32_t raw = fly::mxd::e2m1_pair_bf16_m126(q, j);
+    uint32_t r;
+    // times 2^126 (BF16 0x7E80 in both halves): exact, every product is an E2M1 value
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(raw), "r"(0x7E807E80u));
+    return r;
+  }
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(const __grid_constant__ DecodeParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  const ActRing ring = ActRing::at_as<ActRing>(smem_raw);
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int rank = p.cl > 1 ? int(fly::sm90::cluster_ctarank()) : 0;
+  const int tile = int(blockIdx.x) / p.cl;
+  const int row0 = tile * ROWS;
+  const int ksts = (p.K + 63) / 64;     // 64-wide k stages of the whole K
+  const int nblk = p.K / 32;            // 32-k MX blocks (K % 32 == 0)
+  const int kst0 = rank * p.kst_per_cta;
+  const int nks = max(0, min(ksts, kst0 + p.kst_per_cta) - kst0);
+
+  if (threadIdx.x == 0) ring.init_barriers(NW);  // empty: one arrival per warp
+  __syncthreads();
+
+  float acc[MI][MT][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][t][e] = 0.f;
+
+  // The ring: lane 0 of warp 0 fills it (the BF16 decode kernel's scheme: the first kStages stages,
+  // then at iteration it >= 1 the slot of stage it - 1, freed by every warp, with stage
+  // it - 1 + kStages).
+  const bool issuer = warp == 0 && lane == 0;
+  RingPos fill;
+  auto issue = [&](int i) {
+    uint64_t* fb = ring.acquire(fill, STAGE_BYTES);
+    fly::sm90::tma_load_2d(ring.stage_ptr(fill.stage), &p.tm_a, fb, (kst0 + i) * 64, 0);
+    fill.advance();
+  };
+  if (issuer) {
+    fly::sm90::tma_prefetch_desc(&p.tm_a);
+    for (int i = 0; i < min(nks, kStages); ++i) issue(i);
+  }
+  {
+    const int g = lane >> 2, c = lane & 3;
+    const int64_t srow = nblk;  // scale row stride (bytes)
+    auto load_w = [&](WStage& b, int it) {
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int n = row0 + warp * RPW + i * 16 + g + 8 * h;
+#pragma unroll
+          for (int kb = 0; kb < 2; ++kb) {
+            const int blk = (kst0 + it) * 2 + kb;
+            const bool ok = it < nks && n < p.N && blk < nblk;
+#if defined(FLY_FMT_IS_E2M1)
+            const uint8_t* src = p.w + int64_t(n) * p.ldw + blk * 16 + 4 * c;
+            b.w[i][h][kb] = ok ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
+#else
+            const uint8_t* src = p.w + int64_t(n) * p.ldw + blk * 32 + 8 * c;
+            b.w[i][h][kb] = ok ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0, 0);
+#endif
+            b.s[i][h][kb] = ok ? uint32_t(__ldg(p.sw + int64_t(n) * srow + blk)) : 127u;
+          }
+        }
+    };
+    auto compute = [&](const WStage& b, const uint8_t* st) {
+#pragma unroll
+      for (int kb = 0; kb < 2; ++kb) {
+        // the A operand of both k16 steps of this block, per m tile: [i][step][a0..a3]
+        uint32_t a[MI][2][4];
+        float mul[MI][2];
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) mul[i][h] = __uint_as_float(fly::mxd::e8m0_mult_bits(b.s[i][h][kb]));
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+#if defined(FLY_FMT_IS_E2M1)
+            const uint32_t q0 = b.w[i][0][kb], q1 = b.w[i][1][kb];
+            a[i][s][0] = widen_e2m1(q0, 2 * s);
+            a[i][s][1] = widen_e2m1(q1, 2 * s);
+            a[i][s][2] = widen_e2m1(q0, 2 * s + 1);
+            a[i][s][3] = widen_e2m1(q1, 2 * s + 1);
+#else
+            const uint32_t w0 = s ? b.w[i][0][kb].y : b.w[i][0][kb].x;
+            const uint32_t w1 = s ? b.w[i][1][kb].y : b.w[i][1][kb].x;
+            a[i][s][0] = widen_e4m3x2(w0, false);
+            a[i][s][1] = widen_e4m3x2(w1, false);
+            a[i][s][2] = widen_e4m3x2(w0, true);
+            a[i][s][3] = widen_e4m3x2(w1, true);
+#endif
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          const int m = 8 * t + (g >> 1) + 4 * (g & 1);
+          const uint4 x = *reinterpret_cast<const uint4*>(st + m * 128 + (((kb * 4 + c) ^ (m & 7)) << 4));
+          uint32_t bf[2][2];
+          if constexpr (kFp4) {
+            bf[0][0] = prmt(x.x, x.z, 0x5410);  // (k0, k4)
+            bf[0][1] = prmt(x.x, x.z, 0x7632);  // (k1, k5)
+            bf[1][0] = prmt(x.y, x.w, 0x5410);  // (k2, k6)
+            bf[1][1] = prmt(x.y, x.w, 0x7632);  // (k3, k7)
+          } else {
+            bf[0][0] = x.x;
+            bf[0][1] = x.y;
+            bf[1][0] = x.z;
+            bf[1][1] = x.w;
+          }
+#pragma unroll
+          for (int i = 0; i < MI; ++i) {
+            float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+            mma16816(tmp, a[i][0][0], a[i][0][1], a[i][0][2], a[i][0][3], bf[0][0], bf[0][1]);
+            mma16816(tmp, a[i][1][0], a[i][1][1], a[i][1][2], a[i][1][3], bf[1][0], bf[1][1]);
+            acc[i][t][0] = fmaf(tmp[0], mul[i][0], acc[i][t][0]);
+            acc[i][t][1] = fmaf(tmp[1], mul[i][0], acc[i][t][1]);
+            acc[i][t][2] = fmaf(tmp[2], mul[i][1], acc[i][t][2]);
+            acc[i][t][3] = fmaf(tmp[3], mul[i][1], acc[i][t][3]);
+          }
+        }
+      }
+    };
+    // W stages rotate through DEPTH + 1 register buffers; the loop is unrolled by DEPTH + 1 so
+    // every buffer index is a compile-time constant.
+    WStage buf[DEPTH + 1];
+    RingPos pos;
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) load_w(buf[j], j);
+    for (int it0 = 0; it0 < nks; it0 += DEPTH + 1) {
+#pragma unroll
+      for (int j = 0; j <= DEPTH; ++j) {
+        const int it = it0 + j;
+        if (it < nks) {
+          load_w(buf[(j + DEPTH) % (DEPTH + 1)], it + DEPTH);
+          if (issuer && it >= 1 && it - 1 + kStages < nks) issue(it - 1 + kStages);
+          __syncwarp();  // warp 0 reconverges before its mma.sync
+          ring.wait_full(pos);
+          __syncwarp();
+          compute(buf[j], ring.stage_ptr(pos.stage));
+          __syncwarp();
+          if (lane == 0) ring.release_local(pos.stage);
+          pos.advance();
+        }
+      }
+    }
+  }
+
+  // Every warp has finished reading the ring (and waited for every TMA issued into it): the
+  // ring's memory now holds the fp32 partial tile, C's [ACT_ROWS][ROWS] block.
+  __syncthreads();
+  float* part = reinterpret_cast<float*>(ring.base);
+  {
+    const PartialLayout L{false};
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        const int n = warp * RPW + i * 16 + g, m = 8 * t + c;  // W row (C column), A row (C row)
+        part[L.index(m, n)] = acc[i][t][0] * kFold;
+        part[L.index(m + 4, n)] = acc[i][t][1] * kFold;
+        part[L.index(m, n + 8)] = acc[i][t][2] * kFold;
+        part[L.index(m + 4, n + 8)] = acc[i][t][3] * kFold;
+      }
+  }
+  if (p.cl > 1) fly::sm90::cluster_sync();
+  else __syncthreads();
+
+  const DecodeOut out{static_cast<T*>(p.c), static_cast<const T*>(p.bias), p.ldc, p.M, p.N, false,
+                      (reinterpret_cast<uintptr_t>(p.c) & 7) == 0 && p.ldc % 4 == 0};
+  fly::gemm::reduce_partials_t<THREADS>(out, DecodeUnit{0, tile}, part, PartialLayout{false}, rank, p.cl,
+                                        int(threadIdx.x));
+  if (p.cl > 1) fly::sm90::cluster_sync();
+}

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+// Weight-only MX decode GEMM (kernels/mx/mx_decode.cu, docs/mxfp.md "Weight-only decode"):
+// C[M, N] = A[M, K] * dequant(W[N, K])^T (+ bias), A and C BF16 or FP16, W MXFP8 (E4M3) or MXFP4
+// (E2M1, two per byte) with one E8M0 scale per 32 k of a row, M <= 64.
+//
+// This header is shared by the kernel, the launcher (src/ops/mx.cpp) and the CPU tests: the
+// parameters, the launch plan (host), and the exact register widenings (host and device: the CPU
+// tests run them over every input).
+#pragma once
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define FLY_MXD_HD __host__ __device__ __forceinline__
+#else
+#define FLY_MXD_HD inline
+#endif
+
+#if !defined(__CUDACC_RTC__)
+#include <cuda.h>  // CUtensorMap
+#endif
+
+namespace fly::mxd {
+
+struct DecodeParams {
+  CUtensorMap tm_a;    // A [M, K] (16-bit): dims {K, M}, box {64, 8 mt}, 128-byte swizzle
+  const uint8_t* w;    // W [N, K] E4M3 bytes or [N, K/2] packed E2M1, rows ldw bytes apart (16-aligned)
+  const uint8_t* sw;   // scales [N, K/32] E8M0, contiguous (rows K/32 bytes apart)
+  void* c;             // C [M, N], rows ldc elements apart, A's dtype
+  const void* bias;    // bias [N] in C's dtype, or nullptr
+  int64_t ldw, ldc;
+  int32_t M, N, K;
+  int32_t kst_per_cta;  // 64-wide k stages per CTA of a cluster (the cluster splits K)
+  int32_t cl;           // CTAs per cluster (== the launch's cluster size)
+};
+
+constexpr int kStages = 8;  // activation ring depth (64-wide k stages)
+
+inline constexpr int rows_per_cta(int nw, int rpw) { return nw * rpw; }
+inline constexpr int threads_per_cta(int nw) { return nw * 32; }
+inline constexpr int imax(int a, int b) { return a > b ? a : b; }
+// Dynamic shared memory: 1 KiB alignment slack, then the activation ring (reused after the main
+// loop for the fp32 partial tile, C's [8 mt][rows] block with rows padded by 4 floats, as
+// gemm_reduce.cuh lays it out), then the ring's barriers.
+inline constexpr int region_bytes(int nw, int rpw, int mt) {
+  return imax(kStages * mt * 8 * 128, mt * 8 * (rows_per_cta(nw, rpw) + 4) * 4);
+}
+inline constexpr int smem_bytes(int nw, int rpw, int mt) { return region_bytes(nw, rpw, mt) + 2 * kStages * 8 + 1024; }
+
+struct Shape {
+  int nw = 8;    // warps
+  int rpw = 32;  // W rows per warp (16 or 32)
+  int mt = 2;    // activation rows / 8 (M <= 8 mt)
+  int cl = 0;    // cluster size (K split); 0: choose_cluster
+};
+
+// The cluster size when the variant does not force one: the largest of 1, 2, 4, 8 whose CTAs
+// still fit one wave (at most the SM count: one CTA per SM, since each holds ~255 registers a
+// thread) while every CTA keeps at least 4 stages of K.
+inline int choose_cluster(int64_t tiles, int64_t stages, int sm_count) {
+  int best = 1;
+  for (int cl = 2; cl <= 8; cl *= 2)
+    if (tiles * cl <= int64_t(sm_count) && stages >= 4 * cl) best = cl;
+  return best;
+}
+
+struct Launch {
+  unsigned grid, cluster, threads, smem;
+  int32_t kst_per_cta, cl;
+};
+// Grid and cluster of one call (the launcher fills the rest of DecodeParams).
+inline Launch plan(int64_t N, int64_t K, const Shape& v, int sm_count) {
+  Launch L{};
+  const int rows = rows_per_cta(v.nw, v.rpw);
+  const int64_t tiles = (N + rows - 1) / rows;
+  const int64_t stages = (K + 63) / 64;
+  int cl = v.cl > 0 ? v.cl : choose_cluster(tiles, stages, sm_count);
+  if (cl > stages) cl = int(stages);
+  const int64_t per = (stages + cl - 1) / cl;
+  cl = int((stages + per - 1) / per);  // no CTA without k stages
+  L.kst_per_cta = int32_t(per);
+  L.cl = cl;
+  L.grid = unsigned(tiles * cl);
+  L.cluster = unsigned(cl);
+  L.threads = unsigned(threads_per_cta(v.nw));
+  L.smem = unsigned(smem_bytes(v.nw, v.rpw, v.mt));
+  return L;
+}
+
+// ---- exact widening (one 32-bit word of a lane's weights -> mma.sync A-operand pairs) -----------
+//
+// The k16 steps of a lane never mix MX blocks: lane c (of a quad) holds k [8c, 8c + 8) of each
+// 32-k block of its two rows (MXFP8: 8 bytes, MXFP4: 4 bytes), so each mma adds products of one
+// block only and the block scale is applied once per block to the fp32 partial (exact for every
+// E8M0 byte, unlike scaling the 16-bit weights: FP16 holds only ~40 binades).
+
+// E8M0 byte -> the FP32 block multiplier 2^(b - 127): b * 2^23 (+ 2^14 (b + 1), which reaches bit
+// 22 only for b = 255, the NaN quiet bit), masked to the exponent and bit 22, then at least 2^-127
+// (0x00400000, the FP32 subnormal that b = 0 means). Three integer operations, exact for all 256.
+FLY_MXD_HD uint32_t e8m0_mult_bits(uint32_t b) {
+  const uint32_t v = (b * 0x804000u + 0x4000u) & 0x7FC00000u;
+  return v > 0x00400000u ? v : 0x00400000u;
+}
+
+// MXFP4 (packed E2M1, element 2i in the low nibble of byte i) -> FP16 pairs by bit placement.
+// Nibble s e1 e0 m: e1 e0 m go to FP16 bits [11:9], s to bit 15, so the FP16 value is w * 2^-14
+// for every code (e = 0, m = 1 lands on FP16's subnormal 2^-15 = 0.5 * 2^-14: E2M1's subnormal
+// step matches). Pair j (0..3) of word q holds nibbles j (low half) and j + 4 (high half): they are
+// 16 bits apart, so one shift places both. Logical k of the pair: (j, j + 4) of the lane's 8.
+FLY_MXD_HD uint32_t e2m1_pair_f16(uint32_t q, int j) {
+  const uint32_t mag = (j <= 2 ? q << (9 - 4 * j) : q >> 3) & 0x0E000E00u;
+  const uint32_t sgn = (q << (12 - 4 * j)) & 0x80008000u;
+  return mag | sgn;
+}
+// The same into BF16 bit positions: e1 e0 m at bits [8:6], s at 15: the BF16 value w * 2^-126
+// (e = 0, m = 1 is BF16's subnormal 2^-127); the kernel multiplies the pair by 2^126 (exact: the
+// products are the E2M1 values themselves, all normal).
+FLY_MXD_HD uint32_t e2m1_pair_bf16_m126(uint32_t q, int j) {
+  const uint32_t mag = (j == 0 ? q << 6 : j == 1 ? q << 2 : j == 2 ? q >> 2 : q >> 6) & 0x01C001C0u;
+  const uint32_t sgn = (q << (12 - 4 * j)) & 0x80008000u;
+  return mag | sgn;
+}
+// The FP16 value (host) of a 16-bit pattern, for the tests.
+inline double f16_bits_value(uint32_t h) {
+  const int s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+  double v = e == 0 ? m / 1024.0 * (1.0 / 16384.0) : (1.0 + m / 1024.0) * double(int64_t(1) << (e > 15 ? e - 15 : 0)) /
+                                                        double(int64_t(1) << (e < 15 ? 15 - e : 0));
+  if (e == 31) v = m ? __builtin_nan("") : __builtin_inf();
+  return s ? -v : v;
+}
+inline double bf16_bits_value(uint32_t h) {
+  const uint32_t f = (h & 0xFFFFu) << 16;
+  float x;
+  __builtin_memcpy(&x, &f, 4);
+  return double(x);
+}
+
+}  // namespace fly::mxd
