@@ -333,8 +333,9 @@ TEST_CASE("scaled_gemm_workspace_size: the header's formula, bad arguments rejec
   rejects(nullptr, &b8, &c, "a: descriptor is NULL");
   rejects(&a8, nullptr, &c, "b: descriptor is NULL");
   rejects(&a8, &b8, nullptr, "c: descriptor is NULL");
-  fly_tensor abf = mat(kA, FLY_BF16, M, K, K);
-  rejects(&abf, &b8, &c, "a: dtype bf16");
+  // (BF16 / FP16 a is the weight-only mode, which needs no workspace: test_mx_decode_args.cpp)
+  fly_tensor af32 = mat(kA, FLY_F32, M, K, K);
+  rejects(&af32, &b8, &c, "a: dtype fp32");
   rejects(&a8, &b4, &c, "b: dtype e2m1x2 does not match a");
   fly_tensor bk = mat(kB, FLY_F8_E4M3, N, K - 32, K - 32);
   rejects(&a8, &bk, &c, "b: 4064 columns");

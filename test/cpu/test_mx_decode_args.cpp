@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: Apache-2.0
+// Weight-only MX decode GEMM on the CPU (kernels/mx/mx_decode.h, src/ops/mx.cpp): the kernel's
+// exact widenings over every input (E2M1 nibble pairs to FP16 / BF16 bit patterns, E8M0 bytes to
+// the FP32 block multiplier), the launch plan (cluster split of K), and fly_scaled_gemm's weight-only
+// validation: every bad argument's status and message before any device query, the dispatch
+// decision's boundary (M <= 64 runs, M = 65 is refused with a message), and the workspace query.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "catch_compat.hpp"
+#include "flykernels/flykernels.h"
+#include "gemm/gemm_mx.h"
+#include "mx/mx_decode.h"
+#include "test_tensors.hpp"
+
+namespace {
+
+using fly_test::mat;
+using fly_test::mentions;
+using fly_test::vec;
+
+void* const kA = reinterpret_cast<void*>(0x100000);
+void* const kB = reinterpret_cast<void*>(0x200000);
+void* const kSB = reinterpret_cast<void*>(0x400000);
+void* const kC = reinterpret_cast<void*>(0x500000);
+void* const kBias = reinterpret_cast<void*>(0x600000);
+
+bool passed_validation(fly_status s) {
+  return s == FLY_ERROR_NO_DEVICE || s == FLY_ERROR_CUDA ||
+         (s == FLY_ERROR_INVALID_ARGUMENT && (mentions("allocation") || mentions("is not device memory")));
+}
+
+}  // namespace
+
+TEST_CASE("mx_decode: E2M1 pair widening is exact for every code pair", "[mx_decode][mx]") {
+  namespace mxd = fly::mxd;
+  // pair j of a word holds nibbles j (low half) and j + 4 (high half); the other nibbles must not leak
+  const uint32_t fillers[] = {0x00000000u, 0xFFFFFFFFu, 0x5A5A5A5Au, 0x96C3A51Eu};
+  int checked = 0;
+  for (int j = 0; j < 4; ++j)
+    for (uint32_t lo = 0; lo < 16; ++lo)
+      for (uint32_t hi = 0; hi < 16; ++hi)
+        for (uint32_t fill : fillers) {
+          uint32_t q = fill & ~((0xFu << (4 * j)) | (0xFu << (4 * j + 16)));
+          q |= (lo << (4 * j)) | (hi << (4 * j + 16));
+          const double wlo = fly::mx::decode_e2m1(uint8_t(lo)), whi = fly::mx::decode_e2m1(uint8_t(hi));
+          const uint32_t f = mxd::e2m1_pair_f16(q, j);
+          INFO("j " << j << " q " << std::hex << q << " f16 " << f);
+          CHECK(mxd::f16_bits_value(f & 0xFFFFu) == std::ldexp(wlo, -14));
+          CHECK(mxd::f16_bits_value(f >> 16) == std::ldexp(whi, -14));
+          // the sign of zero too (0x8 is -0): the MMA adds it, but the bit pattern should be right
+          CHECK(((f >> 15) & 1) == ((lo >> 3) & 1));
+          const uint32_t b = mxd::e2m1_pair_bf16_m126(q, j);
+          CHECK(mxd::bf16_bits_value(b & 0xFFFFu) == std::ldexp(wlo, -126));
+          CHECK(mxd::bf16_bits_value(b >> 16) == std::ldexp(whi, -126));
+          ++checked;
+        }
+  CHECK(checked == 4 * 256 * 4);
+}
+
+TEST_CASE("mx_decode: E8M0 block multiplier for all 256 bytes", "[mx_decode][mx]") {
+  for (uint32_t b = 0; b < 256; ++b) {
+    const uint32_t u = fly::mxd::e8m0_mult_bits(b);
+    float f;
+    std::memcpy(&f, &u, 4);
+    INFO("byte " << b << " bits " << std::hex << u);
+    if (b == 255) {
+      CHECK(std::isnan(f));
+    } else {
+      CHECK(f == fly::mx::decode_e8m0(uint8_t(b)));  // b = 0: 2^-127, an FP32 subnormal
+      CHECK(f == std::ldexp(1.0f, int(b) - 127));
+    }
+  }
+}
+
+TEST_CASE("mx_decode: launch plan splits K over a cluster within one wave", "[mx_decode][mx]") {
+  namespace mxd = fly::mxd;
+  mxd::Shape v;  // 8 warps x 32 rows = 256 rows per CTA
+  // N = 4096: 16 tiles, K = 4096: 64 stages -> 8 CTAs per tile, 128 CTAs on 132 SMs
+  mxd::Launch L = mxd::plan(4096, 4096, v, 132);
+  CHECK(L.cl == 8);
+  CHECK(L.grid == 128u);
+  CHECK(L.kst_per_cta == 8);
+  CHECK(L.threads == 256u);
+  CHECK(L.smem == unsigned(mxd::smem_bytes(8, 32, 2)));
+  // N = 14336: 56 tiles -> 2 per tile (112 CTAs), 4 would need 224 > 132
+  L = mxd::plan(14336, 4096, v, 132);
+  CHECK(L.cl == 2);
+  CHECK(L.grid == 112u);
+  // N = 28672: 112 tiles already fill the wave
+  L = mxd::plan(28672, 8192, v, 132);
+  CHECK(L.cl == 1);
+  CHECK(L.grid == 112u);
+  CHECK(L.kst_per_cta == 128);
+  // K = 32: one stage, one CTA per tile whatever the SMs
+  L = mxd::plan(300, 32, v, 132);
+  CHECK(L.cl == 1);
+  CHECK(L.grid == 2u);
+  CHECK(L.kst_per_cta == 1);
+  // every CTA of a cluster has stages: K = 8192 (128 stages), 2 tiles -> 8 CTAs of 16 stages
+  L = mxd::plan(257, 8192, v, 132);
+  CHECK(L.cl == 8);
+  CHECK(L.kst_per_cta == 16);
+  // a forced cluster larger than the stages shrinks to them
+  v.cl = 8;
+  L = mxd::plan(64, 128, v, 132);
+  CHECK(L.cl == 2);
+  CHECK(L.kst_per_cta == 1);
+  // the plan's shared memory fits the 227 KiB opt-in for every shape of the space
+  for (int nw : {4, 8})
+    for (int rpw : {16, 32})
+      for (int mt : {1, 2, 4, 8}) CHECK(mxd::smem_bytes(nw, rpw, mt) <= 232448);
+}
+
+TEST_CASE("scaled_gemm weight-only mode rejects bad arguments before any device query", "[mx_decode][mx][args]") {
+  const int64_t M = 8, N = 64, K = 128;
+  fly_tensor a = mat(kA, FLY_BF16, M, K, K), ah = mat(kA, FLY_F16, M, K, K);
+  fly_tensor b8 = mat(kB, FLY_F8_E4M3, N, K, K), b4 = mat(kB, FLY_F4_E2M1X2, N, K / 2, K / 2);
+  fly_tensor sb = mat(kSB, FLY_E8M0, N, K / 32, K / 32);
+  fly_tensor c = mat(kC, FLY_BF16, M, N, N), ch = mat(kC, FLY_F16, M, N, N), bias = vec(kBias, FLY_BF16, N);
+  // valid: both formats, both activation dtypes, with and without bias, M = 1 and M = 64
+  CHECK(passed_validation(fly_scaled_gemm(&a, nullptr, &b8, &sb, &bias, &c, nullptr, 0, nullptr)));
+  CHECK(passed_validation(fly_scaled_gemm(&a, nullptr, &b4, &sb, nullptr, &c, nullptr, 0, nullptr)));
+  CHECK(passed_validation(fly_scaled_gemm(&ah, nullptr, &b8, &sb, nullptr, &ch, nullptr, 0, nullptr)));
+  CHECK(passed_validation(fly_scaled_gemm(&ah, nullptr, &b4, &sb, nullptr, &ch, nullptr, 0, nullptr)));
+  fly_tensor a1 = mat(kA, FLY_BF16, 1, K, K), c1 = mat(kC, FLY_BF16, 1, N, N);
+  CHECK(passed_validation(fly_scaled_gemm(&a1, nullptr, &b8, &sb, nullptr, &c1, nullptr, 0, nullptr)));
+  fly_tensor a64 = mat(kA, FLY_BF16, 64, K, K), c64 = mat(kC, FLY_BF16, 64, N, N);
+  CHECK(passed_validation(fly_scaled_gemm(&a64, nullptr, &b4, &sb, nullptr, &c64, nullptr, 0, nullptr)));
+  // a workspace is accepted and unused
+  CHECK(passed_validation(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &c, reinterpret_cast<void*>(0x900000), 256,
+                                          nullptr)));
+
+  // M > 64: no kernel (prefill is not there yet): UNSUPPORTED with the reason, before the device
+  fly_tensor a65 = mat(kA, FLY_BF16, 65, K, K), c65 = mat(kC, FLY_BF16, 65, N, N);
+  CHECK(fly_scaled_gemm(&a65, nullptr, &b8, &sb, nullptr, &c65, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("M <= 64"));
+  CHECK(mentions("prefill"));
+  // empty: no-op before the device; K = 0 with work: unsupported
+  fly_tensor a0 = mat(kA, FLY_BF16, 0, K, K), c0 = mat(kC, FLY_BF16, 0, N, N);
+  CHECK(fly_scaled_gemm(&a0, nullptr, &b8, &sb, nullptr, &c0, nullptr, 0, nullptr) == FLY_SUCCESS);
+  fly_tensor ak0 = mat(kA, FLY_BF16, M, 0, 1), bk0 = mat(kB, FLY_F8_E4M3, N, 0, 1), sk0 = mat(kSB, FLY_E8M0, N, 0, 0);
+  CHECK(fly_scaled_gemm(&ak0, nullptr, &bk0, &sk0, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("K = 0"));
+
+  // scale_a given with 16-bit activations: the MX-activation entry refuses the dtype and says how
+  fly_tensor sa = mat(kSB, FLY_E8M0, M, K / 32, K / 32);
+  CHECK(fly_scaled_gemm(&a, &sa, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("a: dtype bf16"));
+  CHECK(mentions("scale_a = NULL"));
+  // weights that are not MX
+  fly_tensor bbf = mat(kB, FLY_BF16, N, K, K);
+  CHECK(fly_scaled_gemm(&a, nullptr, &bbf, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("b: dtype bf16"));
+  CHECK(fly_scaled_gemm(&a, nullptr, nullptr, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("b"));
+  // b's columns against K (E4M3: K bytes; E2M1: K/2)
+  fly_tensor b4w = mat(kB, FLY_F4_E2M1X2, N, K, K);
+  CHECK(fly_scaled_gemm(&a, nullptr, &b4w, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("b: 128 columns"));
+  fly_tensor b8n = mat(kB, FLY_F8_E4M3, N, K / 2, K / 2);
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8n, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("b: 64 columns"));
+  // c: shape, dtype other than a's
+  fly_tensor cw = mat(kC, FLY_BF16, M, N + 1, N + 1);
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &cw, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("c: shape"));
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &ch, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("c: dtype fp16"));
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, nullptr, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("c"));
+  // K % 32
+  fly_tensor a48 = mat(kA, FLY_BF16, M, 48, 48), b48 = mat(kB, FLY_F8_E4M3, N, 48, 48), s48 = mat(kSB, FLY_E8M0, N, 1, 1);
+  CHECK(fly_scaled_gemm(&a48, nullptr, &b48, &s48, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("multiple of 32"));
+  // scale_b: missing, dtype, shape, padding
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, nullptr, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scale_b"));
+  fly_tensor sbu = mat(kSB, FLY_U8, N, K / 32, K / 32);
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sbu, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scale_b: dtype uint8"));
+  fly_tensor sbw = mat(kSB, FLY_E8M0, N, K / 16, K / 16);
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sbw, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("scale_b: shape"));
+  fly_tensor sbp = mat(kSB, FLY_E8M0, N, K / 32, 8);
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sbp, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("scale_b: must be contiguous"));
+  // bias in another dtype than c
+  fly_tensor bias16 = vec(kBias, FLY_F16, N);
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sb, &bias16, &c, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("bias: dtype fp16"));
+  // layouts: column-major a, a row stride off the 16-byte rule, b's row stride, misaligned bases
+  fly_tensor at = mat(kA, FLY_BF16, M, K, 1, M);
+  CHECK(fly_scaled_gemm(&at, nullptr, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("a: inner stride"));
+  fly_tensor apad = mat(kA, FLY_BF16, M, K, K + 4);
+  CHECK(fly_scaled_gemm(&apad, nullptr, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("a: row stride"));
+  fly_tensor bpad = mat(kB, FLY_F8_E4M3, N, K, K + 8);
+  CHECK(fly_scaled_gemm(&a, nullptr, &bpad, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("b: row stride"));
+  fly_tensor amis = mat(reinterpret_cast<char*>(kA) + 8, FLY_BF16, M, K, K);
+  CHECK(fly_scaled_gemm(&amis, nullptr, &b8, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_MISALIGNED);
+  CHECK(mentions("a: data pointer"));
+  fly_tensor bmis = mat(reinterpret_cast<char*>(kB) + 8, FLY_F8_E4M3, N, K, K);
+  CHECK(fly_scaled_gemm(&a, nullptr, &bmis, &sb, nullptr, &c, nullptr, 0, nullptr) == FLY_ERROR_MISALIGNED);
+  CHECK(mentions("b: data pointer"));
+  // c overlapping an input; a workspace size without a pointer
+  fly_tensor cov = mat(kA, FLY_BF16, M, N, N);
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &cov, nullptr, 0, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("c"));
+  CHECK(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &c, nullptr, 64, nullptr) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("workspace"));
+}
+
+TEST_CASE("scaled_gemm workspace query: the weight-only mode needs none", "[mx_decode][mx][args]") {
+  const int64_t M = 8, N = 64, K = 128;
+  fly_tensor a = mat(kA, FLY_BF16, M, K, K), b8 = mat(kB, FLY_F8_E4M3, N, K, K), b4 = mat(kB, FLY_F4_E2M1X2, N, K / 2, K / 2);
+  fly_tensor c = mat(kC, FLY_BF16, M, N, N);
+  size_t bytes = 99;
+  CHECK(fly_scaled_gemm_workspace_size(&a, &b8, &c, &bytes) == FLY_SUCCESS);
+  CHECK(bytes == 0);
+  bytes = 99;
+  CHECK(fly_scaled_gemm_workspace_size(&a, &b4, &c, &bytes) == FLY_SUCCESS);
+  CHECK(bytes == 0);
+  fly_tensor ch = mat(kC, FLY_F16, M, N, N);
+  CHECK(fly_scaled_gemm_workspace_size(&a, &b8, &ch, &bytes) == FLY_ERROR_UNSUPPORTED);
+  CHECK(mentions("c: dtype fp16"));
+  CHECK(bytes == 0);
+  fly_tensor b4w = mat(kB, FLY_F4_E2M1X2, N, K, K);
+  CHECK(fly_scaled_gemm_workspace_size(&a, &b4w, &c, &bytes) == FLY_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions("b: 128 columns"));
+}
