@@ -329,6 +329,27 @@ void run_mx(const char* name, const std::string& fam) {
   }
 }
 
+// The weight-only MX decode GEMM (fly_scaled_gemm, scale_a = NULL): M = 5 and the variant's whole
+// activation tile, N = 300 (two CTA tiles, the second partial), K = 1056 (17 stages: clusters split
+// K, the last CTA's range short), with and without bias. Inputs 0x3c bytes: finite in every format.
+void run_mx_decode(const char* name, const std::string& ps) {
+  const fly_dtype act = has(ps, "act=fp16") ? FLY_F16 : FLY_BF16;
+  const bool f4 = has(ps, "fmt=e2m1");
+  int64_t mt = 1;
+  for (int64_t v : {1, 2, 4, 8})
+    if (has(ps, ("mt=" + std::to_string(v)).c_str())) mt = v;
+  const int64_t N = 300, K = 1056, kb = f4 ? K / 2 : K;
+  for (int64_t M : {int64_t(5), 8 * mt}) {
+    Buf a(M * K * 2, 0x3c), b(N * kb, 0x3c), sb(N * K / 32, 0x7c), c(M * N * 2), bias(N * 2, 0x3c);
+    const fly_tensor ta = flykernels::tensor(a.p, act, {M, K}, {K, 1});
+    const fly_tensor tb = flykernels::tensor(b.p, f4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, {N, kb}, {kb, 1});
+    const fly_tensor tsb = flykernels::tensor(sb.p, FLY_E8M0, {N, K / 32}, {K / 32, 1});
+    const fly_tensor tc = flykernels::tensor(c.p, act, {M, N}, {N, 1}), tbias = flykernels::tensor(bias.p, act, {N}, {1});
+    report(name, fly_scaled_gemm(&ta, nullptr, &tb, &tsb, M == 5 ? &tbias : nullptr, &tc, nullptr, 0, nullptr),
+           M == 5 ? "M5+bias" : "M=tile");
+  }
+}
+
 // One GEMM variant per kernel path: the first bundled one whose parameters hold every key.
 std::vector<std::string> gemm_representatives() {
   const std::vector<std::vector<const char*>> paths = {
@@ -380,10 +401,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // Families whose every bundled variant runs (the mx flag covers the quantizer and the GEMM).
+  // Families whose every bundled variant runs (the mx flag covers the quantizer, the GEMM and the
+  // weight-only decode GEMM).
   const std::map<std::string, std::string> whole = {{"rmsnorm", "rmsnorm"}, {"topk", "topk"}, {"attention", "attention"},
                                                     {"attention_bwd", "attention_bwd"}, {"grouped_gemm", "grouped_gemm"},
-                                                    {"mx_quantize", "mx"}, {"mxfp", "mx"}};
+                                                    {"mx_quantize", "mx"}, {"mxfp", "mx"}, {"mx_decode", "mx"}};
   for (int i = 0; i < fly_variant_count(); ++i) {
     const char *fam = nullptr, *ps = nullptr;
     fly_variant_info(fly_variant_name(i), &fam, &ps);
@@ -411,6 +433,7 @@ int main(int argc, char** argv) {
     else if (f == "attention_bwd") run_attention_bwd(n.c_str(), ps);
     else if (f == "grouped_gemm") run_grouped_gemm(n.c_str(), ps);
     else if (f == "mx_quantize" || f == "mxfp") run_mx(n.c_str(), f);
+    else if (f == "mx_decode") run_mx_decode(n.c_str(), ps);
     else {
       std::printf("%-48s family %s has no subset runner\n", n.c_str(), fam);
       ++g_failures;
