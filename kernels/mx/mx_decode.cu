@@ -149,6 +149,24 @@ __device__ __forceinline__ uint32_t widen_e2m1(uint32_t q, int j) {
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 
+// Read-only loads as inline PTX, predicated (the value stays `v` when `on` is false): with __ldg
+// inside stage branches ptxas kept the global memory descriptor in ordinary registers and moved it
+// to uniform ones before every load (two R2UR per load, ~60 per stage); a predicate keeps the
+// code straight.
+// MXFP8: a quad reads one whole 32-byte sector per row and block, never again: no L1 allocation.
+__device__ __forceinline__ void ld_w8(uint2& v, const uint8_t* p, bool on) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %3, 0; @q ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2]; }"
+               : "+r"(v.x), "+r"(v.y) : "l"(p), "r"(int(on)));
+}
+// MXFP4: a quad reads half a sector per row and block; the stage's other block is the other half,
+// so these allocate in L1.
+__device__ __forceinline__ void ld_w4(uint32_t& v, const uint8_t* p, bool on) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q ld.global.nc.u32 %0, [%1]; }" : "+r"(v) : "l"(p), "r"(int(on)));
+}
+__device__ __forceinline__ void ld_s8(uint32_t& v, const uint8_t* p, bool on) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q ld.global.nc.u8 %0, [%1]; }" : "+r"(v) : "l"(p), "r"(int(on)));
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(const __grid_constant__ DecodeParams p) {
@@ -191,27 +209,47 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
   }
   {
     const int g = lane >> 2, c = lane & 3;
-    const int64_t srow = nblk;  // scale row stride (bytes)
-    auto load_w = [&](WStage& b, int it) {
+    // Per lane and row (m tile i, half h): the row's weight and scale pointers at the CTA's first
+    // stage. Rows past N read row N - 1 instead (their partial sums are never stored), so no load
+    // depends on the row.
+    constexpr int kSB = kFp4 ? 32 : 64;  // weight bytes of one 64-k stage of a row
+    constexpr int kBB = kSB / 2;         // ... of one 32-k block
+    const uint8_t* wrow[MI][2];
+    const uint8_t* srow[MI][2];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = min(row0 + warp * RPW + i * 16 + g + 8 * h, p.N - 1);
+        wrow[i][h] = p.w + int64_t(n) * p.ldw + int64_t(kst0) * kSB + (kFp4 ? 4 : 8) * c;
+        srow[i][h] = p.sw + int64_t(n) * nblk + 2 * kst0;
+      }
+    // stages of this CTA whose two blocks are both inside K
+    const int nks_full = max(0, min(nks, nblk / 2 - kst0));
+    // Stage `it` of the CTA's range into b, from the row pointers advanced to the current group of
+    // DEPTH + 1 stages (`jo`: the stage's place from there, a compile-time constant, so every
+    // address is a pointer plus an immediate). Block 0 loads when it < nks, block 1 when the stage
+    // is whole (it < nks_full); otherwise the registers keep what they held: a look-ahead past the
+    // range is never computed, and a last stage reaching past K (K % 64 == 32) multiplies its
+    // block 1 by the zero-filled activations there, so the stale values (zeros at first, else this
+    // row's earlier weights and scale: finite, or NaN in a row whose output is NaN anyway) add 0.
+    auto load_w = [&](WStage& b, const uint8_t* const (&wg)[MI][2], const uint8_t* const (&sg)[MI][2], int jo, int it) {
+      const bool on0 = it < nks, on1 = it < nks_full;
 #pragma unroll
       for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int n = row0 + warp * RPW + i * 16 + g + 8 * h;
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int kb = 0; kb < 2; ++kb) {
-            const int blk = (kst0 + it) * 2 + kb;
-            const bool ok = it < nks && n < p.N && blk < nblk;
+            const uint8_t* src = wg[i][h] + jo * kSB + kb * kBB;
+            const bool on = kb ? on1 : on0;
 #if defined(FLY_FMT_IS_E2M1)
-            const uint8_t* src = p.w + int64_t(n) * p.ldw + blk * 16 + 4 * c;
-            b.w[i][h][kb] = ok ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
+            ld_w4(b.w[i][h][kb], src, on);
 #else
-            const uint8_t* src = p.w + int64_t(n) * p.ldw + blk * 32 + 8 * c;
-            b.w[i][h][kb] = ok ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0, 0);
+            ld_w8(b.w[i][h][kb], src, on);
 #endif
-            b.s[i][h][kb] = ok ? uint32_t(__ldg(p.sw + int64_t(n) * srow + blk)) : 127u;
+            ld_s8(b.s[i][h][kb], sg[i][h] + 2 * jo + kb, on);
           }
-        }
     };
     auto compute = [&](const WStage& b, const uint8_t* st) {
 #pragma unroll
@@ -273,15 +311,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
     // W stages rotate through DEPTH + 1 register buffers; the loop is unrolled by DEPTH + 1 so
     // every buffer index is a compile-time constant.
     WStage buf[DEPTH + 1];
+#pragma unroll
+    for (int j = 0; j <= DEPTH; ++j)  // defined contents for the stale-register rule of load_w
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int kb = 0; kb < 2; ++kb) {
+#if defined(FLY_FMT_IS_E2M1)
+            buf[j].w[i][h][kb] = 0u;
+#else
+            buf[j].w[i][h][kb] = make_uint2(0u, 0u);
+#endif
+            buf[j].s[i][h][kb] = 127u;
+          }
     RingPos pos;
 #pragma unroll
-    for (int j = 0; j < DEPTH; ++j) load_w(buf[j], j);
+    for (int j = 0; j < DEPTH; ++j) load_w(buf[j], wrow, srow, j, j);
     for (int it0 = 0; it0 < nks; it0 += DEPTH + 1) {
+      const uint8_t* wg[MI][2];
+      const uint8_t* sg[MI][2];
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          wg[i][h] = wrow[i][h] + it0 * kSB;
+          sg[i][h] = srow[i][h] + 2 * it0;
+        }
 #pragma unroll
       for (int j = 0; j <= DEPTH; ++j) {
         const int it = it0 + j;
         if (it < nks) {
-          load_w(buf[(j + DEPTH) % (DEPTH + 1)], it + DEPTH);
+          load_w(buf[(j + DEPTH) % (DEPTH + 1)], wg, sg, j + DEPTH, it + DEPTH);
           if (issuer && it >= 1 && it - 1 + kStages < nks) issue(it - 1 + kStages);
           __syncwarp();  // warp 0 reconverges before its mma.sync
           ring.wait_full(pos);
