@@ -21,15 +21,14 @@
 // load per lane, which would put two blocks into every k16 step.
 //
 // Widening (mx_decode.h, checked on the CPU over every input): MXFP8 by cvt.rn.f16x2.e4m3x2
-// (exact), to BF16 through FP32 (exact); MXFP4 by bit placement, FP16 w * 2^-14 (the 2^14 folded
-// into the partial before the reduction) or BF16 w * 2^-126 times 2^126 (one HMUL2).
+// (exact), to BF16 through FP32 (exact); MXFP4 by a table in shared memory, one word per packed
+// byte (its two elements as a 16-bit pair), replicated per lane so lookups never conflict.
 //
 // Register layout of one k16 step s (0, 1) of block b, lane (g, c): the A slots {2c, 2c + 1} and
 // {2c + 8, 2c + 9} take the lane's logical k (8c + 4s + {0, 1}, 8c + 4s + {2, 3}) (MXFP8: the
-// two halves of byte word s) or (8c + {2s, 2s + 4}, 8c + {2s + 1, 2s + 5}) (MXFP4: nibble pairs 2s,
-// 2s + 1); the B fragment takes the same activations from one 16-byte shared-memory read of
-// activation row 8t + (g >> 1) + 4 (g & 1) (the original kernel's conflict-free row order),
-// permuted with prmt for MXFP4.
+// two halves of byte word s; MXFP4: bytes 2s and 2s + 1 of its word); the B fragment takes the
+// same activations from one 16-byte shared-memory read of activation row 8t + (g >> 1) + 4 (g & 1)
+// (the original kernel's conflict-free row order): words x, y for step 0, z, w for step 1.
 //
 // Variant constants (tools/flygen): FLY_ACT_IS_{BF16,FP16}, FLY_FMT_IS_{E4M3,E2M1}, FLY_NW
 // (warps), FLY_RPW (W rows per warp: 16 or 32), FLY_MT (activation rows / 8: M <= 8 MT),
@@ -84,9 +83,9 @@ static_assert(REGION >= STAGE_BYTES * kStages && REGION >= ACT_ROWS * (ROWS + 4)
 static_assert(RPW == 16 || RPW == 32 || RPW == 64, "W rows per warp: 16, 32 or 64");
 static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8, "activation tile: 8, 16, 32 or 64 rows");
 static_assert(DEPTH >= 1 && DEPTH <= 12, "k stages in flight");
-static_assert(fly::mxd::smem_bytes(NW, RPW, MT) == REGION + 2 * kStages * 8 + 1024, "host sizing");
-// MXFP4 into FP16 carries w * 2^-14: the partial is multiplied back before the reduction.
-constexpr float kFold = (kFp4 && !kBf16) ? 16384.f : 1.f;
+// the MXFP4 widening table in front, 32 KiB-aligned (up to 32 KiB of padding before it)
+constexpr int LUT_SPAN = kFp4 ? 2 * fly::mxd::kLutBytes : 0;
+static_assert(fly::mxd::smem_bytes(NW, RPW, MT, kFp4) == LUT_SPAN + REGION + 2 * kStages * 8 + 1024, "host sizing");
 
 // C as the shared reduction writes it (gemm_reduce.cuh reduce_partials_t): D = C, row-major.
 struct DecodeOut {
@@ -134,20 +133,13 @@ __device__ __forceinline__ uint32_t widen_e4m3x2(uint32_t w, bool hi) {
     return *reinterpret_cast<const uint32_t*>(&b);
   }
 }
-// Nibble pair j of an MXFP4 word -> the A operand pair (FP16 w * 2^-14, or BF16 w).
-__device__ __forceinline__ uint32_t widen_e2m1(uint32_t q, int j) {
-  if constexpr (!kBf16) {
-    return fly::mxd::e2m1_pair_f16(q, j);
-  } else {
-    const uint32_t raw = fly::mxd::e2m1_pair_bf16_m126(q, j);
-    uint32_t r;
-    // times 2^126 (BF16 0x7E80 in both halves): exact, every product is an E2M1 value
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(raw), "r"(0x7E807E80u));
-    return r;
-  }
+// Byte b of an MXFP4 word -> the A operand pair (its two elements, exact), from this lane's copy of
+// the table (mx_decode.h e2m1_lut_addr: one shift, one LOP3, one LDS).
+__device__ __forceinline__ uint32_t widen_e2m1(uint32_t q, int b, uint32_t lane_base) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(fly::mxd::e2m1_lut_addr(q, b, lane_base)));
+  return v;
 }
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 
 // Read-only loads as inline PTX, predicated (the value stays `v` when `on` is false): with __ldg
 // inside stage branches ptxas kept the global memory descriptor in ordinary registers and moved it
@@ -171,7 +163,18 @@ __device__ __forceinline__ void ld_s8(uint32_t& v, const uint8_t* p, bool on) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(const __grid_constant__ DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
-  const ActRing ring = ActRing::at_as<ActRing>(smem_raw);
+  // MXFP4: the widening table first, at the first 32 KiB boundary of the shared window, then the ring
+  [[maybe_unused]] uint32_t lut_lane = 0;  // the table's shared address | 4 * lane
+  uint8_t* after_lut = smem_raw;
+  if constexpr (kFp4) {
+    const uint32_t s0 = uint32_t(__cvta_generic_to_shared(smem_raw));
+    const uint32_t lut_s = (s0 + uint32_t(fly::mxd::kLutBytes - 1)) & ~uint32_t(fly::mxd::kLutBytes - 1);
+    uint32_t* lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - s0));
+    for (int e = int(threadIdx.x); e < fly::mxd::kLutWords; e += THREADS) lut[e] = fly::mxd::e2m1_lut_entry(uint32_t(e) >> 5, kBf16);
+    lut_lane = lut_s | (uint32_t(threadIdx.x % 32) << 2);
+    after_lut = smem_raw + (lut_s - s0) + fly::mxd::kLutBytes;
+  }
+  const ActRing ring = ActRing::at_as<ActRing>(after_lut);
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int rank = p.cl > 1 ? int(fly::sm90::cluster_ctarank()) : 0;
@@ -265,10 +268,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
           for (int s = 0; s < 2; ++s) {
 #if defined(FLY_FMT_IS_E2M1)
             const uint32_t q0 = b.w[i][0][kb], q1 = b.w[i][1][kb];
-            a[i][s][0] = widen_e2m1(q0, 2 * s);
-            a[i][s][1] = widen_e2m1(q1, 2 * s);
-            a[i][s][2] = widen_e2m1(q0, 2 * s + 1);
-            a[i][s][3] = widen_e2m1(q1, 2 * s + 1);
+            a[i][s][0] = widen_e2m1(q0, 2 * s, lut_lane);
+            a[i][s][1] = widen_e2m1(q1, 2 * s, lut_lane);
+            a[i][s][2] = widen_e2m1(q0, 2 * s + 1, lut_lane);
+            a[i][s][3] = widen_e2m1(q1, 2 * s + 1, lut_lane);
 #else
             const uint32_t w0 = s ? b.w[i][0][kb].y : b.w[i][0][kb].x;
             const uint32_t w1 = s ? b.w[i][1][kb].y : b.w[i][1][kb].x;
@@ -283,18 +286,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
         for (int t = 0; t < MT; ++t) {
           const int m = 8 * t + (g >> 1) + 4 * (g & 1);
           const uint4 x = *reinterpret_cast<const uint4*>(st + m * 128 + (((kb * 4 + c) ^ (m & 7)) << 4));
-          uint32_t bf[2][2];
-          if constexpr (kFp4) {
-            bf[0][0] = prmt(x.x, x.z, 0x5410);  // (k0, k4)
-            bf[0][1] = prmt(x.x, x.z, 0x7632);  // (k1, k5)
-            bf[1][0] = prmt(x.y, x.w, 0x5410);  // (k2, k6)
-            bf[1][1] = prmt(x.y, x.w, 0x7632);  // (k3, k7)
-          } else {
-            bf[0][0] = x.x;
-            bf[0][1] = x.y;
-            bf[1][0] = x.z;
-            bf[1][1] = x.w;
-          }
+          const uint32_t bf[2][2] = {{x.x, x.y}, {x.z, x.w}};
 #pragma unroll
           for (int i = 0; i < MI; ++i) {
             float tmp[4] = {0.f, 0.f, 0.f, 0.f};
@@ -369,10 +361,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
         const int n = warp * RPW + i * 16 + g, m = 8 * t + c;  // W row (C column), A row (C row)
-        part[L.index(m, n)] = acc[i][t][0] * kFold;
-        part[L.index(m + 4, n)] = acc[i][t][1] * kFold;
-        part[L.index(m, n + 8)] = acc[i][t][2] * kFold;
-        part[L.index(m + 4, n + 8)] = acc[i][t][3] * kFold;
+        part[L.index(m, n)] = acc[i][t][0];
+        part[L.index(m + 4, n)] = acc[i][t][1];
+        part[L.index(m, n + 8)] = acc[i][t][2];
+        part[L.index(m + 4, n + 8)] = acc[i][t][3];
       }
   }
   if (p.cl > 1) fly::sm90::cluster_sync();

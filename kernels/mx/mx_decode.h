@@ -38,19 +38,24 @@ constexpr int kStages = 8;  // activation ring depth (64-wide k stages)
 inline constexpr int rows_per_cta(int nw, int rpw) { return nw * rpw; }
 inline constexpr int threads_per_cta(int nw) { return nw * 32; }
 inline constexpr int imax(int a, int b) { return a > b ? a : b; }
-// Dynamic shared memory: 1 KiB alignment slack, then the activation ring (reused after the main
+// Dynamic shared memory: (MXFP4: the widening table,) 1 KiB alignment slack, then the activation ring (reused after the main
 // loop for the fp32 partial tile, C's [8 mt][rows] block with rows padded by 4 floats, as
 // gemm_reduce.cuh lays it out), then the ring's barriers.
 inline constexpr int region_bytes(int nw, int rpw, int mt) {
   return imax(kStages * mt * 8 * 128, mt * 8 * (rows_per_cta(nw, rpw) + 4) * 4);
 }
-inline constexpr int smem_bytes(int nw, int rpw, int mt) { return region_bytes(nw, rpw, mt) + 2 * kStages * 8 + 1024; }
+// MXFP4 variants add the widening table (kLutBytes, below) in front, 32 KiB-aligned in the shared
+// window (so a lookup's address is one LOP3): up to 32 KiB of padding before it.
+inline constexpr int smem_bytes(int nw, int rpw, int mt, bool fp4) {
+  return region_bytes(nw, rpw, mt) + 2 * kStages * 8 + 1024 + (fp4 ? 2 * 256 * 32 * 4 : 0);
+}
 
 struct Shape {
   int nw = 8;    // warps
   int rpw = 32;  // W rows per warp (16 or 32)
   int mt = 2;    // activation rows / 8 (M <= 8 mt)
   int cl = 0;    // cluster size (K split); 0: choose_cluster
+  bool fp4 = false;  // MXFP4 weights (the widening table in shared memory)
 };
 
 // The cluster size when the variant does not force one: the largest of 1, 2, 4, 8 whose CTAs
@@ -82,11 +87,11 @@ inline Launch plan(int64_t N, int64_t K, const Shape& v, int sm_count) {
   L.grid = unsigned(tiles * cl);
   L.cluster = unsigned(cl);
   L.threads = unsigned(threads_per_cta(v.nw));
-  L.smem = unsigned(smem_bytes(v.nw, v.rpw, v.mt));
+  L.smem = unsigned(smem_bytes(v.nw, v.rpw, v.mt, v.fp4));
   return L;
 }
 
-// ---- exact widening (one 32-bit word of a lane's weights -> mma.sync A-operand pairs) -----------
+// ---- exact widening (a lane's weight words -> mma.sync A-operand pairs) ------------------------
 //
 // The k16 steps of a lane never mix MX blocks: lane c (of a quad) holds k [8c, 8c + 8) of each
 // 32-k block of its two rows (MXFP8: 8 bytes, MXFP4: 4 bytes), so each mma adds products of one
@@ -101,23 +106,33 @@ FLY_MXD_HD uint32_t e8m0_mult_bits(uint32_t b) {
   return v > 0x00400000u ? v : 0x00400000u;
 }
 
-// MXFP4 (packed E2M1, element 2i in the low nibble of byte i) -> FP16 pairs by bit placement.
-// Nibble s e1 e0 m: e1 e0 m go to FP16 bits [11:9], s to bit 15, so the FP16 value is w * 2^-14
-// for every code (e = 0, m = 1 lands on FP16's subnormal 2^-15 = 0.5 * 2^-14: E2M1's subnormal
-// step matches). Pair j (0..3) of word q holds nibbles j (low half) and j + 4 (high half): they are
-// 16 bits apart, so one shift places both. Logical k of the pair: (j, j + 4) of the lane's 8.
-FLY_MXD_HD uint32_t e2m1_pair_f16(uint32_t q, int j) {
-  const uint32_t mag = (j <= 2 ? q << (9 - 4 * j) : q >> 3) & 0x0E000E00u;
-  const uint32_t sgn = (q << (12 - 4 * j)) & 0x80008000u;
-  return mag | sgn;
+// MXFP4 (packed E2M1, element 2i in the low nibble of byte i) -> A-operand pairs by table: one
+// shared-memory word per packed byte holds its two elements as an FP16 or BF16 pair (exact: every
+// E2M1 value is a normal 16-bit float), so a pair costs a shift, a mask and one LDS. The table is
+// replicated 32 times, entry e of lane l at word 32 e + l, so a warp's 32 lookups hit 32 banks
+// whatever the bytes (32 KiB). Bit placement instead (e1 e0 m into the exponent's low bits) needs
+// four integer operations per pair plus, for BF16, a multiply: E2M1's subnormal 0.5 lands on a
+// 16-bit subnormal.
+constexpr int kLutWords = 256 * 32;
+constexpr int kLutBytes = kLutWords * 4;
+// The 16-bit pattern of one E2M1 code (low 4 bits of `code`).
+FLY_MXD_HD uint32_t e2m1_bits16(uint32_t code, bool bf16) {
+  // magnitude code e1 e0 m: 0 and 0.5 (e = 0), else 2^(e - 1) (1 + m / 2)
+  const uint32_t c = code & 7u, e = c >> 1, m = c & 1u;
+  const uint32_t mag = c == 0 ? 0u
+                       : c == 1 ? (bf16 ? 0x3F00u : 0x3800u)
+                                : (bf16 ? ((126u + e) << 7) | (m << 6) : ((14u + e) << 10) | (m << 9));
+  return mag | ((code & 8u) << 12);
 }
-// The same into BF16 bit positions: e1 e0 m at bits [8:6], s at 15: the BF16 value w * 2^-126
-// (e = 0, m = 1 is BF16's subnormal 2^-127); the kernel multiplies the pair by 2^126 (exact: the
-// products are the E2M1 values themselves, all normal).
-FLY_MXD_HD uint32_t e2m1_pair_bf16_m126(uint32_t q, int j) {
-  const uint32_t mag = (j == 0 ? q << 6 : j == 1 ? q << 2 : j == 2 ? q >> 2 : q >> 6) & 0x01C001C0u;
-  const uint32_t sgn = (q << (12 - 4 * j)) & 0x80008000u;
-  return mag | sgn;
+// The table word of packed byte `byte`: element 0 (low nibble) in the low half.
+FLY_MXD_HD uint32_t e2m1_lut_entry(uint32_t byte, bool bf16) {
+  return e2m1_bits16(byte & 15u, bf16) | (e2m1_bits16((byte >> 4) & 15u, bf16) << 16);
+}
+// Shared address of byte b (0..3) of word q in the table, for a lane whose `lane_base` is the
+// table's (32 KiB-aligned) address | 4 * lane: lane_base + 128 * byte.
+FLY_MXD_HD uint32_t e2m1_lut_addr(uint32_t q, int b, uint32_t lane_base) {
+  const uint32_t x = b == 0 ? q << 7 : q >> (8 * b - 7);
+  return (x & 0x7F80u) | lane_base;
 }
 // The FP16 value (host) of a 16-bit pattern, for the tests.
 inline double f16_bits_value(uint32_t h) {

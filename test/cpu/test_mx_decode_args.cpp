@@ -34,30 +34,39 @@ bool passed_validation(fly_status s) {
 
 }  // namespace
 
-TEST_CASE("mx_decode: E2M1 pair widening is exact for every code pair", "[mx_decode][mx]") {
+TEST_CASE("mx_decode: the E2M1 table is exact and its lookups conflict-free", "[mx_decode][mx]") {
   namespace mxd = fly::mxd;
-  // pair j of a word holds nibbles j (low half) and j + 4 (high half); the other nibbles must not leak
+  // every packed byte: both elements exact in FP16 and BF16, element 0 in the low half
+  for (uint32_t byte = 0; byte < 256; ++byte) {
+    const double w0 = fly::mx::decode_e2m1(uint8_t(byte & 15)), w1 = fly::mx::decode_e2m1(uint8_t(byte >> 4));
+    const uint32_t f = mxd::e2m1_lut_entry(byte, false), b = mxd::e2m1_lut_entry(byte, true);
+    INFO("byte " << byte);
+    CHECK(mxd::f16_bits_value(f & 0xFFFFu) == w0);
+    CHECK(mxd::f16_bits_value(f >> 16) == w1);
+    CHECK(mxd::bf16_bits_value(b & 0xFFFFu) == w0);
+    CHECK(mxd::bf16_bits_value(b >> 16) == w1);
+    CHECK(((f >> 15) & 1) == ((byte >> 3) & 1));  // -0 keeps its sign
+    CHECK(((b >> 31) & 1) == ((byte >> 7) & 1));
+  }
+  // the offset of byte b of a word: entry (the byte) * 128 + lane * 4, whatever the other bytes;
+  // the kernel fills word 32 e + l with entry e: lane l's copy, bank l
   const uint32_t fillers[] = {0x00000000u, 0xFFFFFFFFu, 0x5A5A5A5Au, 0x96C3A51Eu};
   int checked = 0;
-  for (int j = 0; j < 4; ++j)
-    for (uint32_t lo = 0; lo < 16; ++lo)
-      for (uint32_t hi = 0; hi < 16; ++hi)
-        for (uint32_t fill : fillers) {
-          uint32_t q = fill & ~((0xFu << (4 * j)) | (0xFu << (4 * j + 16)));
-          q |= (lo << (4 * j)) | (hi << (4 * j + 16));
-          const double wlo = fly::mx::decode_e2m1(uint8_t(lo)), whi = fly::mx::decode_e2m1(uint8_t(hi));
-          const uint32_t f = mxd::e2m1_pair_f16(q, j);
-          INFO("j " << j << " q " << std::hex << q << " f16 " << f);
-          CHECK(mxd::f16_bits_value(f & 0xFFFFu) == std::ldexp(wlo, -14));
-          CHECK(mxd::f16_bits_value(f >> 16) == std::ldexp(whi, -14));
-          // the sign of zero too (0x8 is -0): the MMA adds it, but the bit pattern should be right
-          CHECK(((f >> 15) & 1) == ((lo >> 3) & 1));
-          const uint32_t b = mxd::e2m1_pair_bf16_m126(q, j);
-          CHECK(mxd::bf16_bits_value(b & 0xFFFFu) == std::ldexp(wlo, -126));
-          CHECK(mxd::bf16_bits_value(b >> 16) == std::ldexp(whi, -126));
+  for (int bpos = 0; bpos < 4; ++bpos)
+    for (uint32_t byte = 0; byte < 256; ++byte)
+      for (uint32_t fill : fillers)
+        for (uint32_t lane = 0; lane < 32; ++lane) {
+          const uint32_t q = (fill & ~(0xFFu << (8 * bpos))) | (byte << (8 * bpos));
+          const uint32_t base = 0x18000u;  // a 32 KiB-aligned table
+          const uint32_t addr = mxd::e2m1_lut_addr(q, bpos, base | (lane << 2));
+          if (addr != base + byte * 128 + lane * 4) {
+            INFO("q " << std::hex << q << " b " << bpos << " lane " << lane << " addr " << addr);
+            CHECK(addr == base + byte * 128 + lane * 4);
+          }
           ++checked;
         }
-  CHECK(checked == 4 * 256 * 4);
+  CHECK(checked == 4 * 256 * 4 * 32);
+  CHECK(mxd::kLutBytes == 256 * 32 * 4);
 }
 
 TEST_CASE("mx_decode: E8M0 block multiplier for all 256 bytes", "[mx_decode][mx]") {
@@ -84,7 +93,10 @@ TEST_CASE("mx_decode: launch plan splits K over a cluster within one wave", "[mx
   CHECK(L.grid == 128u);
   CHECK(L.kst_per_cta == 8);
   CHECK(L.threads == 256u);
-  CHECK(L.smem == unsigned(mxd::smem_bytes(8, 32, 2)));
+  CHECK(L.smem == unsigned(mxd::smem_bytes(8, 32, 2, false)));
+  v.fp4 = true;
+  CHECK(mxd::plan(4096, 4096, v, 132).smem == unsigned(mxd::smem_bytes(8, 32, 2, false) + 2 * mxd::kLutBytes));
+  v.fp4 = false;
   // N = 14336: 56 tiles -> 2 per tile (112 CTAs), 4 would need 224 > 132
   L = mxd::plan(14336, 4096, v, 132);
   CHECK(L.cl == 2);
@@ -111,7 +123,7 @@ TEST_CASE("mx_decode: launch plan splits K over a cluster within one wave", "[mx
   // the plan's shared memory fits the 227 KiB opt-in for every shape of the space
   for (int nw : {4, 8})
     for (int rpw : {16, 32})
-      for (int mt : {1, 2, 4, 8}) CHECK(mxd::smem_bytes(nw, rpw, mt) <= 232448);
+      for (int mt : {1, 2, 4, 8}) CHECK(mxd::smem_bytes(nw, rpw, mt, true) <= 232448);
 }
 
 TEST_CASE("scaled_gemm weight-only mode rejects bad arguments before any device query", "[mx_decode][mx][args]") {
