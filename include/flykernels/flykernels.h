@@ -369,11 +369,24 @@ FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, const fly_te
  *    (no initialization needed: no counters or flags; a call owns it until it completes on the
  *    stream). NULL/0 or too small: those variants run unsplit. Misaligned: FLY_ERROR_MISALIGNED;
  *    NULL with a size: FLY_ERROR_INVALID_ARGUMENT.
- * M, N == 0: no-op; K == 0: FLY_ERROR_UNSUPPORTED. */
+ * M, N == 0: no-op; K == 0: FLY_ERROR_UNSUPPORTED.
+ *
+ * Weight-only mode (docs/mxfp.md "Weight-only decode"): a FLY_BF16 or FLY_F16 and scale_a NULL:
+ *   C[M,N] = sum_k A[m,k] * (B[n,k] * sb[n,k/32]) (+ bias[N]), the activations as they are.
+ * a: [M, K] BF16/FP16, unit inner stride, row stride a multiple of 8 elements, 16-byte aligned.
+ * b, scale_b: as above (E4M3 [N, K] or E2M1X2 [N, K/2]; [N, K/32] E8M0), what fly_mx_quantize
+ *    writes for the weights. c: [M, N] in a's dtype (another dtype: FLY_ERROR_UNSUPPORTED); bias
+ *    in c's dtype. FP32 accumulation, each 32-k block's scale applied exactly to its FP32 partial
+ *    sum (0x00 = 2^-127, 0xFF = NaN: that column of C is NaN).
+ * M <= 64 (the decode kernel); larger M returns FLY_ERROR_UNSUPPORTED (no prefill kernel yet:
+ *    dequantize and call fly_gemm). No workspace (the query says 0; one passed is ignored).
+ * A non-NULL scale_a with a 16-bit a is FLY_ERROR_UNSUPPORTED (the MX-activation mode needs
+ * E4M3/E2M1X2 activations). */
 /* bytes = max over the bundled split-K variants of S x M x N x 4 rounded up to 256, where
  * S = min(split, ceil(K / 128), floor(132 / tiles)) with tiles = ceil(M / 128) x ceil(N / bn),
  * counted only when S >= 2; 0 when no split variant would split this shape (and in builds without
- * them). Validates a, b, c as fly_scaled_gemm does (shapes, dtypes); needs no device. */
+ * them; 0 in the weight-only mode). Validates a, b, c as fly_scaled_gemm does (shapes, dtypes);
+ * needs no device. */
 FLY_API fly_status fly_scaled_gemm_workspace_size(const fly_tensor* a, const fly_tensor* b,
                                                   const fly_tensor* c, size_t* bytes);
 FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_tensor* scale_a, const fly_tensor* b,

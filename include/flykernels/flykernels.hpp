@@ -153,6 +153,12 @@ inline void scaled_gemm(const fly_tensor& a, const fly_tensor& scale_a, const fl
                         void* workspace = nullptr, size_t workspace_bytes = 0) {
   check(fly_scaled_gemm(&a, &scale_a, &b, &scale_b, bias, &c, workspace, workspace_bytes, stream));
 }
+// Weight-only mode: BF16/FP16 activations a [M, K] (M <= 64), MX weights b with scale_b, c in a's
+// dtype (fly_scaled_gemm with scale_a = NULL).
+inline void scaled_gemm_weight_only(const fly_tensor& a, const fly_tensor& b, const fly_tensor& scale_b,
+                                    const fly_tensor& c, const fly_tensor* bias = nullptr, void* stream = nullptr) {
+  check(fly_scaled_gemm(&a, nullptr, &b, &scale_b, bias, &c, nullptr, 0, stream));
+}
 
 namespace detail {
 // The versioned parameters of one attention forward call (struct_size filled in).

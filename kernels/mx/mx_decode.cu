@@ -141,6 +141,13 @@ __device__ __forceinline__ uint32_t widen_e2m1(uint32_t q, int b, uint32_t lane_
   return v;
 }
 
+// 16 bytes of the activation ring (a shared-space load: the generic pointer made ptxas emit LD).
+__device__ __forceinline__ uint4 lds16(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+
 // Read-only loads as inline PTX, predicated (the value stays `v` when `on` is false): with __ldg
 // inside stage branches ptxas kept the global memory descriptor in ordinary registers and moved it
 // to uniform ones before every load (two R2UR per load, ~60 per stage); a predicate keeps the
@@ -255,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
           }
     };
     auto compute = [&](const WStage& b, const uint8_t* st) {
+      const uint32_t st_s = uint32_t(__cvta_generic_to_shared(st));
 #pragma unroll
       for (int kb = 0; kb < 2; ++kb) {
         // the A operand of both k16 steps of this block, per m tile: [i][step][a0..a3]
@@ -285,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
           const int m = 8 * t + (g >> 1) + 4 * (g & 1);
-          const uint4 x = *reinterpret_cast<const uint4*>(st + m * 128 + (((kb * 4 + c) ^ (m & 7)) << 4));
+          const uint4 x = lds16(st_s + uint32_t(m * 128 + (((kb * 4 + c) ^ (m & 7)) << 4)));
           const uint32_t bf[2][2] = {{x.x, x.y}, {x.z, x.w}};
 #pragma unroll
           for (int i = 0; i < MI; ++i) {
