@@ -11,6 +11,7 @@
 #include "core.hpp"
 #include "fake_cuda.h"
 #include "flykernels/flykernels.h"
+#include "mx/mx_decode.h"
 #include "mx/mx_params.h"
 #include "mx/mx_wgmma_params.h"
 #include "mx/mx_widen.h"
@@ -517,4 +518,100 @@ TEST_CASE("scaled_gemm: swapped widening variants tile N x M and reduce into C's
       }
     }
   }
+}
+
+// The weight-only mode (fly_scaled_gemm with BF16/FP16 a and scale_a NULL; kernels/mx/mx_decode.cu):
+// the default rule's variant per M class, the launch (grid = tiles x cluster, the cluster split of
+// K, threads, shared memory) and the parameters and activation map the kernel receives.
+TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fake][mx][mx_decode]") {
+  if (!fly::find_variant("mx_decode_bf16_e4m3_w8_r32_m1_d4")) {
+    WARN("mx_decode not in this build");
+    return;
+  }
+  void* s = fake_cuda_stream_create(0);
+  struct Shape {
+    int64_t M, N, K;
+  };
+  int launched = 0;
+  for (fly_dtype act : {FLY_BF16, FLY_F16})
+    for (int fp4 = 0; fp4 < 2; ++fp4)
+      for (Shape sh : {Shape{1, 4096, 4096}, Shape{8, 14336, 4096}, Shape{9, 300, 96}, Shape{16, 4096, 14336},
+                       Shape{17, 28672, 8192}, Shape{64, 64, 32}}) {
+        const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
+        void* ad = fake_cuda_malloc(size_t(M * K * 2));
+        void* bd = fake_cuda_malloc(size_t(N * cols));
+        void* sd = fake_cuda_malloc(size_t(N * K / 32));
+        void* cd = fake_cuda_malloc(size_t(M * N * 2));
+        void* biasd = fake_cuda_malloc(size_t(N * 2));
+        const fly_tensor a = mat(ad, act, M, K, K), b = mat(bd, fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, N, cols, cols),
+                         sb = mat(sd, FLY_E8M0, N, K / 32, K / 32), c = mat(cd, act, M, N, N), bias = vec(biasd, act, N);
+        fake_cuda_clear_records();
+        const fly_status st = fly_scaled_gemm(&a, nullptr, &b, &sb, &bias, &c, nullptr, 0, s);
+        INFO("act " << int(act) << " fp4 " << fp4 << " M " << M << " N " << N << " K " << K << " "
+                    << fly_get_last_error() << " " << fake_cuda_last_refusal());
+        REQUIRE(st == FLY_SUCCESS);
+        // the default rule: the smallest activation tile holding M
+        const std::string act_s = act == FLY_BF16 ? "bf16" : "fp16", fmt = fp4 ? "e2m1" : "e4m3";
+        const std::string shape = M <= 8 ? "_w8_r32_m1" : M <= 16 ? "_w8_r32_m2" : "_w8_r16_m8";
+        const std::string depth = fp4 ? "_d8" : M <= 16 ? "_d4" : "_d6";
+        CHECK(std::string(fly_last_variant()) == "mx_decode_" + act_s + "_" + fmt + shape + depth);
+        REQUIRE(fake_cuda_launch_count() == 1);
+        const fake_cuda_launch* L = mx_last_launch();
+        CHECK(std::string(L->kernel) == "fly_mx_decode_sm90");
+        const int rpw = M <= 16 ? 32 : 16, mt = M <= 8 ? 1 : M <= 16 ? 2 : 8;
+        fly::mxd::Shape v;
+        v.nw = 8;
+        v.rpw = rpw;
+        v.mt = mt;
+        v.fp4 = fp4 != 0;
+        const fly::mxd::Launch plan = fly::mxd::plan(N, K, v, 132);
+        CHECK(L->grid[0] == plan.grid);
+        CHECK(L->cluster[0] == plan.cluster);
+        CHECK(L->block[0] == 256u);
+        CHECK(L->smem == plan.smem);
+        const int64_t tiles = (N + 8 * rpw - 1) / (8 * rpw);
+        CHECK(int64_t(L->grid[0]) == tiles * plan.cl);
+        CHECK(int64_t(L->grid[0]) <= std::max<int64_t>(tiles, 132));  // one wave unless the tiles alone exceed it
+        CHECK(plan.cl * plan.kst_per_cta >= (K + 63) / 64);
+        CHECK((plan.cl - 1) * plan.kst_per_cta < (K + 63) / 64);  // no CTA without stages
+        const auto p = mx_params_of<fly::mxd::DecodeParams>(L);
+        CHECK(p.w == bd);
+        CHECK(p.sw == sd);
+        CHECK(p.c == cd);
+        CHECK(p.bias == biasd);
+        CHECK(p.M == M);
+        CHECK(p.N == N);
+        CHECK(p.K == K);
+        CHECK(p.ldw == cols);
+        CHECK(p.ldc == N);
+        CHECK(p.cl == plan.cl);
+        CHECK(p.kst_per_cta == plan.kst_per_cta);
+        const int ia = fake_cuda_tensor_map_index(&p.tm_a);
+        REQUIRE(ia >= 0);
+        const fake_cuda_tensor_map* ma = fake_cuda_get_tensor_map(ia);
+        CHECK(ma->address == uint64_t(reinterpret_cast<uintptr_t>(ad)));
+        CHECK(ma->rank == 2u);
+        CHECK(ma->dims[0] == uint64_t(K));
+        CHECK(ma->dims[1] == uint64_t(M));
+        CHECK(ma->box[0] == 64u);
+        CHECK(ma->box[1] == unsigned(8 * mt));
+        CHECK(ma->swizzle == int(CU_TENSOR_MAP_SWIZZLE_128B));
+        CHECK(ma->dtype == int(act == FLY_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16));
+        ++launched;
+      }
+  CHECK(launched == 2 * 2 * 6);
+  // a forced variant whose activation tile is smaller than M: unsupported, by name
+  REQUIRE(fly_force_variant("mx_decode_bf16_e4m3_w8_r32_m1_d4") == FLY_SUCCESS);
+  {
+    const int64_t M = 9, N = 64, K = 64;
+    void* ad = fake_cuda_malloc(size_t(M * K * 2));
+    void* bd = fake_cuda_malloc(size_t(N * K));
+    void* sd = fake_cuda_malloc(size_t(N * K / 32));
+    void* cd = fake_cuda_malloc(size_t(M * N * 2));
+    const fly_tensor a = mat(ad, FLY_BF16, M, K, K), b = mat(bd, FLY_F8_E4M3, N, K, K),
+                     sb = mat(sd, FLY_E8M0, N, K / 32, K / 32), c = mat(cd, FLY_BF16, M, N, N);
+    CHECK(fly_scaled_gemm(&a, nullptr, &b, &sb, nullptr, &c, nullptr, 0, s) == FLY_ERROR_UNSUPPORTED);
+    CHECK(std::string(fly_get_last_error()).find("mx_decode_bf16_e4m3_w8_r32_m1_d4") != std::string::npos);
+  }
+  fly_force_variant(nullptr);
 }
