@@ -22,7 +22,8 @@
 //
 // Widening (mx_decode.h, checked on the CPU over every input): MXFP8 by cvt.rn.f16x2.e4m3x2
 // (exact), to BF16 through FP32 (exact); MXFP4 by a table in shared memory, one word per packed
-// byte (its two elements as a 16-bit pair), replicated per lane so lookups never conflict.
+// byte (its two elements as a 16-bit pair), replicated per lane so lookups never conflict, laid
+// out so an address is one byte permute.
 //
 // Register layout of one k16 step s (0, 1) of block b, lane (g, c): the A slots {2c, 2c + 1} and
 // {2c + 8, 2c + 9} take the lane's logical k (8c + 4s + {0, 1}, 8c + 4s + {2, 3}) (MXFP8: the
@@ -83,8 +84,8 @@ static_assert(REGION >= STAGE_BYTES * kStages && REGION >= ACT_ROWS * (ROWS + 4)
 static_assert(RPW == 16 || RPW == 32 || RPW == 64, "W rows per warp: 16, 32 or 64");
 static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8, "activation tile: 8, 16, 32 or 64 rows");
 static_assert(DEPTH >= 1 && DEPTH <= 12, "k stages in flight");
-// the MXFP4 widening table in front, 32 KiB-aligned (up to 32 KiB of padding before it)
-constexpr int LUT_SPAN = kFp4 ? 2 * fly::mxd::kLutBytes : 0;
+// the MXFP4 widening table in front, 64 KiB-aligned (up to 64 KiB of padding before it)
+constexpr int LUT_SPAN = kFp4 ? 2 * fly::mxd::kLutSpan : 0;
 static_assert(fly::mxd::smem_bytes(NW, RPW, MT, kFp4) == LUT_SPAN + REGION + 2 * kStages * 8 + 1024, "host sizing");
 
 // C as the shared reduction writes it (gemm_reduce.cuh reduce_partials_t): D = C, row-major.
@@ -134,7 +135,7 @@ __device__ __forceinline__ uint32_t widen_e4m3x2(uint32_t w, bool hi) {
   }
 }
 // Byte b of an MXFP4 word -> the A operand pair (its two elements, exact), from this lane's copy of
-// the table (mx_decode.h e2m1_lut_addr: one shift, one LOP3, one LDS).
+// the table (mx_decode.h e2m1_lut_addr: one PRMT, one LDS).
 __device__ __forceinline__ uint32_t widen_e2m1(uint32_t q, int b, uint32_t lane_base) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(fly::mxd::e2m1_lut_addr(q, b, lane_base)));
@@ -170,16 +171,18 @@ __device__ __forceinline__ void ld_s8(uint32_t& v, const uint8_t* p, bool on) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(const __grid_constant__ DecodeParams p) {
   extern __shared__ uint8_t smem_raw[];
-  // MXFP4: the widening table first, at the first 32 KiB boundary of the shared window, then the ring
+  // MXFP4: the widening table first, at the first 64 KiB boundary of the shared window, then the ring
   [[maybe_unused]] uint32_t lut_lane = 0;  // the table's shared address | 4 * lane
   uint8_t* after_lut = smem_raw;
   if constexpr (kFp4) {
     const uint32_t s0 = uint32_t(__cvta_generic_to_shared(smem_raw));
-    const uint32_t lut_s = (s0 + uint32_t(fly::mxd::kLutBytes - 1)) & ~uint32_t(fly::mxd::kLutBytes - 1);
-    uint32_t* lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - s0));
-    for (int e = int(threadIdx.x); e < fly::mxd::kLutWords; e += THREADS) lut[e] = fly::mxd::e2m1_lut_entry(uint32_t(e) >> 5, kBf16);
+    const uint32_t lut_s = (s0 + uint32_t(fly::mxd::kLutSpan - 1)) & ~uint32_t(fly::mxd::kLutSpan - 1);
+    uint8_t* lut = smem_raw + (lut_s - s0);
+    // entry e (a packed byte) of lane l at byte 256 e + 4 l
+    for (int w = int(threadIdx.x); w < fly::mxd::kLutWords; w += THREADS)
+      *reinterpret_cast<uint32_t*>(lut + (w >> 5) * 256 + (w & 31) * 4) = fly::mxd::e2m1_lut_entry(uint32_t(w) >> 5, kBf16);
     lut_lane = lut_s | (uint32_t(threadIdx.x % 32) << 2);
-    after_lut = smem_raw + (lut_s - s0) + fly::mxd::kLutBytes;
+    after_lut = lut + fly::mxd::kLutSpan;
   }
   const ActRing ring = ActRing::at_as<ActRing>(after_lut);
 

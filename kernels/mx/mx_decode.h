@@ -44,10 +44,10 @@ inline constexpr int imax(int a, int b) { return a > b ? a : b; }
 inline constexpr int region_bytes(int nw, int rpw, int mt) {
   return imax(kStages * mt * 8 * 128, mt * 8 * (rows_per_cta(nw, rpw) + 4) * 4);
 }
-// MXFP4 variants add the widening table (kLutBytes, below) in front, 32 KiB-aligned in the shared
-// window (so a lookup's address is one LOP3): up to 32 KiB of padding before it.
+// MXFP4 variants add the widening table (kLutSpan, below) in front, 64 KiB-aligned in the shared
+// window (so a lookup's address is one PRMT): up to 64 KiB of padding before it.
 inline constexpr int smem_bytes(int nw, int rpw, int mt, bool fp4) {
-  return region_bytes(nw, rpw, mt) + 2 * kStages * 8 + 1024 + (fp4 ? 2 * 256 * 32 * 4 : 0);
+  return region_bytes(nw, rpw, mt) + 2 * kStages * 8 + 1024 + (fp4 ? 2 * 256 * 256 : 0);
 }
 
 struct Shape {
@@ -108,13 +108,14 @@ FLY_MXD_HD uint32_t e8m0_mult_bits(uint32_t b) {
 
 // MXFP4 (packed E2M1, element 2i in the low nibble of byte i) -> A-operand pairs by table: one
 // shared-memory word per packed byte holds its two elements as an FP16 or BF16 pair (exact: every
-// E2M1 value is a normal 16-bit float), so a pair costs a shift, a mask and one LDS. The table is
-// replicated 32 times, entry e of lane l at word 32 e + l, so a warp's 32 lookups hit 32 banks
-// whatever the bytes (32 KiB). Bit placement instead (e1 e0 m into the exponent's low bits) needs
-// four integer operations per pair plus, for BF16, a multiply: E2M1's subnormal 0.5 lands on a
-// 16-bit subnormal.
-constexpr int kLutWords = 256 * 32;
-constexpr int kLutBytes = kLutWords * 4;
+// E2M1 value is a normal 16-bit float). Entry e of lane l sits at byte 256 e + 4 l of a 64 KiB-
+// aligned table: a warp's 32 lookups hit 32 banks whatever the bytes, and the address of byte b of
+// a word q is one byte permute (q's byte b into bits 8..15 of the lane's base), so a pair costs a
+// PRMT and an LDS. (Half of each 256-byte row is unused: 32 KiB of the 64.) Bit placement instead
+// (e1 e0 m into the exponent's low bits) needs four integer operations per pair plus, for BF16, a
+// multiply: E2M1's subnormal 0.5 lands on a 16-bit subnormal.
+constexpr int kLutWords = 256 * 32;     // entries x lanes
+constexpr int kLutSpan = 256 * 256;     // bytes the table spans (and its alignment)
 // The 16-bit pattern of one E2M1 code (low 4 bits of `code`).
 FLY_MXD_HD uint32_t e2m1_bits16(uint32_t code, bool bf16) {
   // magnitude code e1 e0 m: 0 and 0.5 (e = 0), else 2^(e - 1) (1 + m / 2)
@@ -129,10 +130,20 @@ FLY_MXD_HD uint32_t e2m1_lut_entry(uint32_t byte, bool bf16) {
   return e2m1_bits16(byte & 15u, bf16) | (e2m1_bits16((byte >> 4) & 15u, bf16) << 16);
 }
 // Shared address of byte b (0..3) of word q in the table, for a lane whose `lane_base` is the
-// table's (32 KiB-aligned) address | 4 * lane: lane_base + 128 * byte.
+// table's (64 KiB-aligned) address | 4 * lane: lane_base + 256 * byte, as one byte permute (bytes
+// 0, 2, 3 from lane_base, byte 1 from q's byte b).
 FLY_MXD_HD uint32_t e2m1_lut_addr(uint32_t q, int b, uint32_t lane_base) {
-  const uint32_t x = b == 0 ? q << 7 : q >> (8 * b - 7);
-  return (x & 0x7F80u) | lane_base;
+  const uint32_t sel = 0x7604u | (uint32_t(b) << 4);
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(q, lane_base, sel);
+#else
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t k = (sel >> (4 * i)) & 7u;
+    r |= ((k < 4 ? q >> (8 * k) : lane_base >> (8 * (k - 4))) & 0xFFu) << (8 * i);
+  }
+  return r;
+#endif
 }
 // The FP16 value (host) of a 16-bit pattern, for the tests.
 inline double f16_bits_value(uint32_t h) {

@@ -48,8 +48,8 @@ TEST_CASE("mx_decode: the E2M1 table is exact and its lookups conflict-free", "[
     CHECK(((f >> 15) & 1) == ((byte >> 3) & 1));  // -0 keeps its sign
     CHECK(((b >> 31) & 1) == ((byte >> 7) & 1));
   }
-  // the offset of byte b of a word: entry (the byte) * 128 + lane * 4, whatever the other bytes;
-  // the kernel fills word 32 e + l with entry e: lane l's copy, bank l
+  // the address of byte b of a word: table + entry (the byte) * 256 + lane * 4, whatever the other
+  // bytes; the kernel fills byte 256 e + 4 l with entry e: lane l's copy, bank l
   const uint32_t fillers[] = {0x00000000u, 0xFFFFFFFFu, 0x5A5A5A5Au, 0x96C3A51Eu};
   int checked = 0;
   for (int bpos = 0; bpos < 4; ++bpos)
@@ -57,16 +57,16 @@ TEST_CASE("mx_decode: the E2M1 table is exact and its lookups conflict-free", "[
       for (uint32_t fill : fillers)
         for (uint32_t lane = 0; lane < 32; ++lane) {
           const uint32_t q = (fill & ~(0xFFu << (8 * bpos))) | (byte << (8 * bpos));
-          const uint32_t base = 0x18000u;  // a 32 KiB-aligned table
+          const uint32_t base = 0x20000u;  // a 64 KiB-aligned table
           const uint32_t addr = mxd::e2m1_lut_addr(q, bpos, base | (lane << 2));
-          if (addr != base + byte * 128 + lane * 4) {
+          if (addr != base + byte * 256 + lane * 4) {
             INFO("q " << std::hex << q << " b " << bpos << " lane " << lane << " addr " << addr);
-            CHECK(addr == base + byte * 128 + lane * 4);
+            CHECK(addr == base + byte * 256 + lane * 4);
           }
           ++checked;
         }
   CHECK(checked == 4 * 256 * 4 * 32);
-  CHECK(mxd::kLutBytes == 256 * 32 * 4);
+  CHECK(mxd::kLutSpan == 256 * 256);
 }
 
 TEST_CASE("mx_decode: E8M0 block multiplier for all 256 bytes", "[mx_decode][mx]") {
@@ -95,7 +95,7 @@ TEST_CASE("mx_decode: launch plan splits K over a cluster within one wave", "[mx
   CHECK(L.threads == 256u);
   CHECK(L.smem == unsigned(mxd::smem_bytes(8, 32, 2, false)));
   v.fp4 = true;
-  CHECK(mxd::plan(4096, 4096, v, 132).smem == unsigned(mxd::smem_bytes(8, 32, 2, false) + 2 * mxd::kLutBytes));
+  CHECK(mxd::plan(4096, 4096, v, 132).smem == unsigned(mxd::smem_bytes(8, 32, 2, false) + 2 * mxd::kLutSpan));
   v.fp4 = false;
   // N = 14336: 56 tiles -> 2 per tile (112 CTAs), 4 would need 224 > 132
   L = mxd::plan(14336, 4096, v, 132);
