@@ -167,13 +167,16 @@ const char* mx_fmt_name(bool fp4) { return fp4 ? "e2m1" : "e4m3"; }
 constexpr int64_t kWeightOnlyMaxM = 64;
 
 // The family default for a call (only names listed in tuning/mx_decode.json "defaults"): the
-// smallest activation tile that holds M (8, 16 or 64 rows); 32 weight rows per warp, 16 with the
-// 64-row tile (32 would spill: 64 accumulators a thread per m tile); MXFP4 loads 8 stages ahead
-// (8 bytes a row a stage), MXFP8 4 (16 bytes; 6 with the 16-row warps).
+// smallest activation tile that holds M (8, 16, 32 or 64 rows); 32 weight rows per warp where the
+// registers allow (MXFP4 up to the 32-row tile, MXFP8 up to the 16-row one), else 16; MXFP4 loads
+// 8 stages ahead (8 bytes a row a stage; 4 with the 32-row tile), MXFP8 4 (6 with 16-row warps).
 std::string weight_only_default(fly_dtype act, bool fp4, int64_t M) {
-  const char* shape = M <= 8 ? "_w8_r32_m1" : M <= 16 ? "_w8_r32_m2" : "_w8_r16_m8";
-  const char* depth = fp4 ? "_d8" : M <= 16 ? "_d4" : "_d6";
-  return std::string("mx_decode_") + dtype_name(act) + "_" + mx_fmt_name(fp4) + shape + depth;
+  const char* shape = M <= 8    ? "_w8_r32_m1_d"
+                      : M <= 16 ? "_w8_r32_m2_d"
+                      : M <= 32 ? (fp4 ? "_w8_r32_m4_d" : "_w8_r16_m4_d")
+                                : "_w8_r16_m8_d";
+  const int depth = fp4 ? (M > 16 && M <= 32 ? 4 : 8) : (M <= 16 ? 4 : 6);
+  return std::string("mx_decode_") + dtype_name(act) + "_" + mx_fmt_name(fp4) + shape + std::to_string(depth);
 }
 
 // Shapes, dtypes and layouts of a weight-only call (shared by the workspace query, which needs no

@@ -536,7 +536,7 @@ TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fa
   for (fly_dtype act : {FLY_BF16, FLY_F16})
     for (int fp4 = 0; fp4 < 2; ++fp4)
       for (Shape sh : {Shape{1, 4096, 4096}, Shape{8, 14336, 4096}, Shape{9, 300, 96}, Shape{16, 4096, 14336},
-                       Shape{17, 28672, 8192}, Shape{64, 64, 32}}) {
+                       Shape{17, 28672, 8192}, Shape{32, 6144, 4096}, Shape{33, 4096, 4096}, Shape{64, 64, 32}}) {
         const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
         void* ad = fake_cuda_malloc(size_t(M * K * 2));
         void* bd = fake_cuda_malloc(size_t(N * cols));
@@ -552,13 +552,14 @@ TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fa
         REQUIRE(st == FLY_SUCCESS);
         // the default rule: the smallest activation tile holding M
         const std::string act_s = act == FLY_BF16 ? "bf16" : "fp16", fmt = fp4 ? "e2m1" : "e4m3";
-        const std::string shape = M <= 8 ? "_w8_r32_m1" : M <= 16 ? "_w8_r32_m2" : "_w8_r16_m8";
-        const std::string depth = fp4 ? "_d8" : M <= 16 ? "_d4" : "_d6";
-        CHECK(std::string(fly_last_variant()) == "mx_decode_" + act_s + "_" + fmt + shape + depth);
+        const int mt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+        const int rpw = (M <= 16 || (fp4 && M <= 32)) ? 32 : 16;
+        const int depth = fp4 ? (mt == 4 ? 4 : 8) : (M <= 16 ? 4 : 6);
+        CHECK(std::string(fly_last_variant()) == "mx_decode_" + act_s + "_" + fmt + "_w8_r" + std::to_string(rpw) + "_m" +
+                                                     std::to_string(mt) + "_d" + std::to_string(depth));
         REQUIRE(fake_cuda_launch_count() == 1);
         const fake_cuda_launch* L = mx_last_launch();
         CHECK(std::string(L->kernel) == "fly_mx_decode_sm90");
-        const int rpw = M <= 16 ? 32 : 16, mt = M <= 8 ? 1 : M <= 16 ? 2 : 8;
         fly::mxd::Shape v;
         v.nw = 8;
         v.rpw = rpw;
@@ -599,7 +600,7 @@ TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fa
         CHECK(ma->dtype == int(act == FLY_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16));
         ++launched;
       }
-  CHECK(launched == 2 * 2 * 6);
+  CHECK(launched == 2 * 2 * 8);
   // a forced variant whose activation tile is smaller than M: unsupported, by name
   REQUIRE(fly_force_variant("mx_decode_bf16_e4m3_w8_r32_m1_d4") == FLY_SUCCESS);
   {
