@@ -181,8 +181,10 @@ void run_case(const Case& g, std::mt19937& rng) {
   int forced = 0;
   fly_test::for_each_variant("mx_decode", [&](const char* name, const char* params) {
     const std::string ps(params);
-    if (ps.find("act=" + act) == std::string::npos || ps.find("fmt=" + fmt) == std::string::npos) return;
-    const size_t mp = ps.find("mt=");
+    if ((";" + ps + ";").find(";act=" + act + ";") == std::string::npos ||
+        (";" + ps + ";").find(";fmt=" + fmt + ";") == std::string::npos)
+      return;
+    const size_t mp = (";" + ps).find(";mt=");  // (not the "mt=" inside "fmt=")
     if (mp == std::string::npos || 8 * std::stoll(ps.substr(mp + 3)) < M) return;
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
     check(name);
@@ -238,8 +240,9 @@ TEST_CASE("mx_decode: what the weight-only mode refuses on the device", "[mx_dec
   bool tried = false;
   fly_test::for_each_variant("mx_decode", [&](const char* name, const char* params) {
     const std::string ps(params);
-    if (tried || ps.find("act=bf16") == std::string::npos || ps.find("fmt=e4m3") == std::string::npos ||
-        ps.find("mt=2") == std::string::npos)
+    if (tried || (";" + ps + ";").find(";act=bf16;") == std::string::npos ||
+        (";" + ps + ";").find(";fmt=e4m3;") == std::string::npos ||
+        (";" + ps + ";").find(";mt=2;") == std::string::npos)
       return;
     tried = true;
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
