@@ -8,7 +8,8 @@
 // straight from global memory into registers, DEPTH 64-wide k stages ahead; they are widened in
 // registers to the mma.sync A operand (m16n8k16, W rows as the MMA's M, tokens as its N). The
 // activations (read by every CTA) arrive through a TMA ring of 64-wide k stages filled by one
-// thread; a cluster of CL CTAs splits K and reduces through DSMEM in rank order (deterministic).
+// thread; a cluster of CL CTAs (1..8) splits K and reduces through DSMEM in rank order
+// (deterministic), each CTA summing an even share of the tile's (row, 4 columns) items.
 //
 // Scales, exactly: a lane (g = lane / 4, c = lane % 4) holds k [8c, 8c + 8) of every 32-k block of
 // its rows g and g + 8 of each 16-row m tile: 8 bytes (MXFP8) or 4 bytes (MXFP4) per row and
@@ -87,19 +88,6 @@ static_assert(DEPTH >= 1 && DEPTH <= 12, "k stages in flight");
 // the MXFP4 widening table in front, 64 KiB-aligned (up to 64 KiB of padding before it)
 constexpr int LUT_SPAN = kFp4 ? 2 * fly::mxd::kLutSpan : 0;
 static_assert(fly::mxd::smem_bytes(NW, RPW, MT, kFp4) == LUT_SPAN + REGION + 2 * kStages * 8 + 1024, "host sizing");
-
-// C as the shared reduction writes it (gemm_reduce.cuh reduce_partials_t): D = C, row-major.
-struct DecodeOut {
-  using Elem = T;
-  T* c;
-  const T* bias;
-  int64_t ldc;
-  int rows, cols;  // M, N
-  bool swap, vec;
-};
-struct DecodeUnit {
-  int tm, tn;  // the tile: rows 0.. of C (tm = 0), columns tn * ROWS..
-};
 
 // One 64-wide k stage of a lane's W rows in registers: [m tile][row g, g + 8][32-k block], the
 // weight bytes and the E8M0 scale bytes.
@@ -381,9 +369,47 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
   if (p.cl > 1) fly::sm90::cluster_sync();
   else __syncthreads();
 
-  const DecodeOut out{static_cast<T*>(p.c), static_cast<const T*>(p.bias), p.ldc, p.M, p.N, false,
-                      (reinterpret_cast<uintptr_t>(p.c) & 7) == 0 && p.ldc % 4 == 0};
-  fly::gemm::reduce_partials_t<THREADS>(out, DecodeUnit{0, tile}, part, PartialLayout{false}, rank, p.cl,
-                                        int(threadIdx.x));
+  // The cluster's reduction: the tile's present C rows (min(M, 8 mt)) x its columns in groups of 4,
+  // split evenly over the cluster's CTAs by item (the dense decode kernel's reduce_partials_t splits
+  // by row, so at M = 1 one CTA summed all of them), each item the sum of the CTAs' partials in
+  // rank order (deterministic; the remote reads unrolled so their latencies overlap), + bias,
+  // rounded to C (8-byte stores where C allows).
+  {
+    const T* bias = static_cast<const T*>(p.bias);
+    T* cp = static_cast<T*>(p.c);
+    const bool vec = (reinterpret_cast<uintptr_t>(p.c) & 7) == 0 && p.ldc % 4 == 0;
+    constexpr int kInner4 = ROWS / 4;
+    const int count = min(p.M, ACT_ROWS) * kInner4;
+    const int i_begin = rank * count / p.cl, i_end = (rank + 1) * count / p.cl;
+    const uint32_t base = fly::sm90::smem_u32(part);
+    for (int e = i_begin + int(threadIdx.x); e < i_end; e += THREADS) {
+      const int m = e / kInner4, n4 = (e % kInner4) * 4, ccol = row0 + n4;
+      if (ccol >= p.N) continue;
+      const uint32_t off = uint32_t(m * (ROWS + 4) + n4) * 4;
+      float4 v[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r)
+        if (r < p.cl) v[r] = fly::sm90::ld_cluster_f4(fly::sm90::mapa(base + off, uint32_t(r)));
+      float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < 8; ++r)
+        if (r < p.cl) {
+          sum[0] += v[r].x;
+          sum[1] += v[r].y;
+          sum[2] += v[r].z;
+          sum[3] += v[r].w;
+        }
+      T* dst = cp + int64_t(m) * p.ldc + ccol;
+      if (vec && ccol + 3 < p.N) {
+        T h[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) h[q] = fly::from_float<T>(sum[q] + (bias ? fly::to_float(bias[ccol + q]) : 0.f));
+        *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(h);
+      } else {
+        for (int q = 0; q < 4 && ccol + q < p.N; ++q)
+          dst[q] = fly::from_float<T>(sum[q] + (bias ? fly::to_float(bias[ccol + q]) : 0.f));
+      }
+    }
+  }
   if (p.cl > 1) fly::sm90::cluster_sync();
 }

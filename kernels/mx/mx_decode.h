@@ -58,13 +58,14 @@ struct Shape {
   bool fp4 = false;  // MXFP4 weights (the widening table in shared memory)
 };
 
-// The cluster size when the variant does not force one: the largest of 1, 2, 4, 8 whose CTAs
-// still fit one wave (at most the SM count: one CTA per SM, since each holds ~255 registers a
-// thread) while every CTA keeps at least 4 stages of K.
+// The cluster size when the variant does not force one: of 1..8 (any size: N = 6144 at 256 rows
+// a CTA is 24 tiles, 5 CTAs each fill 120 of 132 SMs where 4 fill 96), the one that puts the most
+// CTAs on the SMs in one wave (one CTA per SM: each holds ~255 registers a thread) while every
+// CTA keeps at least 4 stages of K; the smaller on a tie.
 inline int choose_cluster(int64_t tiles, int64_t stages, int sm_count) {
   int best = 1;
-  for (int cl = 2; cl <= 8; cl *= 2)
-    if (tiles * cl <= int64_t(sm_count) && stages >= 4 * cl) best = cl;
+  for (int cl = 2; cl <= 8; ++cl)
+    if (tiles * cl <= int64_t(sm_count) && stages >= 4 * cl && tiles * cl > tiles * best) best = cl;
   return best;
 }
 

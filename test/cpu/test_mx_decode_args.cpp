@@ -101,6 +101,11 @@ TEST_CASE("mx_decode: launch plan splits K over a cluster within one wave", "[mx
   L = mxd::plan(14336, 4096, v, 132);
   CHECK(L.cl == 2);
   CHECK(L.grid == 112u);
+  // N = 6144: 24 tiles -> 5 per tile (120 CTAs; 4 would leave 36 SMs idle, 6 need 144)
+  L = mxd::plan(6144, 4096, v, 132);
+  CHECK(L.cl == 5);
+  CHECK(L.grid == 120u);
+  CHECK(L.kst_per_cta == 13);  // 64 stages: 4 CTAs of 13, the last of 12
   // N = 28672: 112 tiles already fill the wave
   L = mxd::plan(28672, 8192, v, 132);
   CHECK(L.cl == 1);
