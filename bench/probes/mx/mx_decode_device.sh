@@ -7,7 +7,8 @@
 #   cpu       fly_cpu_tests "[mx_decode]" (widenings, plan, validation)
 #   gpu       fly_gpu_tests "[mx_decode]" (FP64 reference; every bundled variant forced)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck, initcheck over `fly_gpu_subset mx`
-#             (every bundled mx_decode variant: M = 5 + bias and M = its tile, N 300, K 1056, clusters)
+#             (every bundled mx_decode variant: M = 5 + bias and M = its tile, N 300, K 1056, clusters),
+#             then memcheck over fly_gpu_tests "[mx_decode]"
 #   probe     bench/fly_mx_decode_probe, BF16 activations, the default shapes, M 1 4 16 32 64,
 #             beside cuBLAS BF16 (then FP16 activations on two shapes)
 #   sweep     (with ALL=1) every bundled BF16 variant forced, M 1 and 16 (M 32 and 64 for the m8 ones),
@@ -28,7 +29,7 @@ sum "mx_decode_device.sh on $(nvidia-smi --query-gpu=name --format=csv,noheader 
 if has build; then
   extra=()
   [ "${ALL:-0}" = 1 ] && extra+=(-DFLY_ALL_VARIANTS=ON)
-  bash tools/device_run.sh "$b" -DFLY_FAMILIES=mx_decode -DFLY_BUILD_TOOLS=OFF "${extra[@]}" >"$out/cfg.log" 2>&1
+  bash tools/device_run.sh "$b" -DFLY_FAMILIES=mx_decode -DFLY_BUILD_TOOLS=OFF ${extra[@]+"${extra[@]}"} >"$out/cfg.log" 2>&1
   ninja -C "$b" -j16 flykernels fly_cpu_tests fly_gpu_tests fly_gpu_subset fly_mx_decode_probe >"$out/build.log" 2>&1
   rc=$?
   sum "build rc=$rc ($(( $(date +%s) - t0 ))s); $(grep -c . "$b/gen/manifest.tsv" 2>/dev/null) variants"
@@ -48,6 +49,10 @@ if has sanitize; then
     timeout 200 "$cs" --tool "$tool" --error-exitcode 1 "./$b/test/fly_gpu_subset" mx >"$out/cs-$tool.log" 2>&1
     sum "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|fly_gpu_subset:' "$out/cs-$tool.log" | tr '\n' ' ')"
   done
+  # memcheck over the GPU tests too (every case; the forced-variant walk as bundled)
+  timeout 400 "$cs" --tool memcheck --error-exitcode 1 --report-api-errors no "./$b/test/fly_gpu_tests" "[mx_decode]" \
+    >"$out/cs-memcheck-tests.log" 2>&1
+  sum "memcheck [mx_decode] tests rc=$? $(grep -E 'ERROR SUMMARY|test cases|All tests passed' "$out/cs-memcheck-tests.log" | tr '\n' ' ')"
 fi
 if has probe; then
   timeout 400 "./$b/bench/fly_mx_decode_probe" --tsv "$out/probe-bf16.tsv" >"$out/probe-bf16.log" 2>&1
