@@ -5,7 +5,8 @@
 // checked. Tails (M = 1, M not a multiple of 8, N not a multiple of the CTA's rows, K = 32, K not a
 // multiple of the 64-k stage), bias, a NaN scale (0xFF: that column of C is NaN), wide scale
 // exponents incl. 0x00 and 0xFE (BF16), both activation dtypes, both weight formats, the
-// dispatch's pick and every bundled mx_decode variant forced, cluster split-K (long K, few tiles).
+// dispatch's pick and every bundled mx_decode variant forced, cluster split-K (long K, few tiles;
+// cluster sizes 1, 3, 4, 5, 7, 8 on a 132-SM part).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -210,6 +211,9 @@ TEST_CASE("mx_decode: weight-only GEMM against the FP64 reference", "[mx_decode]
       {64, 513, 2080},
       {3, 257, 8192},  // two CTA tiles, long K: clusters split K
       {12, 4096, 1024},
+      {2, 6144, 1280},   // 24 tiles of 256 rows: clusters of 5 on 132 SMs
+      {1, 11264, 768},   // 44 tiles: clusters of 3
+      {4, 4608, 1792},   // 18 tiles: clusters of 7
   };
   for (const fly_dtype act : {FLY_BF16, FLY_F16})
     for (const bool fp4 : {false, true})

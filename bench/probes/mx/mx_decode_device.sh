@@ -11,8 +11,9 @@
 #             then memcheck over fly_gpu_tests "[mx_decode]"
 #   probe     bench/fly_mx_decode_probe, BF16 activations, the default shapes, M 1 4 16 32 64,
 #             beside cuBLAS BF16 (then FP16 activations on two shapes)
-#   sweep     (with ALL=1) every bundled BF16 variant forced, M 1 and 16 (M 32 and 64 for the m8 ones),
-#             three shapes, no cuBLAS: which variant should the defaults / the DB rows name
+#   sweep     (with ALL=1) every bundled BF16 variant forced (the plan's cluster size: not the _c
+#             launch variants), M 1 and 16 (32 for m4, 32 and 64 for m8), three shapes, no cuBLAS:
+#             which variant should the defaults / the DB rows name
 # Logs under $OUT (default ./out-mxdecode): summary.txt and one log per stage.
 #   OUT=out bash bench/probes/mx/mx_decode_device.sh [stages...]     (from the repository root)
 set -uo pipefail
@@ -65,11 +66,11 @@ if has probe; then
 fi
 if has sweep; then
   : >"$out/sweep.log"
-  for v in $(grep -oE "^mx_decode_bf16_[a-z0-9_]+" "$b/gen/manifest.tsv" | sort -u); do
+  for v in $(grep -oE "^mx_decode_bf16_[a-z0-9_]+" "$b/gen/manifest.tsv" | grep -vE "_c[0-9]+$" | sort -u); do
     case "$v" in *_m8_*) m=32,64 ;; *_m4_*) m=32 ;; *_m1_*) m=1 ;; *) m=1,16 ;; esac
     case "$v" in *e2m1*) f=e2m1 ;; *) f=e4m3 ;; esac
     timeout 60 "./$b/bench/fly_mx_decode_probe" --no-cublas --reps 10 --warmup 3 --fmt "$f" --m "$m" \
-      --shapes 14336x4096,4096x14336,28672x8192 --variant "$v" 2>&1 | grep -v "^#" | grep -v "^NxK" >>"$out/sweep.log"
+      --shapes 14336x4096,4096x14336,6144x4096 --variant "$v" 2>&1 | grep -v "^#" | grep -v "^NxK" >>"$out/sweep.log"
   done
   sum "sweep: $(wc -l <"$out/sweep.log") rows ($(( $(date +%s) - t0 ))s); best per (shape, M, fmt):"
   sort -k1,1 -k2,2n -k3,3 -k4,4g "$out/sweep.log" | awk '!seen[$1" "$2" "$3]++' | tee -a "$out/summary.txt" >/dev/null
