@@ -135,7 +135,7 @@ def quantize_(model: nn.Module, format: str, activations: str = "bf16",
         return model if _matches("", patterns) else MXLinear.from_linear(model, format, activations)
     todo = []
     for name, mod in model.named_modules():
-        for child_name, child in mod.named_children():
+        for child_name, child in mod._modules.items():  # every name, also a module's second one
             full = f"{name}.{child_name}" if name else child_name
             if type(child) is nn.Linear and not _matches(full, patterns):
                 if child.in_features % _mx.BLOCK != 0:
