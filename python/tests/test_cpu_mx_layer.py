@@ -353,6 +353,15 @@ def test_compile_traces_the_ops(backend):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("op", ["mx_linear", "mx_linear_mx"])
+def test_opcheck(op):
+    """torch.library.opcheck: schema, autograd registration, the fake implementation against the
+    real one, AOT dispatch with dynamic shapes."""
+    m = MXLinear.from_linear(_linear(64, 16), "mxfp4")
+    x = torch.randn(3, 64, dtype=torch.bfloat16, requires_grad=True)
+    torch.library.opcheck(getattr(torch.ops.flykernels, op), (x, m.qweight, m.scales, "mxfp4", m.bias))
+
+
 def test_autograd_through_the_ops():
     m = MXLinear.from_linear(_linear(64, 16, True, torch.float32), "mxfp8")
     x = torch.randn(3, 64, requires_grad=True)

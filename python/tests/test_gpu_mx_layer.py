@@ -95,6 +95,14 @@ def test_forward_fp16_3d_and_no_bias(fmt, act):
     assert rel_err(y.reshape(6, 96), xr @ dequant64(m.qweight, m.scales, fmt).t()) < 5e-3
 
 
+@pytest.mark.parametrize("op", ["mx_linear", "mx_linear_mx"])
+@pytest.mark.parametrize("M", [4, 100])
+def test_opcheck_on_cuda(op, M):
+    m = MXLinear.from_linear(make_linear(256, 64), "mxfp8")
+    x = torch.randn(M, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    torch.library.opcheck(getattr(torch.ops.flykernels, op), (x, m.qweight, m.scales, "mxfp8", m.bias))
+
+
 def test_fallback_is_logged_at_info():
     r = run_py("""
         import torch, flykernels
