@@ -79,20 +79,44 @@ def _e2m1_values(codes: torch.Tensor) -> torch.Tensor:
     return torch.where((c & 8) != 0, -mag, mag)
 
 
+_pair_tables = {}  # (device, dtype) -> [256, 2]: the two E2M1 values of each packed byte
+
+
+def _e2m1_pair_table(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[256, 2] values (low nibble first) of every MXFP4 byte in dtype, on like's device (exact:
+    E2M1 values are BF16 / FP16 / FP32 values). Kept per device and dtype for plain tensors; made
+    per call (kernels only, no host copy: CUDA graph capture allows it) while tracing (fake or
+    functional tensors must not meet a real one, nor be kept) and never kept from a capture (a
+    tensor made then holds no values until replay)."""
+    plain = type(like) is torch.Tensor and not torch.compiler.is_compiling()
+    key = (like.device, dtype)
+    if plain and key in _pair_tables:
+        return _pair_tables[key]
+    b = torch.arange(256, device=like.device, dtype=torch.int32)
+    t = torch.stack([_e2m1_values(b & 0xF), _e2m1_values(b >> 4)], dim=-1).to(dtype)
+    if plain and not (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _pair_tables[key] = t
+    return t
+
+
 def dequantize(wq: torch.Tensor, scales: torch.Tensor, format: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The [N, K] weight of MX bytes wq ([N, K] / [N, K/2] uint8, or the float8 / float4 dtypes)
     and scales ([N, K/32] uint8 or float8_e8m0fnu), on their device, exact in FP32 (then cast to
-    dtype: exact in BF16 too for weights quantized from BF16)."""
+    dtype: exact in BF16 too for weights quantized from BF16).
+    BF16 is computed in BF16 (a code times a power of two is one correctly rounded product there,
+    as FP32's exact product cast to BF16: the same bits, and a third of the memory traffic);
+    other dtypes in FP32, then cast. MXFP4 bytes decode by a 256-entry table of value pairs."""
     check_format(format)
     q = wq.view(torch.uint8)
     s = scales.view(torch.uint8)
     n = q.shape[0]
+    work = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
     if format == "mxfp8":
-        vals = q.view(torch.float8_e4m3fn).to(torch.float32)
+        vals = q.view(torch.float8_e4m3fn).to(work)
     else:
-        vals = _e2m1_values(torch.stack([q & 0xF, q >> 4], dim=-1)).reshape(n, -1)  # low nibble first
+        vals = F.embedding(q.to(torch.int32), _e2m1_pair_table(q, work)).reshape(n, -1)
     k = vals.shape[1]
-    w = vals.reshape(n, k // BLOCK, BLOCK) * e8m0_to_float(s).reshape(n, k // BLOCK, 1)
+    w = vals.reshape(n, k // BLOCK, BLOCK) * e8m0_to_float(s).to(work).reshape(n, k // BLOCK, 1)
     return w.reshape(n, k).to(dtype)
 
 

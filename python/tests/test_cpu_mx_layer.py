@@ -170,6 +170,21 @@ def test_packing_round_trip_is_bit_exact(fmt, dtype):
     assert err.max() <= (0.125 if fmt == "mxfp8" else 0.25) + 1e-6
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_every_byte_at_every_scale(fmt):
+    """Every code byte under every scale byte: FP32 against the float64 table decoder, and the
+    BF16 path (computed in BF16; MXFP4 through the pair table) the FP32 weight rounded once."""
+    q = torch.arange(256, dtype=torch.uint8).repeat(256, 1)            # row r: every byte
+    kb = q.shape[1] * (2 if fmt == "mxfp4" else 1) // 32
+    s = torch.arange(256, dtype=torch.uint8)[:, None].expand(256, kb).contiguous()  # row r: scale r
+    w32 = _mx.dequantize(q, s, fmt)
+    # exact wherever FP32 holds the value; beyond it (448 x 2^127 ...) infinite, as the cast says
+    torch.testing.assert_close(w32, _dequant64(q, s, fmt).float(), rtol=0, atol=0, equal_nan=True)
+    for dt in (torch.bfloat16, torch.float16):
+        for _ in range(2):  # the pair table made, then kept
+            torch.testing.assert_close(_mx.dequantize(q, s, fmt, dt), w32.to(dt), rtol=0, atol=0, equal_nan=True)
+
+
 def test_dequantize_special_bytes():
     q = torch.tensor([[0x7F, 0xFF, 0x80, 0x01] * 8], dtype=torch.uint8)
     for sb, expect_nan in [(0, False), (255, True), (254, False)]:
