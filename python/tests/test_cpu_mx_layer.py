@@ -462,3 +462,22 @@ def test_cuda_path_calls_the_extension_and_falls_back(monkeypatch, fmt):
     # an extension built before mx_linear_run: the fallback, no error
     monkeypatch.setattr(_loader, "ext", object())
     assert torch.equal(_mx._weight_only_cuda(x, m.qweight, m.scales, fmt, m.bias), ref)
+
+
+def test_extension_binding_declines_what_it_cannot_run(fly):
+    """csrc/mx_linear.cpp's mx_linear_run through pybind (the wheel's extension): CPU tensors are
+    not ours (None, counted as stock), a bad format is a ValueError."""
+    from flykernels import _loader
+    if _loader.ext is None or not hasattr(_loader.ext, "mx_linear_run"):
+        pytest.skip("the extension has no mx_linear_run (built before it)")
+    run = _loader.ext.mx_linear_run
+    m = MXLinear.from_linear(_linear(64, 16), "mxfp4")
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    fly.reset_counts()
+    assert run(x, None, m.qweight, m.scales, "mxfp4", m.bias, None) is None
+    qa, sa = _mx.quantize(x, "mxfp4")
+    assert run(qa.view(torch.float4_e2m1fn_x2), sa.view(torch.float8_e8m0fnu), m.qweight, m.scales, "mxfp4") is None
+    counts = fly.dispatch_counts()
+    assert counts["mx_linear"] == (0, 1) and counts["mx_linear_mx"] == (0, 1), counts
+    with pytest.raises(ValueError, match="format must be 'mxfp8' or 'mxfp4'"):
+        run(x, None, m.qweight, m.scales, "e2m1")
