@@ -3,8 +3,9 @@
 // fly_scaled_gemm call on a 2-D activation a [M, K] and the layer's packed weights, in one of the
 // two modes of the C ABI (include/flykernels/flykernels.h, docs/mxfp.md):
 //  - weight-only (scale_a None): a BF16/FP16 as it is, b = the MX weights, c in a's dtype. This is
-//    the mode the mx_decode kernel adds (branch mx-decode, commit 0a2cbfc: fly_scaled_gemm with a
-//    16-bit a and scale_a NULL; M <= 64, larger M is FLY_ERROR_UNSUPPORTED).
+//    the mode the mx_decode kernel adds (branch mx-decode, from commit 0a2cbfc, its ABI unchanged
+//    through 0c41b83: fly_scaled_gemm with a 16-bit a and scale_a NULL; M <= 64, larger M is
+//    FLY_ERROR_UNSUPPORTED).
 //  - MX activations (scale_a given): a = fly_mx_quantize's codes of x in the weights' format, the
 //    MX GEMM F.scaled_mm reaches (scaled_mm.cpp), c in out_dtype (bf16/fp16).
 // The weights arrive as MXLinear keeps them, uint8 buffers (qweight [N, K] or [N, K/2], scales
