@@ -29,7 +29,8 @@ const char* const kOpNames[kOpCount] = {"rms_norm",       "topk",       "topk.va
                                         "add_rms_norm",   "add_rms_norm_bwd",
                                         "moe_route",      "moe_route_bwd", "moe_permute",    "moe_permute_bwd",
                                         "moe_unpermute",  "moe_unpermute_bwd",
-                                        "cross_entropy",  "cross_entropy_loss"};
+                                        "cross_entropy",  "cross_entropy_loss",
+                                        "mx_linear",      "mx_linear_mx"};
 
 namespace {
 struct OpCounts {

@@ -21,7 +21,7 @@ enum OpId {
   kRmsNorm = 0, kTopk, kTopkValues, kMm, kAddmm, kSdpaFlash, kSdpaEfficient, kSdpaCudnn,
   kSdpaFlashBwd, kSdpaEfficientBwd, kGroupedMm, kScaledMm, kScaledMmV1, kGlu, kGluBwd, kRope, kRopeBwd,
   kAddRmsNorm, kAddRmsNormBwd, kMoeRoute, kMoeRouteBwd, kMoePermute, kMoePermuteBwd, kMoeUnpermute, kMoeUnpermuteBwd,
-  kCrossEntropy, kCrossEntropyLoss, kOpCount
+  kCrossEntropy, kCrossEntropyLoss, kMxLinear, kMxLinearMx, kOpCount
 };
 extern const char* const kOpNames[kOpCount];  // the keys of counts(): "rms_norm", "topk.values", ...
 

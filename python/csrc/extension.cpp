@@ -9,6 +9,7 @@
 #include "attention.cpp"
 #include "grouped_mm.cpp"
 #include "scaled_mm.cpp"
+#include "mx_linear.cpp"
 #include "gemm.cpp"
 #include "glu.cpp"
 #include "rope.cpp"

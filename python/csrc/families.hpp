@@ -46,6 +46,13 @@ std::string explain_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at
                               bool check_device);
 std::tuple<at::Tensor, at::Tensor> mx_quantize(const at::Tensor& x, const std::string& format, bool rceil);
 
+// mx_linear.cpp: MXLinear's fly_scaled_gemm call (weight-only when scale_a is None); None when the
+// library declines (the caller dequantizes + F.linear).
+std::optional<at::Tensor> mx_linear_run(const at::Tensor& a, const std::optional<at::Tensor>& scale_a,
+                                        const at::Tensor& wq, const at::Tensor& scales, const std::string& format,
+                                        const std::optional<at::Tensor>& bias,
+                                        std::optional<at::ScalarType> out_dtype);
+
 // gemm.cpp (Inductor's candidates; the compile-time provider decides ours or not)
 void mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor out, const std::optional<at::Tensor>& workspace);
 void addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, at::Tensor out, double beta,

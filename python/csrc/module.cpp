@@ -122,6 +122,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("check_device") = true);
   m.def("mx_quantize", &flyk::mx_quantize, py::arg("x"), py::arg("format") = "e4m3", py::arg("rceil") = false,
         "(q, scales) of x [M, K]: float8_e4m3fn [M, K] or float4_e2m1fn_x2 [M, K/2], float8_e8m0fnu [M, K/32]");
+  m.def("mx_linear_run", &flyk::mx_linear_run, py::arg("a"), py::arg("scale_a"), py::arg("wq"), py::arg("scales"),
+        py::arg("format"), py::arg("bias") = py::none(), py::arg("out_dtype") = py::none(),
+        "MXLinear's GEMM: fly_scaled_gemm on a [M, K] (bf16/fp16, scale_a None: weight-only; or MX codes with "
+        "their E8M0 scales) and the layer's uint8 qweight / scales of `format` ('mxfp8' | 'mxfp4'); None when "
+        "the library declines the call");
   m.def("mm_out", &flyk::mm_out, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("workspace") = py::none());
   m.def("addmm_out", &flyk::addmm_out, py::arg("bias"), py::arg("a"), py::arg("b"), py::arg("out"),
         py::arg("beta") = 1.0, py::arg("alpha") = 1.0, py::arg("workspace") = py::none());
