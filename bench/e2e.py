@@ -1092,5 +1092,619 @@ def main():
         chart(out, a.png)
 
 
+# ----------------------------------------------------------------------------------------------
+# generate: greedy generation with a static KV cache and CUDA graphs, BF16 against MX (issue 48)
+#
+#   python bench/e2e.py generate [--configs bf16,mxfp8-bf16,mxfp8-mx,mxfp4-bf16,mxfp4-mx] [--layers 32]
+#                                [--batches 1,8,32] [--prompt 256] [--gen 512] [--reps 2]
+#                                [--graph cuda|compile|eager] [--smoke] [--device cuda|cpu] [--json F] [--png F]
+#
+# One Llama-3.1-8B-shaped model (make_config("llama"), random weights, seed --seed) per configuration,
+# built, quantized (flykernels.quantize_(model, fmt, activations=..., skip=--skip)), run and freed
+# before the next; the BF16 reference is kept only as token ids and first-step logits (CPU).
+# Per batch size: a StaticCache of prompt + gen positions; the prompt's prefill runs eagerly
+# (time to first token: prefill + argmax, CUDA events); the decode step (one token: forward, argmax,
+# the token written into the output buffer and fed back) is captured once in a CUDA graph and
+# replayed gen - 1 times back to back (--graph cuda), or compiled with
+# torch.compile(mode="reduce-overhead") (--graph compile), or run eagerly (--graph eager; the CPU).
+# bench/e2e.md, "generate", has how to run and read it.
+
+GEN_CONFIGS = {  # name -> (format, activations); None: BF16 stock
+    "bf16": (None, None),
+    "mxfp8-bf16": ("mxfp8", "bf16"),
+    "mxfp8-mx": ("mxfp8", "mx"),
+    "mxfp4-bf16": ("mxfp4", "bf16"),
+    "mxfp4-mx": ("mxfp4", "mx"),
+}
+GEN_MX_OPS = ("mx_linear", "mx_linear_mx")
+
+
+def weight_bytes(model):
+    """Bytes of the model's parameters and buffers, each storage once (tied weights, shared layers)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.device.type == "meta":
+            continue
+        try:
+            key = (t.device, t.untyped_storage().data_ptr())
+            size = t.untyped_storage().nbytes()
+        except Exception:  # noqa: BLE001
+            key, size = (t.device, t.data_ptr()), t.numel() * t.element_size()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += size
+    return total
+
+
+def weights_fingerprint(model):
+    """A few sums of the BF16 weights before quantization: the same seed must give the same model
+    in every configuration (the agreement figures compare against the BF16 run's tokens)."""
+    sd = dict(model.named_parameters())
+    names = [n for n in sd if n.endswith("embed_tokens.weight") or n.endswith("layers.0.self_attn.q_proj.weight")
+             or n.endswith("lm_head.weight")][:3]
+    return {n: float(sd[n].detach().float().sum().item()) for n in names}
+
+
+def make_static_cache(model, batch, max_len, dev):
+    """transformers' StaticCache for `batch` rows of `max_len` positions, with the arguments this
+    version takes (5.x: config and max_cache_len, lazily allocated on the first update; 4.x also
+    batch size, device and dtype)."""
+    from transformers import StaticCache
+    params = inspect.signature(StaticCache.__init__).parameters
+    kw = dict(config=model.config, max_cache_len=max_len, max_batch_size=batch, batch_size=batch, device=dev,
+              dtype=torch.bfloat16)
+    return StaticCache(**{k: v for k, v in kw.items() if k in params})
+
+
+def cache_rewind(cache):
+    """Back to an empty cache, the same tensors (their addresses are in the captured graph)."""
+    cache.reset()
+
+
+class GenRunner:
+    """Greedy generation of `gen` tokens from `prompt` [B, P] on one model with a StaticCache:
+    prefill() (eager: the prompt into the cache, the first token and its logits), then the decode
+    steps by `graph` mode. All decode state lives in static tensors: ids [B, 1] (the token fed
+    next), out [B, gen] (the tokens), t (a device counter: the next column of out) and, for
+    transformers that take it, cache_position [1]."""
+
+    def __init__(self, model, cache_kw, prompt, gen, graph, dev):
+        self.model, self.cache_kw, self.prompt, self.gen, self.graph, self.dev = model, cache_kw, prompt, gen, graph, dev
+        B, P = prompt.shape
+        self.cache = make_static_cache(model, B, P + gen, dev)
+        fwd = inspect.signature(model.forward).parameters
+        self.use_cache_position = "cache_position" in fwd
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.out = torch.zeros(B, gen, dtype=torch.long, device=dev)
+        self.t = torch.zeros(1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.cuda_graph = None
+        self.compiled = None
+        self.graph_used = graph
+        self.graph_note = None
+
+    def _forward(self, ids, **kw):
+        kw[self.cache_kw] = self.cache
+        return self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw).logits
+
+    def prefill(self):
+        """The prompt into the (rewound) cache; the first token into out[:, 0] and ids; returns the
+        first-step logits [B, V] (the prompt's last position)."""
+        cache_rewind(self.cache)
+        B, P = self.prompt.shape
+        kw = {}
+        if self.use_cache_position:
+            kw["cache_position"] = torch.arange(P, device=self.dev)
+        with torch.no_grad():
+            logits = self._forward(self.prompt, **kw)[:, -1]
+            nxt = logits.argmax(-1)
+            self.out[:, 0].copy_(nxt)
+            self.ids.copy_(nxt.unsqueeze(1))
+            self.t.fill_(1)
+            self.pos.fill_(P)
+        return logits
+
+    def step(self):
+        """One decode step on the static tensors (what the CUDA graph captures)."""
+        kw = {"cache_position": self.pos} if self.use_cache_position else {}
+        logits = self._forward(self.ids, **kw)
+        nxt = logits[:, -1].argmax(-1)
+        self.out.index_copy_(1, self.t, nxt.unsqueeze(1))
+        self.ids.copy_(nxt.unsqueeze(1))
+        self.t.add_(1)
+        self.pos.add_(1)
+
+    def _compiled_fn(self):
+        model, cache_kw, cache = self.model, self.cache_kw, self.cache
+        use_cp = self.use_cache_position
+
+        def fwd(ids, pos):
+            kw = {cache_kw: cache}
+            if use_cp:
+                kw["cache_position"] = pos
+            return model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw).logits[:, -1].argmax(-1)
+        return torch.compile(fwd, mode="reduce-overhead", fullgraph=False, dynamic=False)
+
+    def _step_compiled(self):
+        if hasattr(torch.compiler, "cudagraph_mark_step_begin"):
+            torch.compiler.cudagraph_mark_step_begin()
+        nxt = self.compiled(self.ids, self.pos)
+        self.out.index_copy_(1, self.t, nxt.unsqueeze(1))
+        self.ids.copy_(nxt.unsqueeze(1))
+        self.t.add_(1)
+        self.pos.add_(1)
+
+    def prepare(self, warm_steps=3):
+        """After a prefill: warm-up steps (eager; for a CUDA graph on a side stream, then the
+        capture). Returns the warm-up's tokens (out[:, :1 + warm_steps]) to check the graph
+        against. A capture or compile that fails falls back to eager steps, noted in graph_note."""
+        warm_steps = max(1, min(warm_steps, self.gen - 1))
+        self.prefill()
+        with torch.no_grad():
+            if self.graph == "cuda" and self.dev.type == "cuda":
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    for _ in range(warm_steps):
+                        self.step()
+                torch.cuda.current_stream().wait_stream(s)
+                torch.cuda.synchronize()
+                ref = self.out[:, :1 + warm_steps].clone()
+                try:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        self.step()
+                    torch.cuda.synchronize()
+                    self.cuda_graph = g
+                except Exception as e:  # noqa: BLE001  (a host sync or an op capture refuses)
+                    torch.cuda.synchronize()
+                    self.graph_used = "eager"
+                    self.graph_note = f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}): eager steps"
+                    log(f"  WARNING {self.graph_note}")
+                return ref
+            if self.graph == "compile":
+                try:
+                    self.compiled = self._compiled_fn()
+                    for _ in range(warm_steps):
+                        self._step_compiled()
+                    sync(self.dev)
+                    return self.out[:, :1 + warm_steps].clone()
+                except Exception as e:  # noqa: BLE001
+                    self.compiled = None
+                    self.graph_used = "eager"
+                    self.graph_note = f"torch.compile failed ({type(e).__name__}: {str(e)[:200]}): eager steps"
+                    log(f"  WARNING {self.graph_note}")
+                    self.prefill()
+            else:
+                self.graph_used = "eager"
+            for _ in range(warm_steps):
+                self.step()
+            sync(self.dev)
+            return self.out[:, :1 + warm_steps].clone()
+
+    def decode(self):
+        """gen - 1 decode steps after a prefill (the tokens land in out)."""
+        with torch.no_grad():
+            if self.cuda_graph is not None:
+                for _ in range(self.gen - 1):
+                    self.cuda_graph.replay()
+            elif self.compiled is not None:
+                for _ in range(self.gen - 1):
+                    self._step_compiled()
+            else:
+                for _ in range(self.gen - 1):
+                    self.step()
+
+    def timed(self, fn):
+        """(ms, result) of fn(), CUDA events on CUDA, wall clock elsewhere."""
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            r = fn()
+            e1.record()
+            torch.cuda.synchronize()
+            return e0.elapsed_time(e1), r
+        t0 = time.perf_counter()
+        r = fn()
+        return (time.perf_counter() - t0) * 1e3, r
+
+    def close(self):
+        self.cuda_graph = None
+        self.compiled = None
+        self.cache = None
+
+
+def mx_counts(fly_mod):
+    """{op: [ours, stock]} of the MX ops since the last reset (None: this extension counts none)."""
+    if fly_mod is None:
+        return None
+    c = fly_mod.torch.dispatch_counts()
+    got = {k: list(c[k]) for k in GEN_MX_OPS if k in c}
+    return got or None
+
+
+def mx_note(fly_mod, dev):
+    """Why the MX layers would not run the FlyKernels GEMM here (None: they can)."""
+    if fly_mod is None:
+        return "flykernels not importable"
+    if dev.type != "cuda":
+        return ("no CUDA device: MXLinear runs its exact torch emulation (dequantize + F.linear in FP32), "
+                "not the FlyKernels GEMM")
+    from flykernels import _loader
+    if not getattr(fly_mod.torch, "available", False):
+        return f"library unavailable ({getattr(fly_mod.torch, 'reason', '')}): dequantize + F.linear"
+    if _loader.ext is None or not hasattr(_loader.ext, "mx_linear_run"):
+        return "the extension has no mx_linear_run (built before it): dequantize + F.linear"
+    return None
+
+
+def cosine_rows(a, b):
+    a, b = a.double(), b.double()
+    return F.cosine_similarity(a, b, dim=-1)
+
+
+def gen_one_batch(model, info, b, prompts, a, dev, fly_mod, ref):
+    """Timing and outputs of one configuration at batch b. ref: the BF16 run's {b: {tokens, logits}}
+    (None for BF16 itself)."""
+    prompt = prompts[:b].to(dev)
+    run = GenRunner(model, info["cache_kw"], prompt, a.gen, a.graph, dev)
+    row = {"batch": b}
+    try:
+        if fly_mod is not None:
+            fly_mod.torch.reset_counts()
+        t0 = time.time()
+        logits0 = run.prefill()
+        sync(dev)
+        row["counts_prefill"] = mx_counts(fly_mod)
+        first_logits = logits0.float().cpu()
+        del logits0
+        if fly_mod is not None:
+            fly_mod.torch.reset_counts()
+        with torch.no_grad():
+            run.step()  # one eager decode step: its MX dispatch counts
+        sync(dev)
+        row["counts_decode_step"] = mx_counts(fly_mod)
+        warm = run.prepare(a.warm_steps)
+        row["graph"] = run.graph_used
+        if run.graph_note:
+            row["graph_note"] = run.graph_note
+        row["setup_s"] = time.time() - t0
+        ttft, dec, tokens = [], [], None
+        for rep in range(a.reps + 1):  # the first: untimed warm-up of the whole generation
+            ms_p, _ = run.timed(run.prefill)
+            ms_d, _ = run.timed(run.decode)
+            toks = run.out.cpu()
+            if rep == 0:
+                row["graph_matches_warmup"] = bool(torch.equal(toks[:, :warm.shape[1]], warm.cpu()))
+                tokens = toks
+                continue
+            ttft.append(ms_p)
+            dec.append(ms_d)
+            row.setdefault("repeat_identical", True)
+            row["repeat_identical"] = row["repeat_identical"] and bool(torch.equal(toks, tokens))
+        for _ in range(a.ttft_reps):  # more prefill samples
+            ms_p, _ = run.timed(run.prefill)
+            ttft.append(ms_p)
+        steps = a.gen - 1
+        row.update(ttft_ms=median(ttft), ttft_samples_ms=ttft, decode_ms=median(dec), decode_samples_ms=dec,
+                   decode_steps=steps, ms_per_step=median(dec) / steps if steps else float("nan"))
+        row["decode_tok_s"] = b * steps / (row["decode_ms"] / 1e3) if row["decode_ms"] > 0 else float("nan")
+        row["decode_spread"] = (max(dec) / min(dec) - 1.0) if dec and min(dec) > 0 else float("nan")
+        if ref is None:
+            row["tokens"], row["first_logits"] = tokens, first_logits
+        else:
+            rt, rl = ref["tokens"], ref["first_logits"]
+            same = tokens == rt
+            row["token_agreement"] = float(same.float().mean().item())
+            # the identical prefix per sequence (greedy outputs diverge for good after one differing token)
+            first_diff = torch.where(same.all(1), torch.full((b,), a.gen), (~same).float().argmax(1))
+            row["prefix_agreement"] = float(first_diff.float().mean().item() / a.gen)
+            row["first_token_agreement"] = float(same[:, 0].float().mean().item())
+            cos = cosine_rows(first_logits, rl)
+            row["logits_cos_mean"], row["logits_cos_min"] = float(cos.mean().item()), float(cos.min().item())
+        if dev.type == "cuda":
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2 ** 30
+    finally:
+        run.close()
+        del run
+        free(dev)
+    return row
+
+
+def gen_build(name, a, dev, fly_mod):
+    """The configuration's model: BF16 from the seed, then quantize_ for the MX ones."""
+    fmt, acts = GEN_CONFIGS[name]
+    t0 = time.time()
+    model, info = build_model("llama", a, dev)
+    model.eval()
+    info = dict(info, build_s=time.time() - t0, fingerprint=weights_fingerprint(model))
+    if fmt is not None:
+        t1 = time.time()
+        fly_mod.quantize_(model, fmt, activations=acts, skip=a.skip)
+        sync(dev)
+        info["quantize_s"] = time.time() - t1
+        info["mx_layers"] = sum(1 for m in model.modules() if type(m).__name__ == "MXLinear")
+    free(dev)
+    info["weight_bytes"] = weight_bytes(model)
+    return model, info
+
+
+def gen_table(cfgs):
+    head = (f"{'config':11s} {'batch':>5s} {'graph':6s} {'decode tok/s':>12s} {'x bf16':>7s} {'ms/step':>8s} "
+            f"{'TTFT ms':>9s} {'weights GiB':>11s} {'x smaller':>9s} {'tokens =':>8s} {'prefix =':>8s} "
+            f"{'cos mean':>8s} {'cos min':>8s}  MX GEMM decode (ours/stock)")
+    lines = [head, "-" * len(head)]
+    bf = next((c for c in cfgs if c["name"] == "bf16" and c.get("status") == "ok"), None)
+    for c in cfgs:
+        if c.get("status") != "ok":
+            lines.append(f"{c['name']:11s} skipped: {c.get('reason', '')}")
+            continue
+        for r in c["batches"]:
+            if "error" in r:
+                lines.append(f"{c['name']:11s} {r['batch']:5d} skipped: {r['error']}")
+                continue
+            ref = next((x for x in bf["batches"] if x["batch"] == r["batch"] and "decode_tok_s" in x), None) if bf else None
+            sp = r["decode_tok_s"] / ref["decode_tok_s"] if ref and c["name"] != "bf16" else None
+            wsm = bf["weight_bytes"] / c["weight_bytes"] if bf and c["name"] != "bf16" else None
+
+            def f(v, spec):
+                return format(v, spec) if isinstance(v, (int, float)) else "-"
+            cnt = r.get("counts_decode_step")
+            cnt = ", ".join(f"{k} {o}/{s}" for k, (o, s) in cnt.items() if o or s) if cnt else "-"
+            lines.append(f"{c['name']:11s} {r['batch']:5d} {r.get('graph', '-'):6s} {f(r['decode_tok_s'], '12.1f')} "
+                         f"{f(sp, '6.2f') + 'x' if sp else '      -'} {f(r['ms_per_step'], '8.3f')} "
+                         f"{f(r['ttft_ms'], '9.2f')} {f(c['weight_bytes'] / 2 ** 30, '11.2f')} "
+                         f"{f(wsm, '8.2f') + 'x' if wsm else '        -'} {f(r.get('token_agreement'), '8.3f')} "
+                         f"{f(r.get('prefix_agreement'), '8.3f')} {f(r.get('logits_cos_mean'), '8.5f')} "
+                         f"{f(r.get('logits_cos_min'), '8.5f')}  {cnt}")
+    return "\n".join(lines)
+
+
+def gen_chart(out, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no chart (pip install matplotlib)", flush=True)
+        return False
+    cfgs = [c for c in out["configs"] if c.get("status") == "ok"]
+    batches = out["settings"]["batches"]
+    if not cfgs:
+        print("no results: no chart", flush=True)
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    w = 0.8 / len(cfgs)
+    for i, c in enumerate(cfgs):
+        by_b = {r["batch"]: r for r in c["batches"] if "decode_tok_s" in r}
+        xs = [j + (i - (len(cfgs) - 1) / 2) * w for j in range(len(batches))]
+        for ax, key in ((axes[0], "decode_tok_s"), (axes[1], "ttft_ms")):
+            vals = [by_b[b][key] if b in by_b else 0.0 for b in batches]
+            bars = ax.bar(xs, vals, w, label=c["name"])
+            if key == "decode_tok_s":
+                for x, b, bar in zip(xs, batches, bars):
+                    r = by_b.get(b)
+                    if r and "token_agreement" in r:
+                        ax.text(x, bar.get_height(), f"{100 * r['token_agreement']:.0f}%", ha="center",
+                                va="bottom", fontsize=6, rotation=90)
+    for ax, t in ((axes[0], "decode tokens/s (label: generated tokens identical to BF16's)"),
+                  (axes[1], "time to first token, ms (prefill of the prompt)")):
+        ax.set_xticks(range(len(batches)))
+        ax.set_xticklabels([f"batch {b}" for b in batches])
+        ax.set_title(t, fontsize=9)
+        ax.legend(fontsize=7)
+    names = [c["name"] for c in cfgs]
+    axes[2].barh(range(len(cfgs))[::-1], [c["weight_bytes"] / 2 ** 30 for c in cfgs],
+                 color=[f"C{i}" for i in range(len(cfgs))])
+    axes[2].set_yticks(range(len(cfgs))[::-1])
+    axes[2].set_yticklabels(names, fontsize=8)
+    axes[2].set_title("weight memory, GiB (parameters + buffers)", fontsize=9)
+    s = out["settings"]
+    fig.suptitle(f"generate: Llama-3.1-8B-shaped, {s['layers']} layers, random weights, prompt {s['prompt']}, "
+                 f"{s['gen']} tokens greedy, graph {s['graph']} ({out['meta'].get('device_name', '')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print("chart:", path, flush=True)
+    return True
+
+
+def parse_generate_args(argv):
+    ap = argparse.ArgumentParser(prog="e2e.py generate", description=(
+        "Greedy generation, BF16 against MX weights (flykernels.quantize_), static KV cache, decode in a CUDA "
+        "graph (bench/e2e.md, 'generate')."), formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default=",".join(GEN_CONFIGS),
+                    help=f"comma list of {', '.join(GEN_CONFIGS)} (default: all; bf16 is always run first, it is "
+                         "the reference of the agreement figures)")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default 32: full depth; --smoke 2)")
+    ap.add_argument("--vocab", type=int, default=None, help="vocabulary size (default Llama-3.1's 128256)")
+    ap.add_argument("--batches", default=None, help="batch sizes (default 1,8,32; --smoke 1,2)")
+    ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 256; --smoke 16)")
+    ap.add_argument("--gen", type=int, default=None, help="generated tokens, greedy (default 512; --smoke 8)")
+    ap.add_argument("--reps", type=int, default=2, help="timed generations per batch after an untimed one")
+    ap.add_argument("--ttft-reps", type=int, default=3, help="extra prefill-only samples of the time to first token")
+    ap.add_argument("--warm-steps", type=int, default=3, help="eager decode steps before the CUDA graph capture")
+    ap.add_argument("--graph", default=None, choices=("cuda", "compile", "eager"),
+                    help="decode step: cuda (captured in a CUDA graph, default on CUDA), compile "
+                         "(torch.compile mode=reduce-overhead), eager (default on the CPU)")
+    ap.add_argument("--skip", default="lm_head", help="quantize_'s skip patterns, comma list (default lm_head)")
+    ap.add_argument("--with-fly-ops", action="store_true",
+                    help="leave FlyKernels' PyTorch overrides on (the default families) in every configuration; "
+                         "default: flykernels.torch.disabled() around all, so only the linear layers differ")
+    ap.add_argument("--smoke", action="store_true", help="tiny config (hidden 64), for checking the script")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--png", default=None)
+    a = ap.parse_args(argv)
+    sm = a.smoke
+    a.layers = a.layers or (2 if sm else 32)
+    a.batches = [int(b) for b in (a.batches or ("1,2" if sm else "1,8,32")).split(",")]
+    a.prompt = a.prompt or (16 if sm else 256)
+    a.gen = a.gen or (8 if sm else 512)
+    if a.gen < 2:
+        ap.error("--gen must be >= 2 (the first token comes from the prefill)")
+    a.graph = a.graph or ("cuda" if a.device.startswith("cuda") else "eager")
+    a.skip = [s for s in a.skip.split(",") if s]
+    names = [c for c in a.configs.split(",") if c]
+    for c in names:
+        if c not in GEN_CONFIGS:
+            ap.error(f"unknown config {c!r}: {', '.join(GEN_CONFIGS)}")
+    a.configs = ["bf16"] + [c for c in names if c != "bf16"]  # the reference first, always
+    # what build_model reads
+    a.patch, a.opt_in, a.fp32_ref = False, False, False
+    return a
+
+
+def main_generate(argv):
+    a = parse_generate_args(argv)
+    warnings.filterwarnings("ignore", message=".*functools.lru_cache.*")
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: use --device cpu (with --smoke)")
+    if dev.type == "cpu" and not a.smoke:
+        log("WARNING: an 8B-shaped model on the CPU will take very long (use --smoke)")
+    try:
+        import transformers
+    except ImportError as e:
+        sys.exit(f"transformers is needed: {e}")
+    try:
+        import flykernels as fly_mod
+        fly_err = None
+    except Exception as e:  # noqa: BLE001
+        fly_mod, fly_err = None, f"{type(e).__name__}: {e}"
+    note = mx_note(fly_mod, dev) if fly_mod is not None else f"flykernels not importable ({fly_err})"
+    log(f"torch {torch.__version__}, transformers {transformers.__version__}, flykernels "
+        f"{getattr(fly_mod, '__version__', None)}" + (f"; MX: {note}" if note else "; MX: the FlyKernels GEMM"))
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), command=" ".join(["bench/e2e.py", "generate"] + list(argv)),
+                torch=torch.__version__, transformers=transformers.__version__, device=str(dev),
+                device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                flykernels=dict(version=getattr(fly_mod, "__version__", None), import_error=fly_err,
+                                available=bool(getattr(getattr(fly_mod, "torch", None), "available", False)),
+                                mx_note=note))
+    settings = dict(model="llama (Llama-3.1-8B-shaped, random weights)", layers=a.layers, vocab=a.vocab,
+                    batches=a.batches, prompt=a.prompt, gen=a.gen, reps=a.reps, ttft_reps=a.ttft_reps,
+                    graph=a.graph, skip=a.skip, seed=a.seed, smoke=a.smoke, configs=a.configs,
+                    fly_ops="on (default families)" if a.with_fly_ops else "off (flykernels.torch.disabled())",
+                    timing="per batch: one untimed generation, then --reps timed: prefill (TTFT: prefill + argmax) "
+                           "and gen - 1 decode steps back to back, CUDA events; medians. decode tok/s = "
+                           "batch x (gen - 1) / decode time")
+    ctx = (fly_mod.torch.disabled() if fly_mod is not None and not a.with_fly_ops else contextlib.nullcontext())
+    V = a.vocab or (512 if a.smoke else 128256)
+    g = torch.Generator(device="cpu").manual_seed(a.seed + 1)
+    prompts = torch.randint(0, V, (max(a.batches), a.prompt), generator=g)
+    cfgs, ref = [], None
+    with ctx:
+        for name in a.configs:
+            fmt, acts = GEN_CONFIGS[name]
+            c = dict(name=name, format=fmt or "bf16", activations=acts or "bf16")
+            cfgs.append(c)
+            if fmt is not None and fly_mod is None:
+                c.update(status="skipped", reason=f"flykernels not importable ({fly_err})")
+                log(f"SKIP {name}: {c['reason']}")
+                continue
+            if fmt is not None and ref is None:
+                c.update(status="skipped", reason="no BF16 reference (its run failed)")
+                log(f"SKIP {name}: {c['reason']}")
+                continue
+            if fmt is not None and note:
+                c["mx_note"] = note
+                log(f"{name}: NOTE {note}")
+            log(f"== {name}: building ({a.layers} layers)")
+            model = None
+            try:
+                if dev.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(dev)
+                model, info = gen_build(name, a, dev, fly_mod)
+                c.update(status="ok", weight_bytes=info["weight_bytes"], build_s=info["build_s"],
+                         quantize_s=info.get("quantize_s"), mx_layers=info.get("mx_layers"),
+                         params=info["params"], config=info["config"], attn_implementation=info["attn_implementation"])
+                if ref is not None and info["fingerprint"] != ref["fingerprint"]:
+                    c["weights_differ_from_bf16"] = True
+                    log(f"WARNING {name}: its BF16 weights differ from the reference run's (seeded init not "
+                        "reproducible here): the agreement figures compare different models")
+                log(f"{name}: built in {info['build_s']:.1f} s"
+                    + (f", quantized in {info['quantize_s']:.1f} s ({info['mx_layers']} MXLinear)" if fmt else "")
+                    + f", weights {info['weight_bytes'] / 2 ** 30:.2f} GiB")
+                c["batches"] = []
+                for b in a.batches:
+                    t0 = time.time()
+                    try:
+                        r = gen_one_batch(model, info, b, prompts, a, dev, fly_mod,
+                                          None if ref is None else ref["batches"].get(b))
+                    except Exception as e:  # noqa: BLE001  (OOM or other: this batch skipped, the rest go on)
+                        free(dev)
+                        err = (f"out of memory: {str(e).splitlines()[0][:200]}" if isinstance(e, OOM) else
+                               f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+                        if not isinstance(e, OOM):
+                            traceback.print_exc(limit=6)
+                        log(f"SKIP {name} b{b}: {err}")
+                        c["batches"].append(dict(batch=b, error=err))
+                        continue
+                    r["elapsed_s"] = time.time() - t0
+                    if name == "bf16":
+                        ref = ref or dict(fingerprint=info["fingerprint"], batches={})
+                        ref["batches"][b] = dict(tokens=r.pop("tokens"), first_logits=r.pop("first_logits"))
+                    c["batches"].append(r)
+                    agree = (f", tokens = bf16 {100 * r['token_agreement']:.1f}%, prefix "
+                             f"{100 * r['prefix_agreement']:.1f}%, first logits cos {r['logits_cos_mean']:.5f} "
+                             f"(min {r['logits_cos_min']:.5f})" if "token_agreement" in r else "")
+                    log(f"  {name} b{b} [{r['graph']}]: decode {r['decode_tok_s']:.1f} tok/s ({r['ms_per_step']:.3f} "
+                        f"ms/step, spread {100 * r['decode_spread']:.1f}%), TTFT {r['ttft_ms']:.2f} ms{agree}, "
+                        f"MX decode counts {r.get('counts_decode_step')}  ({r['elapsed_s']:.1f} s)")
+                if name == "bf16" and ref is None:
+                    raise RuntimeError("no batch size ran")
+            except Exception as e:  # noqa: BLE001  (the build, or the reference: skip, go on)
+                err = (f"out of memory: {str(e).splitlines()[0][:200]}" if isinstance(e, OOM) else
+                       f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+                if not isinstance(e, OOM):
+                    traceback.print_exc(limit=6)
+                c.update(status="skipped", reason=err)
+                log(f"SKIP {name}: {err}")
+            finally:
+                del model
+                free(dev)
+    out = dict(meta=meta, mode="generate", settings=settings, configs=cfgs, elapsed_s=time.time() - T0)
+    bf = next((c for c in cfgs if c["name"] == "bf16" and c.get("status") == "ok"), None)
+    summary = {}
+    for c in cfgs:  # ratios against BF16, per batch
+        if c.get("status") != "ok" or bf is None or c["name"] == "bf16":
+            continue
+        s = {"weights_smaller_x": bf["weight_bytes"] / c["weight_bytes"], "decode_x": {}, "ttft_x": {}}
+        for r in c["batches"]:
+            rb = next((x for x in bf["batches"] if x["batch"] == r["batch"] and "decode_tok_s" in x), None)
+            if rb and "decode_tok_s" in r:
+                s["decode_x"][r["batch"]] = r["decode_tok_s"] / rb["decode_tok_s"]
+                s["ttft_x"][r["batch"]] = rb["ttft_ms"] / r["ttft_ms"]
+        summary[c["name"]] = s
+    out["summary"] = summary
+    print("\n" + gen_table(cfgs), flush=True)
+    for name, s in summary.items():
+        print(f"{name}: weights {s['weights_smaller_x']:.2f}x smaller; decode "
+              + ", ".join(f"b{b} {x:.2f}x" for b, x in s["decode_x"].items()) + " of BF16's tokens/s; TTFT "
+              + ", ".join(f"b{b} {x:.2f}x" for b, x in s["ttft_x"].items()) + " (> 1: faster)")
+    targets = {"mxfp4-bf16": (2.5, 3.7), "mxfp8-bf16": (1.6, 1.9)}  # issue 48, batch 1 and 8
+    for name, (tx, wx) in targets.items():
+        if name in summary:
+            s = summary[name]
+            got = [s["decode_x"].get(b) for b in (1, 8) if b in s["decode_x"]]
+            ok = got and all(x >= tx for x in got) and s["weights_smaller_x"] >= wx
+            print(f"target (issue 48) {name}: decode >= {tx}x at batch 1 and 8, weights >= {wx}x smaller: "
+                  + ("met" if ok else "NOT met") + (" (smoke: tiny model, not a measurement)" if a.smoke else ""))
+    if note:
+        print(f"MX note: {note}")
+    print(f"total {time.time() - T0:.0f} s", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(jsonable(out), f, indent=1)
+        print("json:", a.json, flush=True)
+    if a.png:
+        gen_chart(out, a.png)
+    return 0 if bf is not None else 1
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["generate"]:
+        sys.exit(main_generate(sys.argv[2:]))
     main()

@@ -132,3 +132,79 @@ def test_gemm_random_stride_classes():
     assert classes["aligned"]["below_0.85"] == 1 and classes["odd"]["below_0.85"] == 1
     assert [w["ratio"] for w in classes["aligned"]["worst"]] == [0.5, 1.0]
     assert any("NOT met" in ln for ln in lines)  # aligned: one shape below 0.85x
+
+
+# ---- bench/e2e.py generate (issue 48): the smoke run on the CPU, and the hand-rolled static-cache loop
+
+def _e2e():
+    pytest.importorskip("transformers", reason="transformers is not installed (bench/e2e.py needs it)")
+    import e2e
+    return e2e
+
+
+def test_generate_loop_matches_hf_generate():
+    """GenRunner's static-cache greedy loop (prefill, then decode steps on static tensors: what the
+    CUDA graph captures) gives the tokens of Hugging Face's own greedy generate()."""
+    e2e = _e2e()
+    import transformers as tf
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                         intermediate_size=128, vocab_size=256, num_hidden_layers=2, max_position_embeddings=512)
+    model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float().eval()
+    import inspect
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    prompt = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    run = e2e.GenRunner(model, cache_kw, prompt, 10, "eager", torch.device("cpu"))
+    warm = run.prepare(3)
+    run.prefill()
+    run.decode()
+    ours = run.out.clone()
+    assert torch.equal(ours[:, :4], warm)
+    with torch.no_grad():
+        ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False,
+                             min_new_tokens=10, pad_token_id=0)
+    assert torch.equal(ours, ref[:, 12:])
+
+
+def test_generate_smoke_report(tmp_path):
+    """bench/e2e.py generate --smoke on the CPU: every configuration reported with its fields (MX
+    runs the torch emulation here, or is skipped with a reason where flykernels does not import)."""
+    _e2e()
+    import subprocess
+    out = tmp_path / "gen.json"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e.py")
+    p = subprocess.run([sys.executable, script, "generate", "--smoke", "--device", "cpu", "--batches", "1,2",
+                        "--gen", "6", "--reps", "1", "--ttft-reps", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "decode tok/s" in p.stdout
+    rep = json.loads(out.read_text())
+    assert rep["mode"] == "generate"
+    s = rep["settings"]
+    assert s["batches"] == [1, 2] and s["gen"] == 6 and s["graph"] == "eager" and s["skip"] == ["lm_head"]
+    cfgs = {c["name"]: c for c in rep["configs"]}
+    assert list(cfgs) == ["bf16", "mxfp8-bf16", "mxfp8-mx", "mxfp4-bf16", "mxfp4-mx"]
+    bf = cfgs["bf16"]
+    assert bf["status"] == "ok" and bf["weight_bytes"] > 0
+    for name, c in cfgs.items():
+        if c["status"] != "ok":  # only MX, and only where flykernels does not import
+            assert name != "bf16" and "flykernels" in c["reason"]
+            continue
+        assert [r["batch"] for r in c["batches"]] == [1, 2]
+        for r in c["batches"]:
+            assert r["decode_tok_s"] > 0 and r["ttft_ms"] > 0 and r["ms_per_step"] > 0
+            assert r["decode_steps"] == 5 and r["graph"] == "eager"
+            assert r["repeat_identical"] and r["graph_matches_warmup"]
+            if name == "bf16":
+                assert "token_agreement" not in r and "tokens" not in r
+            else:
+                assert 0.0 <= r["token_agreement"] <= 1.0 and 0.0 <= r["prefix_agreement"] <= 1.0
+                assert r["logits_cos_mean"] > 0.95 and r["logits_cos_min"] <= r["logits_cos_mean"] + 1e-12
+        if name != "bf16":
+            assert c["format"] in ("mxfp8", "mxfp4") and c["mx_layers"] > 0
+            assert c["weight_bytes"] < bf["weight_bytes"]
+            assert "no CUDA device" in c["mx_note"]
+            assert rep["summary"][name]["weights_smaller_x"] > 1.0
+            assert set(rep["summary"][name]["decode_x"]) == {"1", "2"}
+    if all(c["status"] == "ok" for c in cfgs.values()):  # MXFP4 packs tighter than MXFP8
+        assert cfgs["mxfp4-bf16"]["weight_bytes"] < cfgs["mxfp8-bf16"]["weight_bytes"]
