@@ -55,6 +55,11 @@ within about 7 minutes on one H100 (--budget-s 390 stops starting configurations
 fit). --smoke: tiny configs (hidden 64) for checking the script itself, on CPU (--device cpu: the
 compile path in Inductor's default mode, first model only, about 2 minutes on 2 cores; --no-compile:
 seconds) or GPU. Without the flykernels package the smoke run is stock-only.
+
+generate (a subcommand: `python bench/e2e.py generate --help`): greedy generation on the llama
+config at full depth with a static KV cache and the decode step in a CUDA graph, BF16 against
+flykernels.quantize_ MXFP8 / MXFP4 (weight-only and MX activations): decode tokens/s, time to
+first token, weight memory, agreement with BF16 (issue 48).
 bench/e2e.md: how to run and read it.
 """
 import argparse
@@ -1158,8 +1163,16 @@ def make_static_cache(model, batch, max_len, dev):
 
 
 def cache_rewind(cache):
-    """Back to an empty cache, the same tensors (their addresses are in the captured graph)."""
-    cache.reset()
+    """Back to an empty cache, the same tensors (their addresses are in the captured graph): the
+    static layers' position counters to 0 (transformers 5.x; older versions take the positions
+    from cache_position and keep none). The keys and values are not zeroed: the prefill overwrites
+    the prompt's positions and the causal mask hides every later one until a step writes it."""
+    for layer in getattr(cache, "layers", None) or []:
+        n = getattr(layer, "cumulative_length", None)
+        if isinstance(n, torch.Tensor):
+            n.zero_()
+        elif isinstance(n, int):
+            layer.cumulative_length = 0
 
 
 class GenRunner:
@@ -1189,9 +1202,8 @@ class GenRunner:
         return self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw).logits
 
     def prefill(self):
-        """The prompt into the (rewound) cache; the first token into out[:, 0] and ids; returns the
-        first-step logits [B, V] (the prompt's last position)."""
-        cache_rewind(self.cache)
+        """The prompt into the cache (rewind() first); the first token into out[:, 0] and ids;
+        returns the first-step logits [B, V] (the prompt's last position)."""
         B, P = self.prompt.shape
         kw = {}
         if self.use_cache_position:
@@ -1204,6 +1216,9 @@ class GenRunner:
             self.t.fill_(1)
             self.pos.fill_(P)
         return logits
+
+    def rewind(self):
+        cache_rewind(self.cache)
 
     def step(self):
         """One decode step on the static tensors (what the CUDA graph captures)."""
@@ -1240,6 +1255,7 @@ class GenRunner:
         capture). Returns the warm-up's tokens (out[:, :1 + warm_steps]) to check the graph
         against. A capture or compile that fails falls back to eager steps, noted in graph_note."""
         warm_steps = max(1, min(warm_steps, self.gen - 1))
+        self.rewind()
         self.prefill()
         with torch.no_grad():
             if self.graph == "cuda" and self.dev.type == "cuda":
@@ -1275,6 +1291,7 @@ class GenRunner:
                     self.graph_used = "eager"
                     self.graph_note = f"torch.compile failed ({type(e).__name__}: {str(e)[:200]}): eager steps"
                     log(f"  WARNING {self.graph_note}")
+                    self.rewind()
                     self.prefill()
             else:
                 self.graph_used = "eager"
@@ -1355,6 +1372,7 @@ def gen_one_batch(model, info, b, prompts, a, dev, fly_mod, ref):
         if fly_mod is not None:
             fly_mod.torch.reset_counts()
         t0 = time.time()
+        run.rewind()
         logits0 = run.prefill()
         sync(dev)
         row["counts_prefill"] = mx_counts(fly_mod)
@@ -1373,6 +1391,7 @@ def gen_one_batch(model, info, b, prompts, a, dev, fly_mod, ref):
         row["setup_s"] = time.time() - t0
         ttft, dec, tokens = [], [], None
         for rep in range(a.reps + 1):  # the first: untimed warm-up of the whole generation
+            run.rewind()
             ms_p, _ = run.timed(run.prefill)
             ms_d, _ = run.timed(run.decode)
             toks = run.out.cpu()
@@ -1385,6 +1404,7 @@ def gen_one_batch(model, info, b, prompts, a, dev, fly_mod, ref):
             row.setdefault("repeat_identical", True)
             row["repeat_identical"] = row["repeat_identical"] and bool(torch.equal(toks, tokens))
         for _ in range(a.ttft_reps):  # more prefill samples
+            run.rewind()
             ms_p, _ = run.timed(run.prefill)
             ttft.append(ms_p)
         steps = a.gen - 1

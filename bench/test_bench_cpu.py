@@ -156,6 +156,7 @@ def test_generate_loop_matches_hf_generate():
     prompt = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
     run = e2e.GenRunner(model, cache_kw, prompt, 10, "eager", torch.device("cpu"))
     warm = run.prepare(3)
+    run.rewind()
     run.prefill()
     run.decode()
     ours = run.out.clone()
