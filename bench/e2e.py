@@ -1183,7 +1183,8 @@ class GenRunner:
     transformers that take it, cache_position [1]."""
 
     def __init__(self, model, cache_kw, prompt, gen, graph, dev):
-        self.model, self.cache_kw, self.prompt, self.gen, self.graph, self.dev = model, cache_kw, prompt, gen, graph, dev
+        self.model, self.cache_kw, self.prompt = model, cache_kw, prompt
+        self.gen, self.graph, self.dev = gen, graph, dev
         B, P = prompt.shape
         self.cache = make_static_cache(model, B, P + gen, dev)
         fwd = inspect.signature(model.forward).parameters
@@ -1239,6 +1240,12 @@ class GenRunner:
             if use_cp:
                 kw["cache_position"] = pos
             return model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw).logits[:, -1].argmax(-1)
+        import torch._dynamo
+        import torch._dynamo.config as dcfg
+        torch._dynamo.reset()  # one (configuration, batch) at a time: no other model's graphs kept
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dcfg, name):
+                setattr(dcfg, name, max(getattr(dcfg, name), 64))
         return torch.compile(fwd, mode="reduce-overhead", fullgraph=False, dynamic=False)
 
     def _step_compiled(self):
@@ -1329,7 +1336,10 @@ class GenRunner:
 
     def close(self):
         self.cuda_graph = None
-        self.compiled = None
+        if self.compiled is not None:
+            import torch._dynamo
+            self.compiled = None
+            torch._dynamo.reset()  # frees the cudagraph trees and the compiled code holding the model
         self.cache = None
 
 
@@ -1465,7 +1475,8 @@ def gen_table(cfgs):
             if "error" in r:
                 lines.append(f"{c['name']:11s} {r['batch']:5d} skipped: {r['error']}")
                 continue
-            ref = next((x for x in bf["batches"] if x["batch"] == r["batch"] and "decode_tok_s" in x), None) if bf else None
+            ref = (next((x for x in bf["batches"] if x["batch"] == r["batch"] and "decode_tok_s" in x), None)
+                   if bf else None)
             sp = r["decode_tok_s"] / ref["decode_tok_s"] if ref and c["name"] != "bf16" else None
             wsm = bf["weight_bytes"] / c["weight_bytes"] if bf and c["name"] != "bf16" else None
 
@@ -1515,9 +1526,19 @@ def gen_chart(out, path):
         ax.set_xticklabels([f"batch {b}" for b in batches])
         ax.set_title(t, fontsize=9)
         ax.legend(fontsize=7)
+    for ax in axes[:2]:
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the labels
     names = [c["name"] for c in cfgs]
-    axes[2].barh(range(len(cfgs))[::-1], [c["weight_bytes"] / 2 ** 30 for c in cfgs],
-                 color=[f"C{i}" for i in range(len(cfgs))])
+    gib = [c["weight_bytes"] / 2 ** 30 for c in cfgs]
+    ys = list(range(len(cfgs)))[::-1]
+    axes[2].barh(ys, gib, color=[f"C{i}" for i in range(len(cfgs))])
+    for y, g_, c in zip(ys, gib, cfgs):
+        x = cfgs[0]["weight_bytes"] / c["weight_bytes"] if cfgs[0]["name"] == "bf16" else None
+        axes[2].text(g_, y, f" {g_:.3g}" + (f" ({x:.2f}x smaller)" if x and c is not cfgs[0] else ""),
+                     va="center", fontsize=7)
+    axes[2].set_xlim(0, max(gib) * 1.45)
+    from matplotlib.ticker import MaxNLocator
+    axes[2].xaxis.set_major_locator(MaxNLocator(5))
     axes[2].set_yticks(range(len(cfgs))[::-1])
     axes[2].set_yticklabels(names, fontsize=8)
     axes[2].set_title("weight memory, GiB (parameters + buffers)", fontsize=9)

@@ -175,10 +175,12 @@ def test_generate_smoke_report(tmp_path):
     out = tmp_path / "gen.json"
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e.py")
     p = subprocess.run([sys.executable, script, "generate", "--smoke", "--device", "cpu", "--batches", "1,2",
-                        "--gen", "6", "--reps", "1", "--ttft-reps", "1", "--json", str(out)],
+                        "--gen", "6", "--reps", "1", "--ttft-reps", "1", "--json", str(out),
+                        "--png", str(tmp_path / "gen.png")],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "decode tok/s" in p.stdout
+    assert (tmp_path / "gen.png").exists() or "matplotlib missing: no chart" in p.stdout
     rep = json.loads(out.read_text())
     assert rep["mode"] == "generate"
     s = rep["settings"]
