@@ -1372,9 +1372,10 @@ def cosine_rows(a, b):
     return F.cosine_similarity(a, b, dim=-1)
 
 
-def gen_one_batch(model, info, b, prompts, a, dev, fly_mod, ref):
-    """Timing and outputs of one configuration at batch b. ref: the BF16 run's {b: {tokens, logits}}
-    (None for BF16 itself)."""
+def gen_one_batch(model, info, b, prompts, a, dev, fly_mod, ref, is_ref=False):
+    """Timing and outputs of one configuration at batch b. is_ref: this is the BF16 run (its tokens
+    and first-step logits are returned in the row, to keep); otherwise ref is the BF16 run's
+    {tokens, first_logits} at this batch, or None where that run failed."""
     prompt = prompts[:b].to(dev)
     run = GenRunner(model, info["cache_kw"], prompt, a.gen, a.graph, dev)
     row = {"batch": b}
@@ -1422,8 +1423,10 @@ def gen_one_batch(model, info, b, prompts, a, dev, fly_mod, ref):
                    decode_steps=steps, ms_per_step=median(dec) / steps if steps else float("nan"))
         row["decode_tok_s"] = b * steps / (row["decode_ms"] / 1e3) if row["decode_ms"] > 0 else float("nan")
         row["decode_spread"] = (max(dec) / min(dec) - 1.0) if dec and min(dec) > 0 else float("nan")
-        if ref is None:
+        if is_ref:
             row["tokens"], row["first_logits"] = tokens, first_logits
+        elif ref is None:
+            row["agreement_note"] = "no BF16 reference at this batch (its run failed)"
         else:
             rt, rl = ref["tokens"], ref["first_logits"]
             same = tokens == rt
@@ -1615,7 +1618,10 @@ def main_generate(argv):
         fly_err = None
     except Exception as e:  # noqa: BLE001
         fly_mod, fly_err = None, f"{type(e).__name__}: {e}"
-    note = mx_note(fly_mod, dev) if fly_mod is not None else f"flykernels not importable ({fly_err})"
+    mx_missing = (f"flykernels not importable ({fly_err})" if fly_mod is None else
+                  f"flykernels {getattr(fly_mod, '__version__', '?')} has no quantize_ (built before issue 48's "
+                  "MX layers)" if not hasattr(fly_mod, "quantize_") else None)
+    note = mx_missing or mx_note(fly_mod, dev)
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, flykernels "
         f"{getattr(fly_mod, '__version__', None)}" + (f"; MX: {note}" if note else "; MX: the FlyKernels GEMM"))
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), command=" ".join(["bench/e2e.py", "generate"] + list(argv)),
@@ -1641,8 +1647,8 @@ def main_generate(argv):
             fmt, acts = GEN_CONFIGS[name]
             c = dict(name=name, format=fmt or "bf16", activations=acts or "bf16")
             cfgs.append(c)
-            if fmt is not None and fly_mod is None:
-                c.update(status="skipped", reason=f"flykernels not importable ({fly_err})")
+            if fmt is not None and mx_missing:
+                c.update(status="skipped", reason=mx_missing)
                 log(f"SKIP {name}: {c['reason']}")
                 continue
             if fmt is not None and ref is None:
@@ -1673,7 +1679,7 @@ def main_generate(argv):
                     t0 = time.time()
                     try:
                         r = gen_one_batch(model, info, b, prompts, a, dev, fly_mod,
-                                          None if ref is None else ref["batches"].get(b))
+                                          None if ref is None else ref["batches"].get(b), is_ref=name == "bf16")
                     except Exception as e:  # noqa: BLE001  (OOM or other: this batch skipped, the rest go on)
                         free(dev)
                         err = (f"out of memory: {str(e).splitlines()[0][:200]}" if isinstance(e, OOM) else
