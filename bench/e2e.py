@@ -1395,6 +1395,11 @@ def gen_one_batch(model, info, b, prompts, a, dev, fly_mod, ref, is_ref=False):
             run.step()  # one eager decode step: its MX dispatch counts
         sync(dev)
         row["counts_decode_step"] = mx_counts(fly_mod)
+        fell = {k: v for k, v in (row["counts_decode_step"] or {}).items() if v[1]}
+        if fell and dev.type == "cuda":
+            row["mx_fallback_note"] = "; ".join(f"{k}: {s_} of {o + s_} decode calls declined by the library "
+                                                "(dequantize + F.linear / emulation)" for k, (o, s_) in fell.items())
+            log(f"  NOTE b{b}: {row['mx_fallback_note']} (FLYKERNELS_LOG=info prints why)")
         warm = run.prepare(a.warm_steps)
         row["graph"] = run.graph_used
         if run.graph_note:
