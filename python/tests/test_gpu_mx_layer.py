@@ -192,17 +192,14 @@ def test_quantized_model_logits_against_bf16(fmt, act, min_cos):
     assert cos > min_cos, cos
 
 
-@pytest.mark.parametrize("fmt,act", [("mxfp8", "bf16"), ("mxfp4", "bf16"), ("mxfp4", "mx")])
-def test_hugging_face_llama(fmt, act):
-    """quantize_ on a small Llama (random weights): every projection an MXLinear, the LM head
-    skipped; logits near BF16's; the whole model captured in a CUDA graph replays to eager;
-    state_dict through torch.save into a second quantized copy gives the same logits; a short
-    greedy generate runs."""
-    import copy
-    import io
+HF_CASES = [("mxfp8", "bf16"), ("mxfp4", "bf16"), ("mxfp4", "mx")]
 
+
+def _hf_llama(fmt, act):
+    """(BF16 reference, its quantized copy, config, ids): a small Llama (random weights), every
+    projection an MXLinear, the LM head skipped."""
+    import copy
     transformers = pytest.importorskip("transformers")
-    from conftest import graph_logits
     cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, vocab_size=512)
     torch.manual_seed(0)
@@ -211,19 +208,53 @@ def test_hugging_face_llama(fmt, act):
     names = [n for n, m in model.named_modules() if isinstance(m, MXLinear)]
     assert len(names) == 2 * 7 and type(model.lm_head) is nn.Linear, names
     ids = torch.randint(0, 512, (2, 48), device=DEV)
+    return ref, model, cfg, ids
+
+
+# One property per test (the logits, a CUDA graph, state_dict, generate), so a failure names it.
+@pytest.mark.parametrize("fmt,act", HF_CASES)
+def test_hugging_face_llama_logits(fmt, act):
+    """quantize_ on a small Llama: logits near BF16's."""
+    ref, model, _, ids = _hf_llama(fmt, act)
     with torch.no_grad():
         a, b = model(input_ids=ids).logits.float(), ref(input_ids=ids).logits.float()
-        cos = F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
-        assert cos > (0.99 if fmt == "mxfp8" else 0.95), cos
+    cos = F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+    assert cos > (0.99 if fmt == "mxfp8" else 0.95), cos
+
+
+@pytest.mark.parametrize("fmt,act", HF_CASES)
+def test_hugging_face_llama_cuda_graph(fmt, act):
+    """The whole quantized model captured in a CUDA graph replays to eager."""
+    from conftest import graph_logits
+    _, model, _, ids = _hf_llama(fmt, act)
+    with torch.no_grad():
+        a = model(input_ids=ids, use_cache=False).logits.float()
         g = graph_logits(model, ids)
-        assert rel_err(g, a) < 1e-2
+    assert rel_err(g, a) < 1e-2
+
+
+@pytest.mark.parametrize("fmt,act", HF_CASES)
+def test_hugging_face_llama_state_dict(fmt, act):
+    """state_dict through torch.save into a second quantized copy gives the same logits."""
+    import io
+    import transformers
+    _, model, cfg, ids = _hf_llama(fmt, act)
+    with torch.no_grad():
+        a = model(input_ids=ids).logits.float()
         buf = io.BytesIO()
         torch.save(model.state_dict(), buf)
         buf.seek(0)
         torch.manual_seed(1)
-        other = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(DEV, torch.bfloat16)
+        other = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(DEV, torch.bfloat16).eval()
         flykernels.quantize_(other, fmt, activations=act, skip=["lm_head"])
         other.load_state_dict(torch.load(buf, weights_only=True))
         assert torch.equal(other(input_ids=ids).logits.float(), a)
+
+
+@pytest.mark.parametrize("fmt,act", HF_CASES)
+def test_hugging_face_llama_generate(fmt, act):
+    """A short greedy generate (decode steps of one token: the weight-only kernel's M = 1) runs."""
+    _, model, _, ids = _hf_llama(fmt, act)
+    with torch.no_grad():
         out = model.generate(ids[:1, :8], max_new_tokens=8, do_sample=False)
-        assert out.shape == (1, 16)
+    assert out.shape == (1, 16)
