@@ -421,6 +421,7 @@ class Workload:
             self.label = f"1x{a.train_seq}"
         else:
             prompt = torch.randint(0, V, (batch, a.prompt), generator=g).to(dev)
+            self.prompt = prompt  # for an FP32 reference's own cache (--fp32-ref)
             self.ids = torch.randint(0, V, (batch, 1), generator=g).to(dev)
             self.label = f"b{batch} kv{a.prompt}"
             with torch.no_grad(), fly.state("off"):  # the prompt: stock, shared by both states
@@ -507,13 +508,54 @@ def fmt_breakdown(b):
 REF32 = {}
 
 
+def fp32_outputs(wl, fly, m32):
+    """(out, grads) of the workload's step on the FP32 copy, stock: prefill logits; decode logits
+    after the same prompt in its own FP32 cache; train the loss and the gradients."""
+    m32.train(wl.mode == "train")
+    with fly.state("off"):
+        if wl.mode == "prefill":
+            with torch.no_grad():
+                return fresh_step("prefill", wl.cache_kw, "fp32")(m32, wl.ids), None
+        if wl.mode == "decode":
+            with torch.no_grad():
+                out = m32(input_ids=wl.prompt, use_cache=True, logits_to_keep=1)
+                cache = out["cache"] if "cache" in out else out["past_key_values"]
+                del out
+                return fresh_step("decode", wl.cache_kw, "fp32")(m32, wl.ids, cache=cache), None
+        for p in m32.parameters():
+            p.grad = None
+        loss = fresh_step("train", wl.cache_kw, "fp32")(m32, wl.ids, wl.labels)
+        loss.backward()
+        g = grads_of(m32)
+        for p in m32.parameters():
+            p.grad = None
+        return loss.detach(), g
+
+
+def fp32_verdict(wl, fly, m32, got, ref, g, gref, res):
+    """Both states against the FP32 copy (--fp32-ref): True where ours is as close to it as stock
+    is (within 10%, or 1e-3 absolute), for the outputs and, in training, the gradients."""
+    o32, g32 = fp32_outputs(wl, fly, m32)
+    res["out_on_vs_fp32"] = diff_stats(got.float(), o32.float())
+    res["out_off_vs_fp32"] = diff_stats(ref.float(), o32.float())
+    close = lambda on, off: on["rel_l2"] <= max(1.1 * off["rel_l2"], off["rel_l2"] + 1e-3)
+    ok = close(res["out_on_vs_fp32"], res["out_off_vs_fp32"])
+    if g32 is not None:
+        res["grads_on_vs_fp32"] = grads_diff({n: t.float() for n, t in g.items()}, g32)
+        res["grads_off_vs_fp32"] = grads_diff({n: t.float() for n, t in gref.items()}, g32)
+        ok = ok and close(res["grads_on_vs_fp32"], res["grads_off_vs_fp32"])
+    del o32, g32
+    return ok
+
+
 def compare(wl, fly, fns, tol):
     """Outputs of one call per state (and a second stock call): on against off, off against off.
-    With an FP32 copy of the model (--fp32-ref), prefill logits of both states also against its: a
-    BF16 MoE model can route a token to another expert on a last-bit difference (the router's
-    top-k), so on against off may exceed the tolerance while ours is as close to the FP32 model
-    as stock is; then it is no mismatch."""
+    With an FP32 copy of the model (--fp32-ref), both states also against it (outputs, and in
+    training the gradients): a BF16 MoE model can route a token to another expert on a last-bit
+    difference (the router's top-k), so on against off may exceed the tolerance while ours is as
+    close to the FP32 model as stock is; then it is no mismatch."""
     res = {}
+    m32 = REF32.get(id(wl.model))
     with fly.state("off"):
         ref, gref = wl.outputs(fns["off"])
         ref2, gref2 = wl.outputs(fns["off"])
@@ -523,21 +565,13 @@ def compare(wl, fly, fns, tol):
     res["out_on_vs_off"] = diff_stats(got, ref)
     res["out_off_vs_off"] = diff_stats(ref2, ref)
     ok = judge(res["out_on_vs_off"], res["out_off_vs_off"], tol)
-    m32 = REF32.get(id(wl.model))
-    if m32 is not None and wl.mode == "prefill":
-        with fly.state("off"):
-            r32 = wl.runner(fresh_step("prefill", wl.cache_kw, "fp32"), m32)()
-        res["out_on_vs_fp32"] = diff_stats(got.float(), r32.float())
-        res["out_off_vs_fp32"] = diff_stats(ref.float(), r32.float())
-        del r32
-        # ours within 10% (or 1e-3) of stock's own distance from the FP32 model
-        ok = ok or res["out_on_vs_fp32"]["rel_l2"] <= max(1.1 * res["out_off_vs_fp32"]["rel_l2"],
-                                                          res["out_off_vs_fp32"]["rel_l2"] + 1e-3)
     if wl.mode == "train":
         res["loss_on"], res["loss_off"] = got.item(), ref.item()
         res["grads_on_vs_off"] = grads_diff(g, gref)
         res["grads_off_vs_off"] = grads_diff(gref2, gref)
         ok = ok and judge(res["grads_on_vs_off"], res["grads_off_vs_off"], 2 * tol)
+    if m32 is not None:
+        ok = fp32_verdict(wl, fly, m32, got, ref, g, gref, res) or ok
     res["ok"] = ok
     del ref, ref2, got, g, gref, gref2
     return res
@@ -740,7 +774,10 @@ def fmt_row(r):
          f"stock {r['stock_ms']:9.3f} ms  {r['ratio']:6.3f}x  noise {100 * r['noise']:4.1f}% {r['verdict']:6s} "
          f"err {err:.1e}{'' if r.get('ok', True) else ' MISMATCH'}")
     if "out_on_vs_fp32" in r:
-        s += f" (vs FP32: ours {r['out_on_vs_fp32']['rel_l2']:.1e}, stock {r['out_off_vs_fp32']['rel_l2']:.1e})"
+        s += f" (vs FP32: ours {r['out_on_vs_fp32']['rel_l2']:.1e}, stock {r['out_off_vs_fp32']['rel_l2']:.1e}"
+        if "grads_on_vs_fp32" in r:
+            s += f"; grads ours {r['grads_on_vs_fp32']['rel_l2']:.1e}, stock {r['grads_off_vs_fp32']['rel_l2']:.1e}"
+        s += ")"
     if "compile_s" in r:
         s += f"  compile {r['compile_s']['on']:.1f}/{r['compile_s']['off']:.1f} s ({r['compile_ratio']:.2f}x)"
     return s
@@ -857,8 +894,9 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls per state before timing")
     ap.add_argument("--tol", type=float, default=2e-2, help="relative L2 tolerance, logits (grads: 2x)")
     ap.add_argument("--fp32-ref", action="store_true",
-                    help="prefill: also compare both states' logits against an FP32 copy of the model (an on/off "
-                         "difference is no mismatch where ours is as close to FP32 as stock)")
+                    help="also compare both states against an FP32 copy of the model (prefill and decode logits, "
+                         "the training loss and gradients): an on/off difference is no mismatch where ours is as "
+                         "close to FP32 as stock")
     ap.add_argument("--compile-models", default=None,
                     help="models under compile (default: --models; --smoke: the first of them)")
     ap.add_argument("--compile-mode", default=None,

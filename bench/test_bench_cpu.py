@@ -211,3 +211,23 @@ def test_generate_smoke_report(tmp_path):
             assert set(rep["summary"][name]["decode_x"]) == {"1", "2"}
     if all(c["status"] == "ok" for c in cfgs.values()):  # MXFP4 packs tighter than MXFP8
         assert cfgs["mxfp4-bf16"]["weight_bytes"] < cfgs["mxfp8-bf16"]["weight_bytes"]
+
+
+def test_fp32_reference_verdicts(tmp_path):
+    """bench/e2e.py --fp32-ref on the CPU (both states run stock here, so on and off agree): every
+    mode gets both states' distance from the FP32 copy (and the gradients' in training), equal."""
+    _e2e()
+    import subprocess
+    out = tmp_path / "e2e.json"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e.py")
+    p = subprocess.run([sys.executable, script, "--smoke", "--device", "cpu", "--models", "qwen3moe", "--no-compile",
+                        "--no-patch", "--fp32-ref", "--batches", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert {r["mode"] for r in rows} == {"prefill", "decode", "train"}
+    for r in rows:
+        on, off = r["out_on_vs_fp32"]["rel_l2"], r["out_off_vs_fp32"]["rel_l2"]
+        assert 0 < off < 0.1 and on == off and r["ok"], r
+        if r["mode"] == "train":
+            assert r["grads_on_vs_fp32"]["rel_l2"] == r["grads_off_vs_fp32"]["rel_l2"] > 0
