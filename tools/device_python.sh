@@ -242,6 +242,20 @@ case ${PROBE:-} in
     def FLYBENCH_EXTRA "$(for v in ${QVARIANTS:-mx_quantize_t256_hw1 mx_quantize_t256_hw1_pf1}; do printf -- '--quant-variant %s;' "$v"; done)"
     def GTEST_TAGS "[mx][quantize]"; def FLY_TEST_VARIANTS '^mx_quantize'; export FLY_TEST_VARIANTS
     fam_steps="build flybench gtests" ;;
+  mx_decode)  # the weight-only MX decode: CPU and stand-in tests, GPU tests, four sanitizers over every
+    # bundled variant (fly_gpu_subset mx), the probe beside cuBLAS BF16 (its default shapes and M)
+    def BUILD_DIR "build-mxdecode"; def CMAKE_ARGS "-DFLY_FAMILIES=mx_decode -DFLY_BUILD_TOOLS=OFF"; def PIP 0
+    def BUILD_TARGETS "flykernels fly_cpu_tests fly_fake_driver_tests fly_gpu_tests fly_gpu_subset"
+    def GTEST_TAGS "[mx_decode]"; def SAN_TOOLS "memcheck racecheck synccheck initcheck"; def SAN_SUBSET "mx"
+    def BENCH "probes/mx_decode/mx_decode_probe.cpp"
+    fam_steps="build cpu gtests sanitize bench" ;;
+  moe_suite)  # the grouped GEMM on real MoE models' shapes (suites/moe.json) beside F.grouped_mm;
+    # MOE_ARGS narrows it (e.g. "--phases decode"); the flybench step runs its row-mode cases
+    def BUILD_DIR "build-grouped"; def CMAKE_ARGS "-DFLY_FAMILIES=grouped_gemm"; def PIP 0
+    def BUILD_TARGETS "flykernels flybench"
+    def FLYBENCH_ARGS "grouped_gemm --suite suites/moe.json --json $OUT/flybench_moe.json"
+    def BENCH "grouped_gemm"; def BENCH_ARGS "--lib @B/libflykernels.so --suite moe ${MOE_ARGS:-}"
+    fam_steps="build bench" ;;
   verify)  # code merged without a GPU: the packed-path tests with memcheck, ctest, the package's tests
     def GTEST_TAGS "[odd],$attn_packed"; def SAN_TOOLS "memcheck"; def SAN_FILTER "$attn_packed"
     fam_steps="build gtests sanitize ctest tests" ;;
@@ -380,8 +394,9 @@ for step in $steps; do
         case $b in
           *.cpp|*.cpp:*)  # a standalone probe against the library: path under bench/, runs after ':'
             src=${b%%:*}; exe="$B/$(basename "${src%.cpp}")"
-            g++ -O2 -std=c++17 "bench/$src" -Iinclude -I/usr/local/cuda/include -L"$B" -lflykernels \
-              -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,"$Babs" -o "$exe" >> "$OUT/build.log" 2>&1 \
+            # cuBLAS for the probes that time it beside ours (--as-needed: linked only where used)
+            g++ -O2 -std=c++17 "bench/$src" -Iinclude -I/usr/local/cuda/include -Wl,--as-needed -L"$B" -lflykernels \
+              -L/usr/local/cuda/lib64 -lcudart -lcublas -Wl,-rpath,"$Babs" -o "$exe" >> "$OUT/build.log" 2>&1 \
               || { echo "$src: build failed ($OUT/build.log)"; continue; }
             # shellcheck disable=SC2086  # a run's words
             while read -r a; do "$exe" $a; done < <(entry_runs "$b") 2>&1 | tee -a "$OUT/bench.log"
