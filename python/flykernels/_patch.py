@@ -823,8 +823,8 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
     sparse-MoE blocks, onto flykernels::moe_route / moe_permute / moe_unpermute around the grouped GEMMs
     (the experts' activation through flykernels::glu); linear_cross_entropy: the training loss of
     the *ForCausalLM models, onto flykernels.linear_cross_entropy (no logits in the output then).
-    None takes SHIPPED_DEFAULTS: moe on; add_rms_norm off until its op's GPU tests have run again;
-    linear_cross_entropy off (it drops the logits of a training forward). Patching a patched module
+    None takes SHIPPED_DEFAULTS: add_rms_norm and moe on; linear_cross_entropy off (it drops the
+    logits of a training forward). Patching a patched module
     again does nothing.
     `check=False` skips the probe
     of each class (see above)."""
