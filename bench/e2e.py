@@ -908,7 +908,8 @@ def parse_args():
     ap.add_argument("--patch", dest="patch", action=argparse.BooleanOptionalAction, default=True,
                     help="flykernels.patch(model) in the on state (default; --no-patch: the import alone)")
     ap.add_argument("--opt-in", action="store_true",
-                    help="patch() also the families it takes only when asked (add_rms_norm, moe)")
+                    help="patch() with add_rms_norm and moe forced on (the shipped defaults since 2026-12-07; for a "
+                         "package that ships either off)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also profile one call per state and report GPU time by kernel class (GEMM, attention, "
                          "grouped GEMM, glue)")
