@@ -31,6 +31,40 @@ fly_status check_dense(const fly_tensor& t, const char* what, int64_t rows, int6
 }
 int64_t row_stride(const fly_tensor& t) { return t.sizes[0] > 1 ? t.strides[0] : t.sizes[1]; }
 
+// The checks both modes of fly_scaled_gemm share; scale_a is NULL in the weight-only mode, bias
+// and the workspace may be absent.
+// The output against the inputs, the workspace against every argument (before the device check).
+fly_status check_overlaps(const fly_tensor* a, const fly_tensor* scale_a, const fly_tensor* b,
+                          const fly_tensor* scale_b, const fly_tensor* bias, const fly_tensor* c, void* workspace,
+                          size_t workspace_bytes) {
+  const fly_tensor* all[6] = {a, b, scale_a, scale_b, bias, c};
+  const char* names[6] = {"a", "b", "scale_a", "scale_b", "bias", "c"};
+  for (int i = 0; i < 5; ++i) FLY_TRY(check_disjoint(c, "c", all[i], names[i]));
+  for (int i = 0; i < 6; ++i) FLY_TRY(check_workspace_disjoint(workspace, workspace_bytes, all[i], names[i]));
+  return FLY_SUCCESS;
+}
+// a's and b's bases 16-byte aligned (TMA and the 16-byte loads).
+fly_status check_bases_aligned(const fly_tensor* a, const fly_tensor* b) {
+  if (reinterpret_cast<uintptr_t>(a->data) % 16 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "a: data pointer %p is not 16-byte aligned", a->data);
+  if (reinterpret_cast<uintptr_t>(b->data) % 16 != 0)
+    return fail(FLY_ERROR_MISALIGNED, "b: data pointer %p is not 16-byte aligned", b->data);
+  return FLY_SUCCESS;
+}
+// Every argument in device memory of the current context.
+fly_status check_on_device(const fly_tensor* a, const fly_tensor* scale_a, const fly_tensor* b,
+                           const fly_tensor* scale_b, const fly_tensor* bias, const fly_tensor* c, void* workspace,
+                           size_t workspace_bytes) {
+  FLY_TRY(check_device_pointer(*a, "a"));
+  FLY_TRY(check_device_pointer(*b, "b"));
+  if (scale_a) FLY_TRY(check_device_pointer(*scale_a, "scale_a"));
+  FLY_TRY(check_device_pointer(*scale_b, "scale_b"));
+  FLY_TRY(check_device_pointer(*c, "c"));
+  if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
+  if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
+  return FLY_SUCCESS;
+}
+
 // The wgmma design (kernels/mx/mxfp_wgmma.cu, variants mxfp_wgmma_n<bn>): TMA maps of the
 // operands (MXFP8: K bytes x rows, box {128, tile rows}, 128B swizzle; MXFP4: K/2 bytes x rows,
 // box {64, tile rows}, no swizzle), persistent grid of min(tiles, SMs) CTAs of 384 threads.
@@ -221,12 +255,7 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   FLY_TRY(check_dense(*scale_b, "scale_b", N, K / 32));
   if (bias) FLY_TRY(check_vector(bias, "bias", N, c->dtype));
   FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
-  {
-    const fly_tensor* all[5] = {a, b, scale_b, bias, c};
-    const char* names[5] = {"a", "b", "scale_b", "bias", "c"};
-    for (int i = 0; i < 4; ++i) FLY_TRY(check_disjoint(c, "c", all[i], names[i]));
-    for (int i = 0; i < 5; ++i) FLY_TRY(check_workspace_disjoint(workspace, workspace_bytes, all[i], names[i]));
-  }
+  FLY_TRY(check_overlaps(a, nullptr, b, scale_b, bias, c, workspace, workspace_bytes));
   if (M == 0 || N == 0) return FLY_SUCCESS;
   if (K == 0) return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported by the MX kernels");
   if (M > kWeightOnlyMaxM)
@@ -239,22 +268,14 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
     return fail(FLY_ERROR_UNSUPPORTED, "a: row stride %" PRId64 " elements is not a multiple of 8 (16 bytes)", lda);
   if (ldb % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "b: row stride %" PRId64 " bytes is not a multiple of 16", ldb);
-  if (reinterpret_cast<uintptr_t>(a->data) % 16 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "a: data pointer %p is not 16-byte aligned", a->data);
-  if (reinterpret_cast<uintptr_t>(b->data) % 16 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "b: data pointer %p is not 16-byte aligned", b->data);
+  FLY_TRY(check_bases_aligned(a, b));
   if (N > INT32_MAX || K > INT32_MAX || (N + 15) / 16 > INT32_MAX / 8)
     return fail(FLY_ERROR_UNSUPPORTED, "b: N = %" PRId64 ", K = %" PRId64 " exceed the decode kernel's 32-bit indices", N, K);
 
   ScopedContext guard;
   const DeviceCtx* dc = nullptr;
   FLY_TRY(guard.enter(stream, &dc));
-  FLY_TRY(check_device_pointer(*a, "a"));
-  FLY_TRY(check_device_pointer(*b, "b"));
-  FLY_TRY(check_device_pointer(*scale_b, "scale_b"));
-  FLY_TRY(check_device_pointer(*c, "c"));
-  if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
-  if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
+  FLY_TRY(check_on_device(a, nullptr, b, scale_b, bias, c, workspace, workspace_bytes));
 
   const fly_dtype act = a->dtype;
   const std::string key_dtype = std::string(dtype_name(act)) + "_" + mx_fmt_name(fp4);
@@ -462,13 +483,7 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   FLY_TRY(check_dense(*scale_b, "scale_b", N, K / 32));
   if (bias) FLY_TRY(check_vector(bias, "bias", N, c->dtype));
   FLY_TRY(check_optional_workspace(workspace, workspace_bytes));
-  // The output against the inputs, the workspace against every argument (before the device check).
-  {
-    const fly_tensor* all[6] = {a, b, scale_a, scale_b, bias, c};
-    const char* names[6] = {"a", "b", "scale_a", "scale_b", "bias", "c"};
-    for (int i = 0; i < 5; ++i) FLY_TRY(check_disjoint(c, "c", all[i], names[i]));
-    for (int i = 0; i < 6; ++i) FLY_TRY(check_workspace_disjoint(workspace, workspace_bytes, all[i], names[i]));
-  }
+  FLY_TRY(check_overlaps(a, scale_a, b, scale_b, bias, c, workspace, workspace_bytes));
   if (M == 0 || N == 0) return FLY_SUCCESS;
   if (K == 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported by the MX kernels");
@@ -477,23 +492,14 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
     return fail(FLY_ERROR_UNSUPPORTED, "a: row stride %" PRId64 " bytes is not a multiple of 16", lda);
   if (ldb % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "b: row stride %" PRId64 " bytes is not a multiple of 16", ldb);
-  if (reinterpret_cast<uintptr_t>(a->data) % 16 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "a: data pointer %p is not 16-byte aligned", a->data);
-  if (reinterpret_cast<uintptr_t>(b->data) % 16 != 0)
-    return fail(FLY_ERROR_MISALIGNED, "b: data pointer %p is not 16-byte aligned", b->data);
+  FLY_TRY(check_bases_aligned(a, b));
   if ((M + 63) / 64 > 65535)
     return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the kernel's grid limit", M);
 
   ScopedContext guard;
   const DeviceCtx* dc = nullptr;
   FLY_TRY(guard.enter(stream, &dc));
-  FLY_TRY(check_device_pointer(*a, "a"));
-  FLY_TRY(check_device_pointer(*b, "b"));
-  FLY_TRY(check_device_pointer(*scale_a, "scale_a"));
-  FLY_TRY(check_device_pointer(*scale_b, "scale_b"));
-  FLY_TRY(check_device_pointer(*c, "c"));
-  if (bias) FLY_TRY(check_device_pointer(*bias, "bias"));
-  if (workspace && workspace_bytes > 0) FLY_TRY(check_device_bytes(workspace, int64_t(workspace_bytes), "workspace"));
+  FLY_TRY(check_on_device(a, scale_a, b, scale_b, bias, c, workspace, workspace_bytes));
 
   DispatchRequest req = make_request("mxfp", "scaled_gemm", fp4 ? "mxfp4" : "mxfp8", "nt",
                                      {{"N", N}, {"K", K}, {"M", M}});
