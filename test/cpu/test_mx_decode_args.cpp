@@ -21,16 +21,11 @@ using fly_test::mat;
 using fly_test::mentions;
 using fly_test::vec;
 
-void* const kA = reinterpret_cast<void*>(0x100000);
-void* const kB = reinterpret_cast<void*>(0x200000);
-void* const kSB = reinterpret_cast<void*>(0x400000);
-void* const kC = reinterpret_cast<void*>(0x500000);
-void* const kBias = reinterpret_cast<void*>(0x600000);
-
-bool passed_validation(fly_status s) {
-  return s == FLY_ERROR_NO_DEVICE || s == FLY_ERROR_CUDA ||
-         (s == FLY_ERROR_INVALID_ARGUMENT && (mentions("allocation") || mentions("is not device memory")));
-}
+void* const kA = fly_test::fake_address(0);
+void* const kB = fly_test::fake_address(1);
+void* const kSB = fly_test::fake_address(2);
+void* const kC = fly_test::fake_address(3);
+void* const kBias = fly_test::fake_address(4);
 
 }  // namespace
 
@@ -138,16 +133,16 @@ TEST_CASE("scaled_gemm weight-only mode rejects bad arguments before any device 
   fly_tensor sb = mat(kSB, FLY_E8M0, N, K / 32, K / 32);
   fly_tensor c = mat(kC, FLY_BF16, M, N, N), ch = mat(kC, FLY_F16, M, N, N), bias = vec(kBias, FLY_BF16, N);
   // valid: both formats, both activation dtypes, with and without bias, M = 1 and M = 64
-  CHECK(passed_validation(fly_scaled_gemm(&a, nullptr, &b8, &sb, &bias, &c, nullptr, 0, nullptr)));
-  CHECK(passed_validation(fly_scaled_gemm(&a, nullptr, &b4, &sb, nullptr, &c, nullptr, 0, nullptr)));
-  CHECK(passed_validation(fly_scaled_gemm(&ah, nullptr, &b8, &sb, nullptr, &ch, nullptr, 0, nullptr)));
-  CHECK(passed_validation(fly_scaled_gemm(&ah, nullptr, &b4, &sb, nullptr, &ch, nullptr, 0, nullptr)));
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&a, nullptr, &b8, &sb, &bias, &c, nullptr, 0, nullptr)));
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&a, nullptr, &b4, &sb, nullptr, &c, nullptr, 0, nullptr)));
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&ah, nullptr, &b8, &sb, nullptr, &ch, nullptr, 0, nullptr)));
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&ah, nullptr, &b4, &sb, nullptr, &ch, nullptr, 0, nullptr)));
   fly_tensor a1 = mat(kA, FLY_BF16, 1, K, K), c1 = mat(kC, FLY_BF16, 1, N, N);
-  CHECK(passed_validation(fly_scaled_gemm(&a1, nullptr, &b8, &sb, nullptr, &c1, nullptr, 0, nullptr)));
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&a1, nullptr, &b8, &sb, nullptr, &c1, nullptr, 0, nullptr)));
   fly_tensor a64 = mat(kA, FLY_BF16, 64, K, K), c64 = mat(kC, FLY_BF16, 64, N, N);
-  CHECK(passed_validation(fly_scaled_gemm(&a64, nullptr, &b4, &sb, nullptr, &c64, nullptr, 0, nullptr)));
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&a64, nullptr, &b4, &sb, nullptr, &c64, nullptr, 0, nullptr)));
   // a workspace is accepted and unused
-  CHECK(passed_validation(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &c, reinterpret_cast<void*>(0x900000), 256,
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &c, fly_test::fake_address(5), 256,
                                           nullptr)));
 
   // M > 64: no kernel (prefill is not there yet): UNSUPPORTED with the reason, before the device

@@ -21,6 +21,7 @@
 #include "catch_compat.hpp"
 #include "flykernels/flykernels.h"
 #include "gemm/gemm_mx.h"
+#include "gemm_test_util.hpp"
 #include "test_tensors.hpp"
 #include "variant_test_util.hpp"
 
@@ -32,11 +33,7 @@ namespace mx = fly::mx;
 
 #define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
 
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t n) { REQUIRE(cudaMalloc(&p, n ? n : 1) == cudaSuccess); }
-  ~DevBuf() { cudaFree(p); }
-};
+using gemm_test::Dev;
 
 uint16_t to_bits(fly_dtype dt, float f) {
   uint16_t r;
@@ -122,7 +119,7 @@ void run_case(const Case& g, std::mt19937& rng) {
       sabs[size_t(m * N + n)] = s;
     }
 
-  DevBuf da(ha.size() * 2), db(hb.size()), ds(hs.size()), dbias(hbias.size() * 2), dc(size_t(M * N) * 2);
+  Dev da(ha.size() * 2), db(hb.size()), ds(hs.size()), dbias(hbias.size() * 2), dc(size_t(M * N) * 2);
   CUDA_OK(cudaMemcpy(da.p, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(db.p, hb.data(), hb.size(), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(ds.p, hs.data(), hs.size(), cudaMemcpyHostToDevice));
@@ -234,7 +231,7 @@ TEST_CASE("mx_decode: wide scale exponents (0x00, 0xFE, 2^-107..2^107)", "[mx_de
 
 TEST_CASE("mx_decode: what the weight-only mode refuses on the device", "[mx_decode][mx]") {
   const int64_t N = 64, K = 128;
-  DevBuf da(65 * K * 2), db(N * K), ds(N * K / 32), dc(65 * N * 2);
+  Dev da(65 * K * 2), db(N * K), ds(N * K / 32), dc(65 * N * 2);
   const fly_tensor a65 = mat(da.p, FLY_BF16, 65, K, K), c65 = mat(dc.p, FLY_BF16, 65, N, N);
   const fly_tensor b = mat(db.p, FLY_F8_E4M3, N, K, K), sb = mat(ds.p, FLY_E8M0, N, K / 32, K / 32);
   CHECK(fly_scaled_gemm(&a65, nullptr, &b, &sb, nullptr, &c65, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
