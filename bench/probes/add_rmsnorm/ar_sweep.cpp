@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "flykernels/flykernels.h"
+#include "flykernels/flykernels.hpp"
 
 #define CK(x)                                                                                          \
   do {                                                                                                 \
@@ -24,16 +24,7 @@
     if (e_ != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); std::exit(1); } \
   } while (0)
 
-static fly_tensor t2(void* p, fly_dtype dt, int64_t r, int64_t c) {
-  fly_tensor t{};
-  t.data = p; t.dtype = dt; t.rank = 2; t.sizes[0] = r; t.sizes[1] = c; t.strides[0] = c; t.strides[1] = 1;
-  return t;
-}
-static fly_tensor t1(void* p, fly_dtype dt, int64_t n) {
-  fly_tensor t{};
-  t.data = p; t.dtype = dt; t.rank = 1; t.sizes[0] = n; t.strides[0] = 1;
-  return t;
-}
+using flykernels::tensor;  // contiguous [rows, cols] / [n] descriptors
 
 static void* g_flush;
 static const size_t kFlush = size_t(256) << 20;
@@ -104,9 +95,9 @@ int main(int argc, char** argv) {
   fwd.insert(fwd.begin(), "");  // "": the default dispatch
   bwd.insert(bwd.begin(), "");
   for (const Shape& s : shapes) {
-    const fly_tensor X = t2(x, dt, s.M, s.N), R = t2(r, dt, s.M, s.N), Y = t2(y, dt, s.M, s.N),
-                     H = t2(h, dt, s.M, s.N), DY = t2(dy, dt, s.M, s.N), DH = t2(dh, dt, s.M, s.N),
-                     W = t1(w, dt, s.N), DW = t1(dw, dt, s.N), RS = t1(rstd, FLY_F32, s.M);
+    const fly_tensor X = tensor(x, dt, {s.M, s.N}), R = tensor(r, dt, {s.M, s.N}), Y = tensor(y, dt, {s.M, s.N}),
+                     H = tensor(h, dt, {s.M, s.N}), DY = tensor(dy, dt, {s.M, s.N}), DH = tensor(dh, dt, {s.M, s.N}),
+                     W = tensor(w, dt, {s.N}), DW = tensor(dw, dt, {s.N}), RS = tensor(rstd, FLY_F32, {s.M});
     const double eb = double(s.M) * s.N * es;
     const double fwd_bytes = 4 * eb + s.N * es + s.M * 4;  // x, r read; y, h written; w; rstd
     const double bwd_bytes = 4 * eb + 2 * s.N * es + s.M * 4;  // dy, dh, h read; dx written; w, dw; rstd

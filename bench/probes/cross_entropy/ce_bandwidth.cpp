@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "flykernels/flykernels.h"
+#include "flykernels/flykernels.hpp"
 
 #define CK(x)                                                                 \
   do {                                                                        \
@@ -21,16 +21,7 @@
     if (e_ != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); std::exit(1); } \
   } while (0)
 
-static fly_tensor t2(void* p, fly_dtype dt, int64_t r, int64_t c) {
-  fly_tensor t{};
-  t.data = p; t.dtype = dt; t.rank = 2; t.sizes[0] = r; t.sizes[1] = c; t.strides[0] = c; t.strides[1] = 1;
-  return t;
-}
-static fly_tensor t1(void* p, fly_dtype dt, int64_t n) {
-  fly_tensor t{};
-  t.data = p; t.dtype = dt; t.rank = 1; t.sizes[0] = n; t.strides[0] = 1;
-  return t;
-}
+using flykernels::tensor;  // contiguous [rows, cols] / [n] descriptors
 
 int main(int argc, char** argv) {
   const char* dts = argc > 1 ? argv[1] : "bf16";
@@ -55,8 +46,8 @@ int main(int argc, char** argv) {
   for (int64_t V : Vs)
     for (int64_t M : Ms)
       for (int inplace = 0; inplace < 2; ++inplace) {
-        fly_tensor tx = t2(x, dt, M, V), tg = inplace ? tx : t2(g, dt, M, V);
-        fly_tensor tl = t1(lab, FLY_I64, M), to = t1(loss, FLY_F32, M), ts = t1(lse, FLY_F32, M);
+        fly_tensor tx = tensor(x, dt, {M, V}), tg = inplace ? tx : tensor(g, dt, {M, V});
+        fly_tensor tl = tensor(lab, FLY_I64, {M}), to = tensor(loss, FLY_F32, {M}), ts = tensor(lse, FLY_F32, {M});
         std::vector<float> ms;
         for (int it = 0; it < 23; ++it) {
           CK(cudaMemsetAsync(flush, it, flush_b));

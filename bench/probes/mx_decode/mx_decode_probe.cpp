@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "flykernels/flykernels.h"
+#include "flykernels/flykernels.hpp"
 
 namespace {
 
@@ -61,17 +61,6 @@ std::vector<std::string> split(const std::string& s, char d) {
   return r;
 }
 
-fly_tensor mat(void* p, fly_dtype dt, int64_t rows, int64_t cols) {
-  fly_tensor t{};
-  t.data = p;
-  t.dtype = dt;
-  t.rank = 2;
-  t.sizes[0] = rows;
-  t.sizes[1] = cols;
-  t.strides[0] = cols;
-  t.strides[1] = 1;
-  return t;
-}
 
 uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 uint32_t rnd() {
@@ -282,8 +271,8 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(dwd, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
       }
       for (const int64_t M : ms) {
-        const fly_tensor a = mat(da, adt, M, K), b = mat(db, fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, N, bcols),
-                         sb = mat(ds, FLY_E8M0, N, kbs), c = mat(dc, adt, M, N);
+        const fly_tensor a = flykernels::tensor(da, adt, {M, K}), b = flykernels::tensor(db, fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, {N, bcols}),
+                         sb = flykernels::tensor(ds, FLY_E8M0, {N, kbs}), c = flykernels::tensor(dc, adt, {M, N});
         auto ours = [&]() -> bool {
           const fly_status s = fly_scaled_gemm(&a, nullptr, &b, &sb, nullptr, &c, nullptr, 0, st);
           if (s != FLY_SUCCESS) {
