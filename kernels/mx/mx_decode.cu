@@ -32,9 +32,18 @@
 // same activations from one 16-byte shared-memory read of activation row 8t + (g >> 1) + 4 (g & 1)
 // (the original kernel's conflict-free row order): words x, y for step 0, z, w for step 1.
 //
+// The wide kernel (axis ld = wide, BF16 activations; docs/mxfp.md "Wide decode kernel"): 128-k
+// stages in which lane c of a quad holds the whole 32-k block c of each of its rows, loaded with
+// 16-byte loads (a quad reads 64 contiguous bytes of a row for MXFP4, 128 for MXFP8: 4x fewer
+// L1 requests per byte than the quad-block layout above), its k16 steps taking 4 consecutive k of
+// that block (A and B agree on the permutation). Each mma then mixes four blocks, so the block
+// scale goes into the widened BF16 weights (mx_decode.h wide_mult16: exact for every MXFP4 byte
+// and MXFP8's 3..134) and the accumulator needs no per-block promotion; an MXFP8 tile holding any
+// other scale byte or an E4M3 NaN code is recomputed exactly on the CUDA cores.
+//
 // Variant constants (tools/flygen): FLY_ACT_IS_{BF16,FP16}, FLY_FMT_IS_{E4M3,E2M1}, FLY_NW
 // (warps), FLY_RPW (W rows per warp: 16 or 32), FLY_MT (activation rows / 8: M <= 8 MT),
-// FLY_DEPTH (k stages of W in flight per warp beyond the one in use).
+// FLY_DEPTH (k stages of W in flight per warp beyond the one in use), FLY_LD_IS_WIDE (the wide kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -62,6 +71,13 @@ constexpr bool kFp4 = false;
 #else
 #error "mx_decode: FLY_FMT_IS_E4M3 or FLY_FMT_IS_E2M1 must be defined"
 #endif
+#if defined(FLY_LD_IS_WIDE)
+#define FLY_MXD_WIDE 1
+constexpr bool kWide = true;
+static_assert(kBf16, "mx_decode wide: BF16 activations only (FP16's range cannot hold the prescaled weights)");
+#else
+constexpr bool kWide = false;
+#endif
 
 namespace {
 
@@ -75,10 +91,12 @@ constexpr int DEPTH = FLY_DEPTH;
 constexpr int MI = RPW / 16;                 // 16-row m tiles per warp
 constexpr int ROWS = NW * RPW;               // W rows per CTA
 constexpr int ACT_ROWS = 8 * MT;             // activation rows in the ring (TMA zero-fills past M)
-constexpr int STAGE_BYTES = ACT_ROWS * 128;  // one 64-wide k stage of them, 128B-swizzled
+constexpr int KS = fly::mxd::stage_k(kWide);  // k per stage
+constexpr int BOX_BYTES = ACT_ROWS * 128;     // one 64-k TMA box of them, 128B-swizzled
+constexpr int STAGE_BYTES = BOX_BYTES * (KS / 64);
 constexpr int THREADS = fly::mxd::threads_per_cta(NW);
 using PartialLayout = fly::gemm::PartialLayoutT<ACT_ROWS, ROWS>;
-constexpr int REGION = fly::mxd::region_bytes(NW, RPW, MT);
+constexpr int REGION = fly::mxd::region_bytes(NW, RPW, MT, kWide);
 using ActRing = fly::gemm::StageRing<kStages, STAGE_BYTES, REGION>;
 using RingPos = fly::gemm::RingPos<kStages>;
 static_assert(REGION >= STAGE_BYTES * kStages && REGION >= ACT_ROWS * (ROWS + 4) * 4, "the ring and the partial tile");
@@ -87,10 +105,18 @@ static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8, "activation tile: 8, 16,
 static_assert(DEPTH >= 1 && DEPTH <= 12, "k stages in flight");
 // the MXFP4 widening table in front, 64 KiB-aligned (up to 64 KiB of padding before it)
 constexpr int LUT_SPAN = kFp4 ? 2 * fly::mxd::kLutSpan : 0;
-static_assert(fly::mxd::smem_bytes(NW, RPW, MT, kFp4) == LUT_SPAN + REGION + 2 * kStages * 8 + 1024, "host sizing");
+static_assert(fly::mxd::smem_bytes(NW, RPW, MT, kFp4, kWide) == LUT_SPAN + REGION + 2 * kStages * 8 + 1024, "host sizing");
 
 // One 64-wide k stage of a lane's W rows in registers: [m tile][row g, g + 8][32-k block], the
 // weight bytes and the E8M0 scale bytes.
+#if defined(FLY_MXD_WIDE)
+// Wide: per m tile and row (g, g + 8) the lane's 32-k block: 16 bytes (MXFP4) or 32 (MXFP8), and
+// its scale byte.
+struct WStage {
+  uint4 w[MI][2][kFp4 ? 1 : 2];
+  uint32_t s[MI][2];
+};
+#else
 struct WStage {
 #if defined(FLY_FMT_IS_E2M1)
   uint32_t w[MI][2][2];
@@ -99,6 +125,7 @@ struct WStage {
 #endif
   uint32_t s[MI][2][2];
 };
+#endif
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -151,6 +178,17 @@ __device__ __forceinline__ void ld_w8(uint2& v, const uint8_t* p, bool on) {
 __device__ __forceinline__ void ld_w4(uint32_t& v, const uint8_t* p, bool on) {
   asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q ld.global.nc.u32 %0, [%1]; }" : "+r"(v) : "l"(p), "r"(int(on)));
 }
+// Wide: 16 bytes of one row (every sector is read by exactly one load, so no L1 allocation).
+__device__ __forceinline__ void ld_w16(uint4& v, const uint8_t* p, bool on) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %5, 0; @q ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4]; }"
+               : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w) : "l"(p), "r"(int(on)));
+}
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 __device__ __forceinline__ void ld_s8(uint32_t& v, const uint8_t* p, bool on) {
   asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q ld.global.nc.u8 %0, [%1]; }" : "+r"(v) : "l"(p), "r"(int(on)));
 }
@@ -178,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
   const int rank = p.cl > 1 ? int(fly::sm90::cluster_ctarank()) : 0;
   const int tile = int(blockIdx.x) / p.cl;
   const int row0 = tile * ROWS;
-  const int ksts = (p.K + 63) / 64;     // 64-wide k stages of the whole K
+  const int ksts = (p.K + KS - 1) / KS;  // k stages of the whole K
   const int nblk = p.K / 32;            // 32-k MX blocks (K % 32 == 0)
   const int kst0 = rank * p.kst_per_cta;
   const int nks = max(0, min(ksts, kst0 + p.kst_per_cta) - kst0);
@@ -186,6 +224,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
   if (threadIdx.x == 0) ring.init_barriers(NW);  // empty: one arrival per warp
   __syncthreads();
 
+  [[maybe_unused]] uint32_t bad = 0;  // wide MXFP8: a scale byte or code the fast path cannot take exactly
   float acc[MI][MT][4];
 #pragma unroll
   for (int i = 0; i < MI; ++i)
@@ -201,7 +240,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
   RingPos fill;
   auto issue = [&](int i) {
     uint64_t* fb = ring.acquire(fill, STAGE_BYTES);
-    fly::sm90::tma_load_2d(ring.stage_ptr(fill.stage), &p.tm_a, fb, (kst0 + i) * 64, 0);
+#pragma unroll
+    for (int b = 0; b < KS / 64; ++b)  // the wide kernel's 128-k stage: two 64-k boxes
+      fly::sm90::tma_load_2d(ring.stage_ptr(fill.stage) + b * BOX_BYTES, &p.tm_a, fb, (kst0 + i) * KS + 64 * b, 0);
     fill.advance();
   };
   if (issuer) {
@@ -210,6 +251,94 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
   }
   {
     const int g = lane >> 2, c = lane & 3;
+#if defined(FLY_MXD_WIDE)
+    // Per lane and row (m tile i, half h): the row's weight and scale pointers at the CTA's first
+    // stage, at this lane's block (c) of it. Rows past N read row N - 1 (never stored).
+    constexpr int kSB = kFp4 ? 64 : 128;  // weight bytes of one 128-k stage of a row
+    constexpr int kLB = kSB / 4;          // ... of one lane's 32-k block
+    const uint8_t* wrow[MI][2];
+    const uint8_t* srow[MI][2];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = min(row0 + warp * RPW + i * 16 + g + 8 * h, p.N - 1);
+        wrow[i][h] = p.w + int64_t(n) * p.ldw + int64_t(kst0) * kSB + kLB * c;
+        srow[i][h] = p.sw + int64_t(n) * nblk + 4 * kst0 + c;
+      }
+    // stages of this CTA in which this lane's block is inside K
+    const int nks_lane = max(0, min(nks, (nblk - c + 3) / 4 - kst0));
+    // Stage `it` into b (as the quad-block kernel's load_w): a lane whose block lies past K keeps
+    // its registers (zeros at first, else this row's earlier prescaled weights: finite, or NaN
+    // in a row already NaN), multiplied by the zero-filled activations there.
+    auto load_w = [&](WStage& b, const uint8_t* const (&wg)[MI][2], const uint8_t* const (&sg)[MI][2], int jo, int it) {
+      const bool on = it < nks_lane;
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int q = 0; q < (kFp4 ? 1 : 2); ++q) ld_w16(b.w[i][h][q], wg[i][h] + jo * kSB + 16 * q, on);
+          ld_s8(b.s[i][h], sg[i][h] + 4 * jo, on);
+        }
+    };
+    // Lane (g, c)'s B fragment of k16 step 2j + s: activation row 8t + g, k 32c + 8j + 4s + {0..3}
+    // of the stage: box c / 2, 16-byte chunk 4 (c % 2) + j, at chunk ^ (row % 8) under the 128-byte
+    // swizzle (lanes c and c + 2 share banks: a two-way conflict on 4 MT loads a stage).
+    const uint32_t b_lane = uint32_t((c >> 1) * BOX_BYTES + g * 128);
+    const uint32_t b_chunk = uint32_t(4 * (c & 1)) ^ uint32_t(g);
+    auto compute = [&](const WStage& b, const uint8_t* st) {
+      const uint32_t st_s = uint32_t(__cvta_generic_to_shared(st)) + b_lane;
+      uint32_t mul[MI][2];
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mul[i][h] = fly::mxd::wide_mult16(b.s[i][h], kFp4) * 0x10001u;
+          if constexpr (!kFp4) {
+            bad |= fly::mxd::wide_e4m3_scale_ok(b.s[i][h]) ? 0u : 1u;
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {  // an E4M3 NaN code (x111 1111) in any byte
+              const uint4 w = b.w[i][h][q];
+              bad |= (((w.x & 0x7F7F7F7Fu) + 0x01010101u) | ((w.y & 0x7F7F7F7Fu) + 0x01010101u) |
+                      ((w.z & 0x7F7F7F7Fu) + 0x01010101u) | ((w.w & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
+            }
+          }
+        }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint4 x[MT];
+#pragma unroll
+        for (int t = 0; t < MT; ++t) x[t] = lds16(st_s + uint32_t(t * 8 * 128) + ((b_chunk ^ uint32_t(j)) << 4));
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2) {
+#if defined(FLY_FMT_IS_E2M1)
+            const uint32_t q0 = word_of(b.w[i][0][0], j), q1 = word_of(b.w[i][1][0], j);
+            a[s2][0] = mul_bf16x2(widen_e2m1(q0, 2 * s2, lut_lane), mul[i][0]);
+            a[s2][1] = mul_bf16x2(widen_e2m1(q1, 2 * s2, lut_lane), mul[i][1]);
+            a[s2][2] = mul_bf16x2(widen_e2m1(q0, 2 * s2 + 1, lut_lane), mul[i][0]);
+            a[s2][3] = mul_bf16x2(widen_e2m1(q1, 2 * s2 + 1, lut_lane), mul[i][1]);
+#else
+            const uint32_t w0 = word_of(b.w[i][0][j >> 1], 2 * (j & 1) + s2),
+                           w1 = word_of(b.w[i][1][j >> 1], 2 * (j & 1) + s2);
+            a[s2][0] = mul_bf16x2(fly::mxd::e4m3x2_place_bf16(w0, false), mul[i][0]);
+            a[s2][1] = mul_bf16x2(fly::mxd::e4m3x2_place_bf16(w1, false), mul[i][1]);
+            a[s2][2] = mul_bf16x2(fly::mxd::e4m3x2_place_bf16(w0, true), mul[i][0]);
+            a[s2][3] = mul_bf16x2(fly::mxd::e4m3x2_place_bf16(w1, true), mul[i][1]);
+#endif
+          }
+#pragma unroll
+          for (int t = 0; t < MT; ++t) {
+            mma16816(acc[i][t], a[0][0], a[0][1], a[0][2], a[0][3], x[t].x, x[t].y);
+            mma16816(acc[i][t], a[1][0], a[1][1], a[1][2], a[1][3], x[t].z, x[t].w);
+          }
+        }
+      }
+    };
+#else
     // Per lane and row (m tile i, half h): the row's weight and scale pointers at the CTA's first
     // stage. Rows past N read row N - 1 instead (their partial sums are never stored), so no load
     // depends on the row.
@@ -299,6 +428,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
         }
       }
     };
+#endif
     // W stages rotate through DEPTH + 1 register buffers; the loop is unrolled by DEPTH + 1 so
     // every buffer index is a compile-time constant.
     WStage buf[DEPTH + 1];
@@ -307,7 +437,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #pragma unroll
       for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h) {
+#if defined(FLY_MXD_WIDE)
+#pragma unroll
+          for (int q = 0; q < (kFp4 ? 1 : 2); ++q) buf[j].w[i][h][q] = make_uint4(0u, 0u, 0u, 0u);
+          buf[j].s[i][h] = 127u;
+#else
 #pragma unroll
           for (int kb = 0; kb < 2; ++kb) {
 #if defined(FLY_FMT_IS_E2M1)
@@ -317,6 +452,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #endif
             buf[j].s[i][h][kb] = 127u;
           }
+#endif
+        }
     RingPos pos;
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) load_w(buf[j], wrow, srow, j, j);
@@ -328,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           wg[i][h] = wrow[i][h] + it0 * kSB;
-          sg[i][h] = srow[i][h] + 2 * it0;
+          sg[i][h] = srow[i][h] + (KS / 32) * it0;
         }
 #pragma unroll
       for (int j = 0; j <= DEPTH; ++j) {
@@ -350,22 +487,66 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 
   // Every warp has finished reading the ring (and waited for every TMA issued into it): the
   // ring's memory now holds the fp32 partial tile, C's [ACT_ROWS][ROWS] block.
+  bool redo = false;  // wide MXFP8: some lane met a byte outside the exact range
+#if defined(FLY_MXD_WIDE) && defined(FLY_FMT_IS_E4M3)
+  redo = __syncthreads_or(int(bad != 0)) != 0;
+#else
   __syncthreads();
+#endif
   float* part = reinterpret_cast<float*>(ring.base);
-  {
-    const PartialLayout L{false};
+  const PartialLayout L{false};
+  if (!redo) {
     const int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
-        const int n = warp * RPW + i * 16 + g, m = 8 * t + c;  // W row (C column), A row (C row)
+        const int n = warp * RPW + i * 16 + g;  // W row (C column)
+#if defined(FLY_MXD_WIDE)
+        // B column g is activation row 8t + g; the prescale's 2^-pre undone (exact)
+        constexpr float kPost = float(1 << (kFp4 ? fly::mxd::kPreE2M1 : fly::mxd::kPreE4M3));
+        const int m = 8 * t + 2 * c;
+        part[L.index(m, n)] = acc[i][t][0] * kPost;
+        part[L.index(m + 1, n)] = acc[i][t][1] * kPost;
+        part[L.index(m, n + 8)] = acc[i][t][2] * kPost;
+        part[L.index(m + 1, n + 8)] = acc[i][t][3] * kPost;
+#else
+        const int m = 8 * t + c;  // A row (C row): the conflict-free row order
         part[L.index(m, n)] = acc[i][t][0];
         part[L.index(m + 4, n)] = acc[i][t][1];
         part[L.index(m, n + 8)] = acc[i][t][2];
         part[L.index(m + 4, n + 8)] = acc[i][t][3];
+#endif
       }
   }
+#if defined(FLY_MXD_WIDE) && defined(FLY_FMT_IS_E4M3)
+  else {
+    // The exact path for this CTA's k range: per (C row, W row) item, FP32 dot products of each
+    // 32-k block, each multiplied by its scale 2^(e - 127) once (the quad-block kernel's
+    // arithmetic, on the CUDA cores). Only tiles holding a scale byte outside 3..134 or an E4M3
+    // NaN code get here.
+    const __nv_bfloat16* a = static_cast<const __nv_bfloat16*>(p.a);
+    const int b_begin = 4 * kst0, b_end = min(nblk, 4 * (kst0 + nks));
+    for (int e = int(threadIdx.x); e < ACT_ROWS * ROWS; e += THREADS) {
+      const int m = e / ROWS, nl = e % ROWS, n = row0 + nl;
+      float sum = 0.f;
+      if (m < p.M && n < p.N) {
+        const __nv_bfloat16* arow = a + int64_t(m) * p.lda;
+        const uint8_t* wr = p.w + int64_t(n) * p.ldw;
+        for (int blk = b_begin; blk < b_end; ++blk) {
+          float dot = 0.f;
+          for (int k = 32 * blk; k < 32 * blk + 32; k += 2) {
+            const uint32_t pair = widen_e4m3x2(uint32_t(wr[k]) | (uint32_t(wr[k + 1]) << 8), false);  // BF16, exact
+            dot = fmaf(__bfloat162float(arow[k]), __uint_as_float(pair << 16), dot);
+            dot = fmaf(__bfloat162float(arow[k + 1]), __uint_as_float(pair & 0xFFFF0000u), dot);
+          }
+          sum = fmaf(dot, __uint_as_float(fly::mxd::e8m0_mult_bits(p.sw[int64_t(n) * nblk + blk])), sum);
+        }
+      }
+      part[L.index(m, nl)] = sum;
+    }
+  }
+#endif
   if (p.cl > 1) fly::sm90::cluster_sync();
   else __syncthreads();
 

@@ -23,17 +23,21 @@ namespace fly::mxd {
 
 struct DecodeParams {
   CUtensorMap tm_a;    // A [M, K] (16-bit): dims {K, M}, box {64, 8 mt}, 128-byte swizzle
+  const void* a;       // A itself (the wide kernel's exact fallback reads it directly), rows lda elements apart
   const uint8_t* w;    // W [N, K] E4M3 bytes or [N, K/2] packed E2M1, rows ldw bytes apart (16-aligned)
   const uint8_t* sw;   // scales [N, K/32] E8M0, contiguous (rows K/32 bytes apart)
   void* c;             // C [M, N], rows ldc elements apart, A's dtype
   const void* bias;    // bias [N] in C's dtype, or nullptr
-  int64_t ldw, ldc;
+  int64_t ldw, ldc, lda;
   int32_t M, N, K;
-  int32_t kst_per_cta;  // 64-wide k stages per CTA of a cluster (the cluster splits K)
+  int32_t kst_per_cta;  // k stages (64 wide, the wide kernel's 128) per CTA of a cluster (the cluster splits K)
   int32_t cl;           // CTAs per cluster (== the launch's cluster size)
 };
 
-constexpr int kStages = 8;  // activation ring depth (64-wide k stages)
+constexpr int kStages = 8;  // activation ring depth (k stages)
+// k per stage: 64 for the quad-block kernel, 128 for the wide one (ld = wide: one 32-k block per
+// lane and row a stage, 16-byte weight loads; docs/mxfp.md "Wide decode kernel").
+inline constexpr int stage_k(bool wide) { return wide ? 128 : 64; }
 
 inline constexpr int rows_per_cta(int nw, int rpw) { return nw * rpw; }
 inline constexpr int threads_per_cta(int nw) { return nw * 32; }
@@ -41,13 +45,13 @@ inline constexpr int imax(int a, int b) { return a > b ? a : b; }
 // Dynamic shared memory: (MXFP4: the widening table,) 1 KiB alignment slack, then the activation ring (reused after the main
 // loop for the fp32 partial tile, C's [8 mt][rows] block with rows padded by 4 floats, as
 // gemm_reduce.cuh lays it out), then the ring's barriers.
-inline constexpr int region_bytes(int nw, int rpw, int mt) {
-  return imax(kStages * mt * 8 * 128, mt * 8 * (rows_per_cta(nw, rpw) + 4) * 4);
+inline constexpr int region_bytes(int nw, int rpw, int mt, bool wide = false) {
+  return imax(kStages * mt * 8 * 2 * stage_k(wide), mt * 8 * (rows_per_cta(nw, rpw) + 4) * 4);
 }
 // MXFP4 variants add the widening table (kLutSpan, below) in front, 64 KiB-aligned in the shared
 // window (so a lookup's address is one PRMT): up to 64 KiB of padding before it.
-inline constexpr int smem_bytes(int nw, int rpw, int mt, bool fp4) {
-  return region_bytes(nw, rpw, mt) + 2 * kStages * 8 + 1024 + (fp4 ? 2 * 256 * 256 : 0);
+inline constexpr int smem_bytes(int nw, int rpw, int mt, bool fp4, bool wide = false) {
+  return region_bytes(nw, rpw, mt, wide) + 2 * kStages * 8 + 1024 + (fp4 ? 2 * 256 * 256 : 0);
 }
 
 struct Shape {
@@ -56,6 +60,7 @@ struct Shape {
   int mt = 2;    // activation rows / 8 (M <= 8 mt)
   int cl = 0;    // cluster size (K split); 0: choose_cluster
   bool fp4 = false;  // MXFP4 weights (the widening table in shared memory)
+  bool wide = false;  // the wide kernel (128-k stages)
 };
 
 // The cluster size when the variant does not force one: of 1..8 (any size: N = 6144 at 256 rows
@@ -78,7 +83,7 @@ inline Launch plan(int64_t N, int64_t K, const Shape& v, int sm_count) {
   Launch L{};
   const int rows = rows_per_cta(v.nw, v.rpw);
   const int64_t tiles = (N + rows - 1) / rows;
-  const int64_t stages = (K + 63) / 64;
+  const int64_t stages = (K + stage_k(v.wide) - 1) / stage_k(v.wide);
   int cl = v.cl > 0 ? v.cl : choose_cluster(tiles, stages, sm_count);
   if (cl > stages) cl = int(stages);
   const int64_t per = (stages + cl - 1) / cl;
@@ -88,7 +93,7 @@ inline Launch plan(int64_t N, int64_t K, const Shape& v, int sm_count) {
   L.grid = unsigned(tiles * cl);
   L.cluster = unsigned(cl);
   L.threads = unsigned(threads_per_cta(v.nw));
-  L.smem = unsigned(smem_bytes(v.nw, v.rpw, v.mt, v.fp4));
+  L.smem = unsigned(smem_bytes(v.nw, v.rpw, v.mt, v.fp4, v.wide));
   return L;
 }
 
@@ -159,6 +164,46 @@ inline double bf16_bits_value(uint32_t h) {
   float x;
   __builtin_memcpy(&x, &f, 4);
   return double(x);
+}
+
+// ---- the wide kernel's prescaled widening (BF16 activations) --------------------------------
+//
+// A lane holds one whole 32-k block of each of its rows per stage, so every k16 mma mixes four
+// blocks and the scale must be in the 16-bit weights: each widened pair is multiplied (one
+// mul.rn.bf16x2) by 2^(e - 127 - pre), and the accumulator by 2^pre at the end (exact: a power of
+// two). BF16 keeps FP32's exponent range and its subnormals, so:
+// - MXFP4 (table values 0.5 .. 6, pre = 2): every product q * 2^(e - 129) is a BF16 value (the
+//   smallest, 0.5 * 2^-129, a multiple of BF16's 2^-133; the largest, 6 * 2^125, below its max):
+//   exact for every scale byte, 0xFF giving NaN.
+// - MXFP8: the E4M3 byte's bits placed into BF16 (exponent field = E4M3's, mantissa's top three
+//   bits = its mantissa) are the value times 2^-120, subnormals included; the multiplier is then
+//   2^(e - 7 - pre) (pre = 0). Exact while that multiplier is a BF16 normal and every product is
+//   representable: scale bytes 3 .. 134 (2^-124 .. 2^7; MXFP8 weights' scales sit near 2^-8) and
+//   0xFF (NaN). Other bytes, and E4M3 NaN codes (which the placement would read as finite), set
+//   the CTA's flag and the kernel recomputes its tile on the CUDA cores, exactly.
+constexpr int kPreE2M1 = 2;
+constexpr int kPreE4M3 = 0;
+constexpr uint32_t kWideE4M3Lo = 3, kWideE4M3Hi = 134;
+// The BF16 multiplier of scale byte e (one 16-bit half; the kernel duplicates it).
+FLY_MXD_HD uint32_t wide_mult16(uint32_t e, bool fp4) {
+  if (e == 255u) return 0x7FC0u;
+  if (fp4) {
+    const uint32_t pre = kPreE2M1;
+    return e > pre ? (e - pre) << 7 : 0x40u >> (pre - e);  // 2^(e - 127 - pre); subnormal below 2^-126
+  }
+  return ((e + 120u - kPreE4M3) & 0xFFu) << 7;  // 2^(e - 7 - pre); meaningful for the exact range only
+}
+// Whether the wide kernel's fast path is exact for an MXFP8 scale byte.
+FLY_MXD_HD bool wide_e4m3_scale_ok(uint32_t e) { return e == 255u || (e - kWideE4M3Lo) <= (kWideE4M3Hi - kWideE4M3Lo); }
+// Two E4M3 bytes (bytes 2 hi, 2 hi + 1 of w) placed into a BF16 pair: value * 2^-120 each.
+FLY_MXD_HD uint32_t e4m3x2_place_bf16(uint32_t w, bool hi) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t t = __byte_perm(w, 0u, hi ? 0x3424u : 0x1404u);  // [0, b, 0, b'] bytes
+#else
+  const uint32_t b0 = (w >> (hi ? 16 : 0)) & 0xFFu, b1 = (w >> (hi ? 24 : 8)) & 0xFFu;
+  const uint32_t t = (b0 << 8) | (b1 << 24);
+#endif
+  return ((t >> 4) & 0x07F007F0u) | (t & 0x80008000u);
 }
 
 }  // namespace fly::mxd

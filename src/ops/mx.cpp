@@ -205,6 +205,11 @@ constexpr int64_t kWeightOnlyMaxM = 64;
 // registers allow (MXFP4 up to the 32-row tile, MXFP8 up to the 16-row one), else 16; MXFP4 loads
 // 8 stages ahead (8 bytes a row a stage; 4 with the 32-row tile), MXFP8 4 (6 with 16-row warps).
 std::string weight_only_default(fly_dtype act, bool fp4, int64_t M) {
+  // BF16 activations at M <= 16: the wide kernel (16-byte weight loads, the scale in the widened
+  // weights; MXFP4 4 stages of 128 k ahead, MXFP8 2)
+  if (act == FLY_BF16 && M <= 16)
+    return std::string("mx_decode_wide_bf16_") + mx_fmt_name(fp4) + (M <= 8 ? "_w8_r32_m1_d" : "_w8_r32_m2_d") +
+           (fp4 ? "4" : "2");
   const char* shape = M <= 8    ? "_w8_r32_m1_d"
                       : M <= 16 ? "_w8_r32_m2_d"
                       : M <= 32 ? (fp4 ? "_w8_r32_m4_d" : "_w8_r16_m4_d")
@@ -284,7 +289,7 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   req.supports = [act, fp4, M, smem_max](const Variant& v) {
     const int mt = int(v.get_int("mt", 0)), nw = int(v.get_int("nw", 0)), rpw = int(v.get_int("rpw", 0));
     return v.get("act") == dtype_name(act) && v.get("fmt") == mx_fmt_name(fp4) && 8 * int64_t(mt) >= M && nw > 0 &&
-           rpw > 0 && (smem_max <= 0 || mxd::smem_bytes(nw, rpw, mt, fp4) <= smem_max);
+           rpw > 0 && (smem_max <= 0 || mxd::smem_bytes(nw, rpw, mt, fp4, v.get("ld") == "wide") <= smem_max);
   };
   req.fallback = [act, fp4, M] { return weight_only_default(act, fp4, M); };
   ResolvedKernel rk;
@@ -296,6 +301,7 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   shape.mt = int(v.get_int("mt", 2));
   shape.cl = int(v.get_int("cl", 0));
   shape.fp4 = fp4;
+  shape.wide = v.get("ld") == "wide";
   if (8 * int64_t(shape.mt) < M)  // a forced variant whose activation tile is too small
     return fail(FLY_ERROR_UNSUPPORTED, "variant %s takes M <= %d, got M = %" PRId64, v.name.c_str(), 8 * shape.mt, M);
   const mxd::Launch L = mxd::plan(N, K, shape, dc->sm_count > 0 ? dc->sm_count : 132);
@@ -312,6 +318,8 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
            "cuTensorMapEncodeTiled");
   }
+  p.a = a->data;
+  p.lda = lda;
   p.w = static_cast<const uint8_t*>(b->data);
   p.sw = static_cast<const uint8_t*>(scale_b->data);
   p.c = c->data;

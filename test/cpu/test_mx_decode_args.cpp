@@ -79,6 +79,78 @@ TEST_CASE("mx_decode: E8M0 block multiplier for all 256 bytes", "[mx_decode][mx]
   }
 }
 
+namespace {
+// Whether x is exactly a BF16 value (normal or subnormal, |x| <= max): its significand fits 8 bits
+// at its exponent, and no bit lies below 2^-133.
+bool bf16_exact(double x) {
+  if (x == 0) return true;
+  if (!std::isfinite(x) || std::fabs(x) > 0x1.FEp127) return false;
+  int e = 0;
+  std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  const int lsb = std::max(e - 8, -133);
+  const double scaled = std::ldexp(x, -lsb);
+  return scaled == std::trunc(scaled);
+}
+}  // namespace
+
+TEST_CASE("mx_decode wide: the prescaled BF16 weights are exact where the fast path takes them", "[mx_decode][mx]") {
+  namespace mxd = fly::mxd;
+  // MXFP4: every code times the multiplier of every scale byte is a BF16 value: the kernel's
+  // product (one mul.rn.bf16x2) is exact, and times 2^pre it is the dequantized weight
+  for (uint32_t e = 0; e < 256; ++e) {
+    const uint32_t m16 = mxd::wide_mult16(e, true);
+    const double mult = mxd::bf16_bits_value(m16);
+    INFO("e " << e);
+    if (e == 255) {
+      CHECK(std::isnan(mult));
+      continue;
+    }
+    CHECK(mult == std::ldexp(1.0, int(e) - 127 - mxd::kPreE2M1));
+    for (uint32_t code = 0; code < 16; ++code) {
+      const double w = fly::mx::decode_e2m1(uint8_t(code));
+      CHECK(bf16_exact(w * mult));
+      CHECK(std::ldexp(w * mult, mxd::kPreE2M1) == w * std::ldexp(1.0, int(e) - 127));
+    }
+  }
+  // MXFP8: the placed bits are the E4M3 value times 2^-120 for every non-NaN byte (subnormals
+  // included), both halves of both pairs of a word
+  for (uint32_t byte = 0; byte < 256; ++byte) {
+    if ((byte & 0x7Fu) == 0x7Fu) continue;  // NaN: the kernel flags these for the exact path
+    const double v = fly::mx::decode_e4m3(uint8_t(byte));
+    for (int pos = 0; pos < 4; ++pos) {
+      const uint32_t w = (0xA5C3961Eu & ~(0xFFu << (8 * pos))) | (byte << (8 * pos));
+      const uint32_t placed = mxd::e4m3x2_place_bf16(w, pos >= 2);
+      const uint32_t half = (pos & 1) ? placed >> 16 : placed & 0xFFFFu;
+      INFO("byte " << byte << " pos " << pos);
+      CHECK(mxd::bf16_bits_value(half) == std::ldexp(v, -120));
+      if (v == 0) CHECK(((half >> 15) & 1) == ((byte >> 7) & 1));  // -0 keeps its sign
+    }
+  }
+  // ... and times the multiplier of an in-range scale byte, exact; the range's edges are tight
+  int in_range = 0;
+  for (uint32_t e = 0; e < 256; ++e) {
+    const bool ok = mxd::wide_e4m3_scale_ok(e);
+    CHECK(ok == (e == 255 || (e >= 3 && e <= 134)));
+    if (!ok || e == 255) continue;
+    ++in_range;
+    const double mult = mxd::bf16_bits_value(mxd::wide_mult16(e, false));
+    CHECK(mult == std::ldexp(1.0, int(e) - 7 - mxd::kPreE4M3));
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      if ((byte & 0x7Fu) == 0x7Fu) continue;
+      const double placed = std::ldexp(fly::mx::decode_e4m3(uint8_t(byte)), -120);
+      INFO("e " << e << " byte " << byte);
+      CHECK(bf16_exact(placed * mult));
+      CHECK(std::ldexp(placed * mult, mxd::kPreE4M3) == fly::mx::decode_e4m3(uint8_t(byte)) * std::ldexp(1.0, int(e) - 127));
+    }
+  }
+  CHECK(in_range == 132);
+  CHECK(std::isnan(mxd::bf16_bits_value(mxd::wide_mult16(255, false))));
+  // just outside: E4M3's smallest subnormal times 2^(2 - 127) is below BF16's 2^-133, and at 135 the
+  // multiplier 2^(135 - 7) is past BF16's largest value
+  CHECK(!bf16_exact(std::ldexp(1.0, -9) * std::ldexp(1.0, 2 - 127)));
+  CHECK(!bf16_exact(std::ldexp(1.0, 135 - 7)));
+}
+
 TEST_CASE("mx_decode: launch plan splits K over a cluster within one wave", "[mx_decode][mx]") {
   namespace mxd = fly::mxd;
   mxd::Shape v;  // 8 warps x 32 rows = 256 rows per CTA
