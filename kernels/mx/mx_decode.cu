@@ -78,6 +78,9 @@ static_assert(kBf16, "mx_decode wide: BF16 activations only (FP16's range cannot
 #else
 constexpr bool kWide = false;
 #endif
+// Whether the kernel checks its weights for the fast path's range and recomputes flagged tiles
+// exactly (the wide kernel's MXFP8: mx_decode.h wide_e4m3_scale_ok; MXFP4 is exact for every byte).
+constexpr bool kExactFallback = kWide && !kFp4;
 
 namespace {
 
@@ -487,12 +490,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 
   // Every warp has finished reading the ring (and waited for every TMA issued into it): the
   // ring's memory now holds the fp32 partial tile, C's [ACT_ROWS][ROWS] block.
-  bool redo = false;  // wide MXFP8: some lane met a byte outside the exact range
-#if defined(FLY_MXD_WIDE) && defined(FLY_FMT_IS_E4M3)
-  redo = __syncthreads_or(int(bad != 0)) != 0;
-#else
-  __syncthreads();
-#endif
+  bool redo = false;  // some lane met a byte outside the fast path's exact range
+  if constexpr (kExactFallback) redo = __syncthreads_or(int(bad != 0)) != 0;
+  else __syncthreads();
   float* part = reinterpret_cast<float*>(ring.base);
   const PartialLayout L{false};
   if (!redo) {
@@ -519,12 +519,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #endif
       }
   }
-#if defined(FLY_MXD_WIDE) && defined(FLY_FMT_IS_E4M3)
-  else {
+#if defined(FLY_MXD_WIDE)
+  else if constexpr (kExactFallback) {
     // The exact path for this CTA's k range: per (C row, W row) item, FP32 dot products of each
     // 32-k block, each multiplied by its scale 2^(e - 127) once (the quad-block kernel's
-    // arithmetic, on the CUDA cores). Only tiles holding a scale byte outside 3..134 or an E4M3
-    // NaN code get here.
+    // arithmetic, on the CUDA cores). Only tiles holding an MXFP8 scale byte outside 3..134 or an
+    // E4M3 NaN code get here.
     const __nv_bfloat16* a = static_cast<const __nv_bfloat16*>(p.a);
     const int b_begin = 4 * kst0, b_end = min(nblk, 4 * (kst0 + nks));
     for (int e = int(threadIdx.x); e < ACT_ROWS * ROWS; e += THREADS) {
@@ -536,7 +536,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
         for (int blk = b_begin; blk < b_end; ++blk) {
           float dot = 0.f;
           for (int k = 32 * blk; k < 32 * blk + 32; k += 2) {
-            const uint32_t pair = widen_e4m3x2(uint32_t(wr[k]) | (uint32_t(wr[k + 1]) << 8), false);  // BF16, exact
+            const uint32_t pair = kFp4 ? fly::mxd::e2m1_lut_entry(wr[k / 2], true)  // BF16 pairs, exact
+                                       : widen_e4m3x2(uint32_t(wr[k]) | (uint32_t(wr[k + 1]) << 8), false);
             dot = fmaf(__bfloat162float(arow[k]), __uint_as_float(pair << 16), dot);
             dot = fmaf(__bfloat162float(arow[k + 1]), __uint_as_float(pair & 0xFFFF0000u), dot);
           }
