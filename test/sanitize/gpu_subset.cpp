@@ -331,7 +331,8 @@ void run_mx(const char* name, const std::string& fam) {
 
 // The weight-only MX decode GEMM (fly_scaled_gemm, scale_a = NULL): M = 5 and the variant's whole
 // activation tile, N = 300 (two CTA tiles, the second partial), K = 1056 (17 stages: clusters split
-// K, the last CTA's range short), with and without bias. Inputs 0x3c bytes: finite in every format.
+// K, the last CTA's range short), with and without bias. Inputs 0x3c bytes: finite in every format;
+// a third call with tiny scales runs the wide MXFP8 kernel's exact fallback.
 void run_mx_decode(const char* name, const std::string& ps) {
   const fly_dtype act = has(ps, "act=fp16") ? FLY_F16 : FLY_BF16;
   const bool f4 = has(ps, "fmt=e2m1");
@@ -339,14 +340,16 @@ void run_mx_decode(const char* name, const std::string& ps) {
   for (int64_t v : {1, 2, 4, 8})
     if (has(ps, ("mt=" + std::to_string(v)).c_str())) mt = v;
   const int64_t N = 300, K = 1056, kb = f4 ? K / 2 : K;
-  for (int64_t M : {int64_t(5), 8 * mt}) {
-    Buf a(M * K * 2, 0x3c), b(N * kb, 0x3c), sb(N * K / 32, 0x7c), c(M * N * 2), bias(N * 2, 0x3c);
+  // the third call's scale bytes 0x01 send the wide MXFP8 kernel's tiles to its exact fallback
+  for (int pass = 0; pass < 3; ++pass) {
+    const int64_t M = pass == 1 ? 8 * mt : 5;
+    Buf a(M * K * 2, 0x3c), b(N * kb, 0x3c), sb(N * K / 32, pass == 2 ? 0x01 : 0x7c), c(M * N * 2), bias(N * 2, 0x3c);
     const fly_tensor ta = flykernels::tensor(a.p, act, {M, K}, {K, 1});
     const fly_tensor tb = flykernels::tensor(b.p, f4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, {N, kb}, {kb, 1});
     const fly_tensor tsb = flykernels::tensor(sb.p, FLY_E8M0, {N, K / 32}, {K / 32, 1});
     const fly_tensor tc = flykernels::tensor(c.p, act, {M, N}, {N, 1}), tbias = flykernels::tensor(bias.p, act, {N}, {1});
     report(name, fly_scaled_gemm(&ta, nullptr, &tb, &tsb, M == 5 ? &tbias : nullptr, &tc, nullptr, 0, nullptr),
-           M == 5 ? "M5+bias" : "M=tile");
+           pass == 0 ? "M5+bias" : pass == 1 ? "M=tile" : "M5 scales 0x01");
   }
 }
 
