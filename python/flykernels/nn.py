@@ -281,10 +281,16 @@ class MXExperts(nn.Module):
         out = _mx.experts_kernel(self, args, kwargs)
         if out is not None:
             return out
+        if torch.compiler.is_compiling():
+            # Dynamo does not trace copy.copy: the class's forward on self, whose weight properties
+            # dequantize on each read (grouped_mm / batched_mm read each weight once; the graph
+            # holds the dequantization).
+            return self._flykernels_base.forward(self, *args, **kwargs)
         # The class's own forward on a shallow copy whose quantized weights are dense tensors (the
-        # weight properties return a _parameters entry where there is one): nothing on self
-        # changes, so concurrent calls and re-entrant hooks see the module as it is. A dense
-        # entry already there (a caller's probe copy, as flykernels.patch makes) is kept.
+        # weight properties return a _parameters entry where there is one), dequantized once per
+        # call however often the forward reads them (the eager loop reads them once per expert):
+        # nothing on self changes, so concurrent calls and re-entrant hooks see the module as it
+        # is. A dense entry already there (a caller's probe copy, as flykernels.patch makes) is kept.
         view = copy.copy(self)
         view._parameters = dict(self._parameters)
         for n in self.mx_weights:
