@@ -298,11 +298,21 @@ class MXExperts(nn.Module):
                 view._parameters[n] = self._dense(n)
         return self._flykernels_base.forward(view, *args, **kwargs)
 
+    def __reduce_ex__(self, protocol):
+        # MX<Name> is made at run time, so pickle (torch.save(model), copy.deepcopy) cannot find it
+        # by name: rebuild it from the original class, which pickles by reference.
+        return _new_mx_experts, (self._flykernels_base,), self.__dict__.copy()
+
     def extra_repr(self) -> str:
         base = super().extra_repr()
         mine = (f"format={self.format}, activations={self.activations}, weights={list(self.mx_weights)}, "
                 f"transposed={self.mx_transposed}")
         return f"{base}, {mine}" if base else mine
+
+
+def _new_mx_experts(base: type) -> "MXExperts":
+    """An empty MX<base> (unpickling: its state follows through nn.Module.__setstate__)."""
+    return MXExperts._subclass_for(base).__new__(MXExperts._subclass_for(base))
 
 
 def _weight_property(name: str) -> property:

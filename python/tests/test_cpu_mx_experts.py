@@ -381,6 +381,13 @@ def test_state_dict_round_trip(kind):
     assert meta["layers"][0].experts.gate_up_proj_qweight.is_meta
     meta.load_state_dict(loaded, assign=True)
     assert torch.equal(_run(meta, x), _run(m, x))
+    # the whole model pickled (the generated MX<Name> class rebuilt from the original) and deep-copied
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    whole = torch.load(buf, weights_only=False)
+    assert type(whole["layers"][0].experts) is type(m["layers"][0].experts)
+    assert torch.equal(_run(whole, x), _run(m, x)) and torch.equal(_run(copy.deepcopy(m), x), _run(m, x))
     # another format's bytes do not fit
     other = flykernels.quantize_(_model(kind), "mxfp8", skip=["lm_head"])
     with pytest.raises(RuntimeError, match="size mismatch"):
