@@ -64,7 +64,7 @@ def _hf_pair(cfg_name, fmt):
     dense = copy.deepcopy(model)
     flykernels.quantize_(model, fmt, skip=["lm_head"])
     experts = [(n, m) for n, m in model.named_modules() if isinstance(m, MXExperts)]
-    assert len(experts) == 2 and experts[0][1].gate_up_proj_qweight.is_cuda
+    assert len(experts) == 2 and experts[0][1].gate_up_proj_qweight.device.type == DEV
     with torch.no_grad():
         for n, m in experts:
             for wn, w in m.dequantize().items():
