@@ -371,5 +371,6 @@ def experts_kernel(mod, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     plugs in here: it reads mod.<name>_qweight / mod.<name>_scales ([E, N, K or K/2] / [E, N, K/32]
     uint8 per weight of mod.mx_weights), mod.format, mod.is_transposed-style layout in
     mod.mx_transposed, and must compute exactly what the module's forward computes on
-    mod.dequantize() (routing, gate, biases, weighting), or return None."""
+    mod.dequantize() (routing, gate, biases, weighting), or return None. Not called for a copy of
+    the module whose _parameters hold dense weights in place of the packed ones (a probe)."""
     return None
