@@ -491,14 +491,14 @@ def test_hf_model_quantized(cfg_name, impl):
 
 @pytest.mark.parametrize("cfg_name", ["Qwen3MoeConfig", "GptOssConfig"])
 def test_hf_compile_grouped_mm(cfg_name):
-    model = _hf_model(cfg_name, "grouped_mm")
-    ex = MXExperts.quantize_module(_hf_experts(model)[0], "mxfp8")
-    x = torch.randn(5, 64)
-    ids, w = _routing(5, ex.num_experts, 2, torch.Generator().manual_seed(0), unused=(3,))
+    """The whole quantized model under torch.compile(fullgraph=True): the experts' dequantization
+    and grouped_mm traced in one graph, the eager logits."""
+    model = flykernels.quantize_(_hf_model(cfg_name, "grouped_mm"), "mxfp8", skip=["lm_head"])
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref = ex(x, ids, w)
+        ref = model(input_ids=ids, use_cache=False).logits
         torch._dynamo.reset()
-        got = torch.compile(ex, backend="aot_eager", fullgraph=True)(x, ids, w)
+        got = torch.compile(model, backend="aot_eager", fullgraph=True)(input_ids=ids, use_cache=False).logits
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
