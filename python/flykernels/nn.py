@@ -226,7 +226,8 @@ class MXExperts(nn.Module):
         all_names, transposed = layout
         names = list(all_names if names is None else names)
         if not names or any(n not in all_names for n in names):
-            raise ValueError(f"flykernels.nn.MXExperts: {names} are not expert weights of{where} ({all_names})")
+            raise ValueError(f"flykernels.nn.MXExperts: {names} are not expert weights of the module{where} "
+                             f"(it has {all_names})")
         _check_experts_k(mod, names, transposed, name)
         dtype = mod._parameters[names[0]].dtype
         dtype = dtype if dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16

@@ -77,6 +77,27 @@ class GptOssExperts(nn.Module):
         return out
 
 
+class GatelessExperts(nn.Module):
+    """Experts without a gate (transformers' has_gate=False, e.g. Nemotron-H): up_proj [E, I, H],
+    act, down_proj [E, H, I]."""
+
+    def __init__(self, E, H, inter):
+        super().__init__()
+        self.num_experts, self.hidden_dim = E, H
+        self.up_proj = nn.Parameter(0.3 * torch.randn(E, inter, H))
+        self.down_proj = nn.Parameter(0.3 * torch.randn(E, H, inter))
+        self.is_transposed = False
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for t in range(top_k_index.shape[0]):
+            for j in range(top_k_index.shape[1]):
+                e = top_k_index[t, j]
+                h = F.linear(F.relu(F.linear(hidden_states[t], self.up_proj[e])) ** 2, self.down_proj[e])
+                out[t] += top_k_weights[t, j] * h
+        return out
+
+
 class OtherExperts(GptOssExperts):  # a class the layout table does not know
     pass
 
@@ -176,6 +197,18 @@ def test_forward_matches_the_original_on_dequantized_weights(fmt, kind):
         assert n not in dict(mx.named_parameters())
     if kind == "gptoss":
         assert sorted(n for n, _ in mx.named_parameters()) == ["down_proj_bias", "gate_up_proj_bias"]
+
+
+def test_gateless_experts():
+    torch.manual_seed(0)
+    orig = GatelessExperts(6, 64, 32)
+    mx = flykernels.quantize_(copy.deepcopy(orig), "mxfp4")
+    assert isinstance(mx, MXExperts) and mx.mx_weights == ("up_proj", "down_proj")
+    x = torch.randn(4, 64)
+    ids, w = _routing(4, 6, 2, torch.Generator().manual_seed(0), unused=(2,))
+    assert torch.equal(mx(x, ids, w), _dense_twin(orig, mx)(x, ids, w))
+    with pytest.raises(ValueError, match="not expert weights of the module"):
+        MXExperts.quantize_module(GatelessExperts(2, 32, 32), "mxfp8", names=["gate_up_proj"])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
