@@ -374,3 +374,16 @@ def experts_kernel(mod, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     mod.dequantize() (routing, gate, biases, weighting), or return None. Not called for a copy of
     the module whose _parameters hold dense weights in place of the packed ones (a probe)."""
     return None
+
+
+def grouped_gemm_kernel(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, format: str,
+                        offs: torch.Tensor) -> Optional[torch.Tensor]:
+    """THE GEMM-LEVEL HOOK for a grouped MX GEMM (issue 49): y [S, N] in x's dtype, row i of x [S, K]
+    (rows sorted by expert; offs int32 [E], F.grouped_mm's cumulative group ends) times the
+    transpose of expert e's weight, for the MX expert weights qweight [E, N, K or K/2] / scales
+    [E, N, K/32] (MXExperts' W_qweight / W_scales, untransposed layout), or None where no kernel
+    takes the call. Today always None: flykernels.patch's MoE path (which sorts tokens by expert and
+    computes offs itself) then dequantizes the weight and runs its grouped GEMM. A weight-only MX
+    grouped GEMM (BF16 x, the mx_decode kernel's widening per group) goes here, with the same
+    rules as MXLinear's ops: no host sync, choices from shapes / dtypes / strides only."""
+    return None

@@ -71,7 +71,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import _lce, _loader, _ops
+from . import _lce, _loader, _mx, _ops
 
 _log = logging.getLogger("flykernels")
 
@@ -476,12 +476,24 @@ def _grouped_linear(x, weight, offs):
     return _grouped_mm(x, weight.transpose(-2, -1), offs=offs)
 
 
+def _expert_linear(mod, name, x, offs):
+    """_grouped_linear of mod.<name>; for MX-quantized experts (flykernels.nn.MXExperts: never
+    transposed here, _moe_layout refuses that) the grouped MX GEMM hook first, else the weight
+    dequantized (the property) through the same grouped GEMM."""
+    if name in getattr(mod, "mx_weights", ()) and name not in mod._parameters:
+        y = _mx.grouped_gemm_kernel(x, getattr(mod, f"{name}_qweight"), getattr(mod, f"{name}_scales"), mod.format,
+                                    offs)
+        if y is not None:
+            return y
+    return _grouped_linear(x, getattr(mod, name), offs)
+
+
 def _experts_fused(mod, act, hidden_states, top_k_index, top_k_weights):
     x_perm, offs, row_of, _ = torch.ops.flykernels.moe_permute(hidden_states, top_k_index, mod.num_experts)
-    gate_up = _grouped_linear(x_perm, mod.gate_up_proj, offs)
+    gate_up = _expert_linear(mod, "gate_up_proj", x_perm, offs)
     half = gate_up.shape[-1] // 2
     h = _glu(gate_up[:, :half], gate_up[:, half:], act)
-    out = _grouped_linear(h, mod.down_proj, offs)
+    out = _expert_linear(mod, "down_proj", h, offs)
     return torch.ops.flykernels.moe_unpermute(out, top_k_weights, row_of, offs).to(hidden_states.dtype)
 
 

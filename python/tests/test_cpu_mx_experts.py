@@ -572,4 +572,19 @@ def test_hf_patched_moe_path_reads_the_quantized_experts(order, monkeypatch):
         flykernels.torch.enable(before)
     assert len(calls) == 2
     assert torch.allclose(got, ref, rtol=1e-4, atol=1e-5)
+    # the GEMM-level hook is asked for each quantized weight, and its answer is used
+    asked = []
+
+    def kernel(x, q, s, fmt, offs):
+        asked.append((q.shape, fmt, offs.shape))
+        return None if len(asked) > 1 else torch.zeros(x.shape[0], q.shape[1], dtype=x.dtype)
+    monkeypatch.setattr(_mx, "grouped_gemm_kernel", kernel)
+    flykernels.torch.enable(["patch"])
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        flykernels.torch.disable(["patch"])
+        flykernels.torch.enable(before)
+    assert len(asked) == 4 and asked[0][1] == "mxfp8" and asked[0][2] == (8,)
     assert flykernels.unpatch(model) == 4
