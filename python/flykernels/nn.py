@@ -188,7 +188,8 @@ class MXExperts(nn.Module):
     grouped_mm, batched_mm, the eager loop or any other experts_implementation computes what it
     computes on the dequantized weights. Weight-only: the activations are used as they are. Cost:
     one dense copy of the layer's expert weights per call (all experts, whichever received tokens:
-    no host sync, so CUDA graphs capture it) -- correct, not fast."""
+    no host sync, so CUDA graphs capture it) -- correct, not fast. Under flykernels.patch's MoE path
+    each grouped GEMM asks flykernels._mx.grouped_gemm_kernel (the GEMM-level hook) first instead."""
 
     _flykernels_base: type = nn.Module  # the original class (set on each MX<Name> subclass)
     _subclasses: Dict[type, type] = {}
