@@ -3,7 +3,8 @@
 and (under torch.compile max-autotune) torch.mm / addmm, with the stock kernels as fallback.
 Importing the package turns them on where they can run, unless FLYKERNELS_TORCH=0; the
 controller is flykernels.torch. flykernels.quantize_(model, "mxfp4" | "mxfp8") stores a model's
-linear weights MX-quantized (flykernels.nn.MXLinear). Messages go to the `flykernels` logger (FLYKERNELS_LOG=debug,
+linear weights MX-quantized (flykernels.nn.MXLinear), and its 3-D mixture-of-experts weights
+(flykernels.nn.MXExperts). Messages go to the `flykernels` logger (FLYKERNELS_LOG=debug,
 info, warning, error or off sets its level; see flykernels._loader)."""
 import os as _os
 

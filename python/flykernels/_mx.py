@@ -334,3 +334,56 @@ def _backward(ctx, dy):
 
 mx_linear.register_autograd(_backward, setup_context=_setup_context)
 mx_linear_mx.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- expert weights: 3-D [E, N, K] stacks of the same per-row layout ---------------------------
+
+def quantize_experts(w: torch.Tensor, format: str, transposed: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(q [E, N, K or K/2], scales [E, N, K/32]) uint8 of a stack of expert weights: w [E, N, K]
+    (transformers' default layout, used as F.linear(x, w[e]): K is the last dimension) or, with
+    `transposed`, w [E, K, N] (used as x @ w[e], gpt-oss: K is the middle dimension). Either way
+    each expert is stored as MXLinear stores one weight ([N, K] rows, 32-blocks along K), so a
+    grouped MX GEMM reads every expert as fly_scaled_gemm reads its B operand."""
+    check_format(format)
+    if w.dim() != 3:
+        raise ValueError(f"flykernels: expert weights must be 3-D, got shape {tuple(w.shape)}")
+    wk = w.transpose(-2, -1) if transposed else w
+    e, n, k = wk.shape
+    q, s = quantize_weight(wk.reshape(e * n, k), format)
+    return q.view(e, n, -1), s.view(e, n, -1)
+
+
+def dequantize_experts(q: torch.Tensor, scales: torch.Tensor, format: str, dtype: torch.dtype = torch.float32,
+                       transposed: bool = False) -> torch.Tensor:
+    """The stack quantize_experts packed, exact in FP32 (then cast): [E, N, K], or with
+    `transposed` its [E, K, N] transpose (a view: no copy)."""
+    e, n = q.shape[0], q.shape[1]
+    w = dequantize(q.reshape(e * n, -1), scales.reshape(e * n, -1), format, dtype).view(e, n, -1)
+    return w.transpose(-2, -1) if transposed else w
+
+
+def experts_kernel(mod, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """THE HOOK for a fused MX grouped GEMM (issue 49, "MX expert weights"): the output of the MX
+    experts module `mod` (flykernels.nn.MXExperts) for its forward's arguments, computed from the
+    packed expert weights directly, or None where nothing fused takes the call. Today always None:
+    no grouped MX GEMM kernel exists yet, so MXExperts.forward dequantizes the expert weights and
+    runs the module's own forward (the experts_implementation the model was built with). A kernel
+    plugs in here: it reads mod.<name>_qweight / mod.<name>_scales ([E, N, K or K/2] / [E, N, K/32]
+    uint8 per weight of mod.mx_weights), mod.format, mod.is_transposed-style layout in
+    mod.mx_transposed, and must compute exactly what the module's forward computes on
+    mod.dequantize() (routing, gate, biases, weighting), or return None. Not called for a copy of
+    the module whose _parameters hold dense weights in place of the packed ones (a probe)."""
+    return None
+
+
+def grouped_gemm_kernel(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, format: str,
+                        offs: torch.Tensor) -> Optional[torch.Tensor]:
+    """THE GEMM-LEVEL HOOK for a grouped MX GEMM (issue 49): y [S, N] in x's dtype, row i of x [S, K]
+    (rows sorted by expert; offs int32 [E], F.grouped_mm's cumulative group ends) times the
+    transpose of expert e's weight, for the MX expert weights qweight [E, N, K or K/2] / scales
+    [E, N, K/32] (MXExperts' W_qweight / W_scales, untransposed layout), or None where no kernel
+    takes the call. Today always None: flykernels.patch's MoE path (which sorts tokens by expert and
+    computes offs itself) then dequantizes the weight and runs its grouped GEMM. A weight-only MX
+    grouped GEMM (BF16 x, the mx_decode kernel's widening per group) goes here, with the same
+    rules as MXLinear's ops: no host sync, choices from shapes / dtypes / strides only."""
+    return None

@@ -71,7 +71,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import _lce, _loader, _ops
+from . import _lce, _loader, _mx, _ops
 
 _log = logging.getLogger("flykernels")
 
@@ -476,12 +476,24 @@ def _grouped_linear(x, weight, offs):
     return _grouped_mm(x, weight.transpose(-2, -1), offs=offs)
 
 
+def _expert_linear(mod, name, x, offs):
+    """_grouped_linear of mod.<name>; for MX-quantized experts (flykernels.nn.MXExperts: never
+    transposed here, _moe_layout refuses that) the grouped MX GEMM hook first, else the weight
+    dequantized (the property) through the same grouped GEMM."""
+    if name in getattr(mod, "mx_weights", ()) and name not in mod._parameters:
+        y = _mx.grouped_gemm_kernel(x, getattr(mod, f"{name}_qweight"), getattr(mod, f"{name}_scales"), mod.format,
+                                    offs)
+        if y is not None:
+            return y
+    return _grouped_linear(x, getattr(mod, name), offs)
+
+
 def _experts_fused(mod, act, hidden_states, top_k_index, top_k_weights):
     x_perm, offs, row_of, _ = torch.ops.flykernels.moe_permute(hidden_states, top_k_index, mod.num_experts)
-    gate_up = _grouped_linear(x_perm, mod.gate_up_proj, offs)
+    gate_up = _expert_linear(mod, "gate_up_proj", x_perm, offs)
     half = gate_up.shape[-1] // 2
     h = _glu(gate_up[:, :half], gate_up[:, half:], act)
-    out = _grouped_linear(h, mod.down_proj, offs)
+    out = _expert_linear(mod, "down_proj", h, offs)
     return torch.ops.flykernels.moe_unpermute(out, top_k_weights, row_of, offs).to(hidden_states.dtype)
 
 
@@ -497,15 +509,24 @@ def _experts_forward(act):
     return forward
 
 
+def _is_3d_weight(mod, name):
+    """Whether mod.<name> is a 3-D expert weight: a tensor, or MX-quantized (flykernels.nn.MXExperts:
+    reading it would dequantize every expert just to see its shape; the patched forward reads it
+    once per call, dense, as the module's own forward does)."""
+    if name in getattr(mod, "mx_weights", ()):
+        return True
+    w = getattr(mod, name, None)
+    return isinstance(w, torch.Tensor) and w.dim() == 3
+
+
 def _moe_layout(mod):
     """'' when `mod` is laid out as MOE_EXPERTS_CLASSES expects, else why not."""
     if not getattr(mod, "has_gate", True) or getattr(mod, "has_bias", False) or getattr(mod, "is_transposed", False):
         return "gate-less, biased or transposed experts (not the layout this patch knows)"
     if not getattr(mod, "is_concatenated", True):
         return "interleaved gate/up weights (not the layout this patch knows)"
-    gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
-    if not (isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and gu.dim() == 3 and dn.dim() == 3
-            and isinstance(getattr(mod, "num_experts", None), int)):
+    if not all(_is_3d_weight(mod, n) for n in ("gate_up_proj", "down_proj")) or not isinstance(
+            getattr(mod, "num_experts", None), int):
         return "no 3-D gate_up_proj / down_proj or no num_experts (not the layout this patch knows)"
     return ""
 
@@ -754,7 +775,9 @@ def _causal_lm_check(mod, sig):
 
 def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False, linear_cross_entropy=False):
     """(attribute, replacement factory, check) for a module patch() knows, or a skip reason, or None."""
-    cls = type(mod).__name__
+    # MX-quantized experts (flykernels.quantize_) are a subclass MX<Name> of their own class: the
+    # class they came from decides, as its weights read dense
+    cls = getattr(type(mod), "_flykernels_base", type(mod)).__name__
     if linear_cross_entropy and cls in CAUSAL_LM_CLASSES:
         sig = _causal_lm_signature(mod)
         if sig is None:
@@ -804,7 +827,10 @@ def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False, linear_
     gate = getattr(type(mod), "_apply_gate", None)
     if getattr(gate, "__name__", "") == "_default_apply_gate" and hasattr(mod, "act_fn"):
         act = _act_code(mod.act_fn)
-        params = [p for p in mod.parameters(recurse=False)]
+        # the weights' dtype and device: a parameter's, or for MX experts (buffers only) the dense
+        # dtype their floating-point tag buffer carries
+        params = ([p for p in mod.parameters(recurse=False)]
+                  or [b for b in mod.buffers(recurse=False) if b.is_floating_point()])
         if act is None or not params:
             return f"activation {type(mod.act_fn).__name__} not one the fused op computes"
         return ("_apply_gate", lambda: _apply_gate(act),
@@ -847,16 +873,17 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
         cand = _candidates(mod, rms_norm, glu, rope, add_rms_norm, moe, linear_cross_entropy)
         if cand is None:
             continue
-        cls = type(mod).__name__
+        cls = type(mod).__name__  # the report's name (MX<Name> for MX-quantized experts)
+        known = getattr(type(mod), "_flykernels_base", type(mod)).__name__  # the class the tables name
         if isinstance(cand, str):
             report["skipped"][cls] = cand
             continue
         attr, make, check_fn = cand
         why = ""
-        moe_cls = cls in MOE_ROUTER_CLASSES or cls in MOE_EXPERTS_CLASSES and attr == "forward"
-        if (moe_cls and not have_moe or cls in DECODER_LAYER_CLASSES and not have_add_norm
-                or cls in CAUSAL_LM_CLASSES and not have_lce
-                or not moe_cls and ((attr == "_apply_gate" or cls in MLP_CLASSES) and not have_glu
+        moe_cls = known in MOE_ROUTER_CLASSES or known in MOE_EXPERTS_CLASSES and attr == "forward"
+        if (moe_cls and not have_moe or known in DECODER_LAYER_CLASSES and not have_add_norm
+                or known in CAUSAL_LM_CLASSES and not have_lce
+                or not moe_cls and ((attr == "_apply_gate" or known in MLP_CLASSES) and not have_glu
                                     or attr == "rope" and not have_rope)):
             why = f"the flykernels extension is not loaded ({_loader.reason or 'unknown'})"
         elif attr in mod.__dict__:
