@@ -234,6 +234,26 @@ def test_padding_and_given_positions_keep_their_masks(patch_on, sdpa_calls):
             flykernels.unpatch(model)
 
 
+def test_export_keeps_the_mask(patch_on, sdpa_calls):
+    """An exported graph runs other shapes than it was traced with: there transformers keeps the
+    materialized mask on purpose, and so does the patch."""
+    model = _llama()
+    _patch_masks(model)
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).logits
+    try:
+        torch.export.export(Logits(model), (torch.randint(0, 64, (2, 7)),), strict=False)
+        assert sdpa_calls and not any(c[0] for c in sdpa_calls), sdpa_calls
+    finally:
+        flykernels.unpatch(model)
+
+
 def test_switch_and_unpatch_restore_transformers(patch_on, sdpa_calls):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     mu = transformers.masking_utils
