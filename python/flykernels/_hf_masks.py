@@ -35,6 +35,7 @@ patched model is alive and restored when the last is unpatched, as the rotary em
 """
 import inspect
 import sys
+import threading
 import weakref
 
 import torch
@@ -42,15 +43,18 @@ import torch
 # Base models whose forward makes position_ids = arange(S) + past when none are passed and builds
 # its masks with masking_utils' create_causal_mask / create_sliding_window_causal_mask
 # (transformers 5.17 and 5.25).
+# (gpt-oss and Gemma-2 are not here: transformers runs them without SDPA.)
 MASK_MODEL_CLASSES = ("LlamaModel", "MistralModel", "MixtralModel", "Qwen2Model", "Qwen3Model", "Qwen3MoeModel",
-                      "GptOssModel", "Gemma2Model", "Gemma3TextModel", "OlmoeModel")
+                      "Gemma3TextModel", "OlmoeModel")
 _MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask")
 _REPLACED = ("find_packed_sequence_indices", "_ignore_causal_mask_sdpa")
 
 
-class _Scope:
+class _Scope(threading.local):
     """Set while a patched model's forward runs: `depth` (inside one), `own_positions` (inside one
-    that made its position_ids itself). Plain attributes, which dynamo traces as side effects."""
+    that made its position_ids itself). Per thread: another thread's model, patched or not, keeps
+    its own answers (caller-given packed positions there must keep their mask). Dynamo traces the
+    updates as side effects (fullgraph works)."""
     depth = 0
     own_positions = 0
 

@@ -45,6 +45,9 @@ What it replaces:
   and logits_to_keep=1, the final hidden states taken by a forward hook on `model.model`);
   inference, no labels, logits_to_keep != 0, return_dict=False, a custom loss_function and a
   final_logit_softcapping config run the model's own forward unchanged;
+- the causal-mask creation of their base models (LlamaModel, ...; causal_mask=True): under
+  torch.compile an unpadded causal batch reaches SDPA as is_causal=True, as in eager, instead of
+  as a materialized mask (flykernels/_hf_masks.py says how and what keeps its mask);
 
 How: the module's `forward` (the experts' `_apply_gate`) becomes an instance attribute (the class
 is untouched, so other models are not affected) that calls the fused op while the "patch" family

@@ -294,9 +294,10 @@ def test_two_models_share_the_replacements(patch_on):
     assert not _hf_masks._state
 
 
-@pytest.mark.parametrize("cfg_name", ["Qwen3Config", "MistralConfig"])
-def test_other_families_compile_with_is_causal(cfg_name, patch_on, sdpa_calls):
-    model = _llama(cfg_name)
+@pytest.mark.parametrize("cfg_name,kw", [("Qwen3Config", {}), ("MistralConfig", {}),
+                                         ("Gemma3TextConfig", dict(head_dim=8))])  # Gemma-3: sliding layers too
+def test_other_families_compile_with_is_causal(cfg_name, kw, patch_on, sdpa_calls):
+    model = _llama(cfg_name, **kw)
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = model(input_ids=ids, use_cache=False).logits
