@@ -99,8 +99,8 @@ def masking_module(mod):
     """transformers' masking module the model's forward builds its masks with, or None."""
     fwd = getattr(type(mod), "forward", None)
     try:
-        code = inspect.unwrap(fwd).__code__
-        glb = inspect.unwrap(fwd).__globals__
+        inner = inspect.unwrap(fwd)
+        code, glb = inner.__code__, inner.__globals__
     except (AttributeError, ValueError, TypeError):
         return None
     for name in _MASK_BUILDERS:
@@ -152,14 +152,15 @@ def forward(sig, family):
         if not family.on:
             return own(self, *args, **kwargs)
         given = kwargs.get("position_ids") is not None or (len(args) > pos_index and args[pos_index] is not None)
-        mine = 0 if given else 1
+        # set, not added: a model nested in another one answers for its own positions
+        outer = _scope.own_positions
         _scope.depth += 1
-        _scope.own_positions += mine
+        _scope.own_positions = 0 if given else 1
         try:
             return own(self, *args, **kwargs)
         finally:
             _scope.depth -= 1
-            _scope.own_positions -= mine
+            _scope.own_positions = outer
     fwd.__flykernels_patch__ = "causal_mask"
     return fwd
 

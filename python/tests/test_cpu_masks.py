@@ -5,6 +5,7 @@ patch(causal_mask=True) on tiny Hugging Face Llama models under torch.compile (f
 the SDPA calls carry no mask where eager's carry none, and the outputs match stock. The Hugging
 Face tests skip where transformers is not installed."""
 import inspect
+import threading
 
 import pytest
 import torch
@@ -273,6 +274,34 @@ def test_switch_and_unpatch_restore_transformers(patch_on, sdpa_calls):
     assert "forward" not in model.model.__dict__ and not _patch.is_patched(model.model)
     assert all(getattr(mu, n) is f for n, f in own.items())
     assert not _hf_masks._state
+
+
+def test_scope_is_per_call_and_per_thread(patch_on):
+    """The 'model made its own positions' answer holds in that model's forward only: not in
+    another thread meanwhile, nor in a model nested inside that was given (packed) positions."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    mu = transformers.masking_utils
+    model = _llama()
+    _patch_masks(model)
+    packed = torch.tensor([[0, 1, 0, 1]])
+
+    class Probe:
+        def forward(self, input_ids=None, position_ids=None):
+            out = {"here": mu.find_packed_sequence_indices(packed)}
+            t = threading.Thread(target=lambda: out.update(thread=mu.find_packed_sequence_indices(packed)))
+            t.start()
+            t.join()
+            if position_ids is None:
+                out["nested"] = fwd(self, position_ids=packed)["here"]
+            return out
+    fwd = _hf_masks.forward(inspect.signature(Probe.forward), _patch._family)
+    try:
+        out = fwd(Probe())
+        assert out["here"] is None  # the probe made its positions (none given)
+        assert out["thread"] is not None and out["nested"] is not None
+        assert mu.find_packed_sequence_indices(packed) is not None  # and after it
+    finally:
+        flykernels.unpatch(model)
 
 
 def test_causal_mask_is_a_switch_of_patch(patch_on):
