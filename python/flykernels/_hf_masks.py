@@ -43,9 +43,9 @@ import torch
 # Base models whose forward makes position_ids = arange(S) + past when none are passed and builds
 # its masks with masking_utils' create_causal_mask / create_sliding_window_causal_mask
 # (transformers 5.17 and 5.25).
-# (gpt-oss and Gemma-2 are not here: transformers runs them without SDPA.)
+# (Gemma-2 runs with SDPA in 5.17, not in 5.25; gpt-oss in neither.)
 MASK_MODEL_CLASSES = ("LlamaModel", "MistralModel", "MixtralModel", "Qwen2Model", "Qwen3Model", "Qwen3MoeModel",
-                      "Gemma3TextModel", "OlmoeModel")
+                      "Gemma2Model", "Gemma3TextModel", "OlmoeModel")
 _MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask")
 _REPLACED = ("find_packed_sequence_indices", "_ignore_causal_mask_sdpa")
 
