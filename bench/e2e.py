@@ -48,8 +48,9 @@ Also: dispatch counts per op over one "on" call (flykernels.torch.dispatch_count
 candidates in the compiled code, and outputs on against off (logits; loss and gradients for train),
 beside stock against stock (the numerical floor of the stock kernels themselves).
 With torch < 2.14, transformers passes SDPA an explicit causal mask under torch.compile (eager
-passes is_causal / no mask), which keeps SDPA stock in compiled rows; --compile-no-mask lets it
-skip that all-true mask as in eager.
+passes is_causal / no mask); flykernels.patch (causal_mask, issue 51) drops it in the "on" state
+only, so the compiled "off" rows run stock's masked attention; --compile-no-mask drops it in both
+states (the kernels alone compared).
 --quick: every eager configuration with fewer reps, then compiles in the order QUICK_COMPILE_FIRST,
 within about 7 minutes on one H100 (--budget-s 390 stops starting configurations that would not
 fit). --smoke: tiny configs (hidden 64) for checking the script itself, on CPU (--device cpu: the
@@ -1062,8 +1063,8 @@ def main():
             if a.compile_no_mask:
                 log("--compile-no-mask: " + hf_mask_skip_under_compile())
             else:
-                log("note: with torch < 2.14 transformers passes SDPA an explicit causal mask under torch.compile, "
-                    "so SDPA runs stock there (--compile-no-mask: no mask, as in eager)")
+                log("note: with torch < 2.14 transformers passes SDPA an explicit causal mask under torch.compile; "
+                    "flykernels.patch drops it in the on state only (--compile-no-mask: in both, as in eager)")
             plan = [(key, mode, b) for key in a.compile_models
                     for mode, b in configs(a.compile_modes, a.compile_batches)]
             if a.quick:  # the budget drops the tail: QUICK_COMPILE_FIRST, then the rest by mode, then model

@@ -45,6 +45,9 @@ What it replaces:
   and logits_to_keep=1, the final hidden states taken by a forward hook on `model.model`);
   inference, no labels, logits_to_keep != 0, return_dict=False, a custom loss_function and a
   final_logit_softcapping config run the model's own forward unchanged;
+- the causal-mask creation of their base models (LlamaModel, ...; causal_mask=True): under
+  torch.compile an unpadded causal batch reaches SDPA as is_causal=True, as in eager, instead of
+  as a materialized mask (flykernels/_hf_masks.py says how and what keeps its mask);
 
 How: the module's `forward` (the experts' `_apply_gate`) becomes an instance attribute (the class
 is untouched, so other models are not affected) that calls the fused op while the "patch" family
@@ -71,7 +74,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import _lce, _loader, _mx, _ops
+from . import _hf_masks, _lce, _loader, _mx, _ops
 
 _log = logging.getLogger("flykernels")
 
@@ -773,11 +776,18 @@ def _causal_lm_check(mod, sig):
             m.training = t
 
 
-def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False, linear_cross_entropy=False):
+def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False, linear_cross_entropy=False,
+                causal_mask=False):
     """(attribute, replacement factory, check) for a module patch() knows, or a skip reason, or None."""
     # MX-quantized experts (flykernels.quantize_) are a subclass MX<Name> of their own class: the
     # class they came from decides, as its weights read dense
     cls = getattr(type(mod), "_flykernels_base", type(mod)).__name__
+    if causal_mask and cls in _hf_masks.MASK_MODEL_CLASSES:
+        sig = _hf_masks.signature(mod)
+        if sig is None or _hf_masks.masking_module(mod) is None:
+            return ("its forward takes no position_ids or builds no mask with transformers' masking_utils "
+                    "(not the layout this patch knows)")
+        return "causal_mask", lambda: _hf_masks.forward(sig, _family), lambda: _hf_masks.check(mod)
     if linear_cross_entropy and cls in CAUSAL_LM_CLASSES:
         sig = _causal_lm_signature(mod)
         if sig is None:
@@ -839,7 +849,7 @@ def _candidates(mod, rms_norm, glu, rope, add_rms_norm=False, moe=False, linear_
 
 
 def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=None, linear_cross_entropy=None,
-          check=True):
+          causal_mask=True, check=True):
     """Patches the modules of `model` (an nn.Module: a whole model or one block) that FlyKernels
     knows, in place; returns {"patched": {class: count}, "skipped": {class: reason}}. rms_norm:
     the RMSNorm modules; glu: the gated MLPs (SwiGLU / GeGLU) and the gate of transformers' fused
@@ -848,7 +858,10 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
     flykernels::add_rms_norm; moe: the routers and fused experts of the Qwen3-MoE, Mixtral and OLMoE
     sparse-MoE blocks, onto flykernels::moe_route / moe_permute / moe_unpermute around the grouped GEMMs
     (the experts' activation through flykernels::glu); linear_cross_entropy: the training loss of
-    the *ForCausalLM models, onto flykernels.linear_cross_entropy (no logits in the output then).
+    the *ForCausalLM models, onto flykernels.linear_cross_entropy (no logits in the output then);
+    causal_mask: the base models' mask creation, so that under torch.compile an unpadded causal
+    batch reaches SDPA as is_causal=True (our kernel, or stock's fused ones) as it does in eager,
+    instead of as a materialized mask (flykernels/_hf_masks.py; needs no extension).
     None takes SHIPPED_DEFAULTS: add_rms_norm and moe on; linear_cross_entropy off (it drops the
     logits of a training forward). Patching a patched module
     again does nothing.
@@ -870,7 +883,7 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
     for mod in model.modules():
         if mod in _patched:
             continue
-        cand = _candidates(mod, rms_norm, glu, rope, add_rms_norm, moe, linear_cross_entropy)
+        cand = _candidates(mod, rms_norm, glu, rope, add_rms_norm, moe, linear_cross_entropy, causal_mask)
         if cand is None:
             continue
         cls = type(mod).__name__  # the report's name (MX<Name> for MX-quantized experts)
@@ -886,8 +899,8 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
                 or not moe_cls and ((attr == "_apply_gate" or known in MLP_CLASSES) and not have_glu
                                     or attr == "rope" and not have_rope)):
             why = f"the flykernels extension is not loaded ({_loader.reason or 'unknown'})"
-        elif attr in mod.__dict__:
-            why = (f"its {attr} is wrapped already (an instance-level attribute, e.g. a device-placement hook), "
+        elif (inst := "forward" if attr == "causal_mask" else attr) in mod.__dict__:
+            why = (f"its {inst} is wrapped already (an instance-level attribute, e.g. a device-placement hook), "
                    "which the fused op would bypass")
         elif check:
             why = check_fn()
@@ -897,6 +910,9 @@ def patch(model, *, rms_norm=True, glu=True, rope=True, add_rms_norm=None, moe=N
         _patched[mod] = attr
         if attr == "rope":
             _rope_attach(mod)
+        elif attr == "causal_mask":
+            mod.forward = types.MethodType(make(), mod)
+            _hf_masks.attach(mod)
         else:
             setattr(mod, attr, types.MethodType(make(), mod))
         report["patched"][cls] = report["patched"].get(cls, 0) + 1
@@ -916,6 +932,9 @@ def unpatch(model):
             continue
         if attr == "rope":
             _rope_detach(mod)
+        elif attr == "causal_mask":
+            mod.__dict__.pop("forward", None)
+            _hf_masks.detach(mod)
         else:
             mod.__dict__.pop(attr, None)
         n += 1

@@ -164,10 +164,15 @@ def explain_topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, c
 
 
 def explain_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, is_causal: bool = False,
-                 op: str = "sdpa_cudnn", check_device: bool = True) -> str:
+                 op: str = "sdpa_cudnn", check_device: bool = True, attn_mask: Optional[torch.Tensor] = None) -> str:
     """As explain_rms_norm, for SDPA's call on (q, k, v) [B, H, S, D] reaching op (sdpa_flash,
     sdpa_efficient, sdpa_cudnn, or a backward: sdpa_flash_bwd, sdpa_efficient_bwd) as far as the
-    shapes, dtypes and layout say (the library may still decline a head dim or stride)."""
+    shapes, dtypes and layout say (the library may still decline a head dim or stride). With
+    attn_mask: every masked call runs stock; the answer says what the mask is (causal, padding,
+    ...: it reads the mask, a host synchronization) and which call without it would run ours."""
+    if attn_mask is not None:
+        from . import _masks
+        return _masks.explain(attn_mask, q, k, bool(is_causal))
     why = _loader.ext.explain_sdpa(q, k, v, float(dropout_p), check_device)
     return _with_decision(why, lambda: _loader.ext.key_sdpa(op, q, k, v, bool(is_causal)), check_device)
 

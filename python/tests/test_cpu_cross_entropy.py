@@ -411,7 +411,7 @@ def test_hf_causal_lms_patched_on_the_cpu(cfg_name, patch_on):
     ref, ref_g = _train_step(model, input_ids=ids, labels=labels)
     ref_n, _ = _train_step(model, input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(15))
     report = flykernels.patch(model, rms_norm=False, glu=False, rope=False, add_rms_norm=False, moe=False,
-                              linear_cross_entropy=True)
+                              causal_mask=False, linear_cross_entropy=True)
     assert report["skipped"] == {}, report
     assert sum(c for k, c in report["patched"].items() if k.endswith("ForCausalLM")) == 1, report
     out, g = _train_step(model, input_ids=ids, labels=labels)

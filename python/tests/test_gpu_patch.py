@@ -109,6 +109,27 @@ def test_patched_model_compiles_and_graphs():
             torch._dynamo.reset()
 
 
+def test_compiled_patched_llama_runs_our_attention(fly):
+    """Issue 51: compiled, Hugging Face passed SDPA a materialized causal mask and both attention
+    calls of this model went to stock; patched (causal_mask), they carry is_causal and run ours."""
+    model = _model("LlamaConfig").eval()
+    ids = torch.randint(0, 512, (2, 64), device="cuda")
+    ops = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
+        flykernels.patch(model)
+        try:
+            torch._dynamo.reset()
+            fly.reset_counts()
+            got = torch.compile(model)(input_ids=ids, use_cache=False).logits
+            counts = fly.dispatch_counts()
+            assert sum(counts[n][0] for n in ops) == 2, counts
+            assert _rel(got, ref) < 2e-2
+        finally:
+            flykernels.unpatch(model)
+            torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_rope_op_against_the_composition(dtype, fly):
     """flykernels::rope on the GPU (the kernel, counted) against Hugging Face's composition in
@@ -199,7 +220,7 @@ def test_add_rms_norm_propagates_nan_like_the_composition(fly):
 def test_patched_decoder_layers_run_the_fused_add_norm(cfg_name, fly):
     model = _model(cfg_name)
     ids = torch.randint(0, 512, (2, 48), device="cuda")
-    report = flykernels.patch(model, rms_norm=False, glu=False, rope=False, moe=False)
+    report = flykernels.patch(model, rms_norm=False, glu=False, rope=False, moe=False, causal_mask=False)
     try:
         layer = cfg_name.replace("Config", "DecoderLayer")
         assert report["patched"] == {layer: 2} and report["skipped"] == {}
