@@ -138,7 +138,8 @@ TEST_CASE("dispatch keys: GEMM, grouped GEMM and scaled GEMM match the launchers
     for (int64_t G : {int64_t(0), int64_t(1), int64_t(3), int64_t(8), int64_t(64), int64_t(128), int64_t(256)})
       for (const char* dt : {"fp16", "bf16"}) {
         CHECK(keys::mean_m_bucket(T, G) == old_mean_m_bucket(T, G));
-        if (G > 0) CHECK(keys::mean_m_bucket(T, G) == old_tool_bucket(T, G));
+        // The tool's copy had no 2^30 cap (a mean that large never reaches a launch: T < 2^31).
+        if (G > 0 && (T + G - 1) / G <= (int64_t(1) << 30)) CHECK(keys::mean_m_bucket(T, G) == old_tool_bucket(T, G));
         for (bool kmajor : {true, false})
           CHECK(same(keys::grouped_gemm(dt, kmajor, T, G, 4096, 7168),
                      old_request("grouped_gemm", "grouped_gemm", dt, kmajor ? "nt" : "nn",
