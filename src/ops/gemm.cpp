@@ -245,7 +245,8 @@ fly_status launch_odd(const DeviceCtx& dc, const Variant& v, const gemm::Problem
 // A call TMA cannot address: the cp.async kernel, through the dispatch of op "gemm_odd" (a forced
 // variant, else the fallback: no database rows name this op).
 fly_status run_odd(const DeviceCtx& dc, const GemmCall& call, void* stream) {
-  DispatchRequest req = make_request(kFamily, keys::gemm(dtype_name(call.dt), call.layout, call.pr.M, call.pr.N, call.pr.K, true));
+  DispatchRequest req =
+      make_request(kFamily, keys::gemm(dtype_name(call.dt), call.layout, call.pr.M, call.pr.N, call.pr.K, true));
   const fly_dtype dt = call.dt;
   req.supports = [dt](const Variant& v) { return is_odd(v) && v.get("dtype") == dtype_name(dt); };
   req.fallback = [dt] { return default_odd_variant(dt); };

@@ -359,7 +359,8 @@ fly_status run_k(const KCall& call, void* workspace, size_t workspace_bytes, voi
 
   // Key: (dtype, layout "mn": a's contiguous dimension m, b's n (the one order taken); N, M,
   // mean-k bucket, G).
-  DispatchRequest req = make_request(kFamily, keys::grouped_gemm_k(dtype_name(call.dt), call.M, call.N, call.Ktot, call.G));
+  DispatchRequest req =
+      make_request(kFamily, keys::grouped_gemm_k(dtype_name(call.dt), call.M, call.N, call.Ktot, call.G));
   const KCall cc = call;
   req.supports = [cc](const Variant& v) { return k_variant_fits(v, cc); };
   req.fallback = [cc] { return default_variant_k(cc); };
@@ -490,7 +491,8 @@ extern "C" FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_te
 
   // Key: (dtype, B order; N, K, mean-M bucket, G): a G without rows of its own takes the nearest
   // G's (log2 distance, weighted as the mean M).
-  DispatchRequest req = make_request(kFamily, keys::grouped_gemm(dtype_name(call.dt), call.b_kmajor, call.T, call.G, call.N, call.K));
+  DispatchRequest req =
+      make_request(kFamily, keys::grouped_gemm(dtype_name(call.dt), call.b_kmajor, call.T, call.G, call.N, call.K));
   const GroupedCall cc = call;
   req.supports = [cc](const Variant& v) { return variant_fits(v, cc); };
   req.fallback = [cc] { return default_variant(cc); };
