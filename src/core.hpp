@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dispatch_key.hpp"  // DispatchKey, KeyDim and every op's key (keys::)
 #include "flykernels/flykernels.h"
 
 namespace fly {
@@ -196,16 +197,6 @@ fly_status launch1(CUfunction f, const LaunchConfig& cfg, void* stream, const P&
 }
 
 // ---- dispatch -------------------------------------------------------------------------------
-// Key of one call. k[] holds the shape features the family tunes on, most significant first
-// (rmsnorm: N, M; topk: C, k, R; gemm: N, K, M; grouped_gemm: N, K, mean M, G). Missing ones are 0.
-constexpr int kKeyDims = 4;
-struct DispatchKey {
-  std::string op;       // "rmsnorm_fwd", "topk", "gemm"
-  std::string dtype;    // "bf16"
-  std::string layout;   // "row", "nt", ... ("-" when none)
-  int64_t k[kKeyDims] = {0, 0, 0, 0};
-  std::string str() const;  // for logs: "rmsnorm_fwd bf16 row N=4096 M=8192"
-};
 // Decides the variant for one call:
 //   forced (fly_force_variant) -> overlay DB exact -> embedded DB exact -> nearest bucket in
 //   either (log2 distance, k[0] weighted most) -> `fallback()` (the family's default rule).
@@ -252,14 +243,11 @@ struct ResolvedKernel {
 };
 fly_status resolve_kernel(const DeviceCtx& dc, const DispatchRequest& req, const char* kernel, ResolvedKernel* out);
 
-// One named dimension of a dispatch key ("N" = 4096).
-struct KeyDim {
-  const char* name;
-  int64_t value;
-};
-// The request every op starts from: key (op, dtype, layout, up to three dimensions in the DB's
-// k0, k1, k2 order; missing ones hold 0 and log as "-") and family. The op adds `supports`,
-// `fallback` and `cache_tag`.
+// The request every op starts from: the op's key (dispatch_key.hpp keys::) and family. The op adds
+// `supports`, `fallback` and `cache_tag`.
+DispatchRequest make_request(const char* family, const ShapeKey& key);
+// The same from the key's parts (op, dtype, layout, up to kKeyDims dimensions in the DB's k0, k1,
+// ... order; missing ones hold 0 and log as "-"): tests, and keys no op computes.
 DispatchRequest make_request(const char* family, const char* op, const std::string& dtype, const char* layout,
                              std::initializer_list<KeyDim> dims);
 

@@ -254,21 +254,17 @@ std::string DispatchKey::str() const {
   return s;
 }
 
-DispatchRequest make_request(const char* family, const char* op, const std::string& dtype, const char* layout,
-                             std::initializer_list<KeyDim> dims) {
+DispatchRequest make_request(const char* family, const ShapeKey& key) {
   DispatchRequest req;
   req.family = family;
-  req.key.op = op;
-  req.key.dtype = dtype;
-  req.key.layout = layout;
-  int i = 0;
-  for (const KeyDim& d : dims) {
-    if (i == kKeyDims) break;  // the DB key has kKeyDims dimensions
-    req.key.k[i] = d.value;
-    req.key_names[i++] = d.name;
-  }
-  for (; i < kKeyDims; ++i) req.key_names[i] = "-";
+  req.key = key.key;
+  for (int i = 0; i < kKeyDims; ++i) req.key_names[i] = key.names[i];
   return req;
+}
+
+DispatchRequest make_request(const char* family, const char* op, const std::string& dtype, const char* layout,
+                             std::initializer_list<KeyDim> dims) {
+  return make_request(family, shape_key(op, dtype, layout, dims));
 }
 
 size_t dispatch_cache_size(const std::string& op) {

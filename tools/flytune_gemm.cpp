@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // flytune gemm: for the suite shapes and M buckets (1..16384) of the suite's (N, K) pairs, in each
 // requested layout, checks every bundled gemm variant of the dtype on sampled elements against a
-// double-precision reference, times it, and writes the winner per (dtype, layout, N, K, M).
+// double-precision reference, times it, and writes the winner per (dtype, layout, N, K, M) under
+// the key fly_gemm computed for the shape (fly_last_key).
 //   flytune gemm [--db FILE] [--dump db/sm_90a.sql] [--suite FILE] [--layouts nt,nn,tn,tt]
 //                [--dtype bf16] [--quick] [--max-minutes X] [--variants REGEX] [--times FILE]
 //                [--min-m M] [--max-m M] [--missing] [--rounds R] [--warm-ms 30]
@@ -60,9 +61,12 @@ int tune_gemm(const Args& args) {
     have = dump_keys(path);
     if (have.empty()) throw std::runtime_error("--missing: no tuning rows read from " + path);
   }
+  // Keyed as asked: a shape whose launcher key differs (a "tn" or "tt" one with M = 1, written
+  // under "nn" / "nt") is found only where an older run wrote the asked key, else timed again.
   auto tuned = [&](const std::string& layout, int64_t N, int64_t K, int64_t M) {
-    return !have.empty() && have.count(tuning_key({arch, "gemm", dname, layout, std::to_string(N), std::to_string(K),
-                                                   std::to_string(M), "0"})) != 0;
+    const fly::DispatchKey k = fly::keys::gemm(dname, layout, M, N, K).key;
+    return !have.empty() && have.count(tuning_key({arch, k.op, k.dtype, k.layout, std::to_string(k.k[0]),
+                                                   std::to_string(k.k[1]), std::to_string(k.k[2]), "0"})) != 0;
   };
   size_t todo = 0;
   for (auto& layout : layouts)
@@ -142,13 +146,9 @@ int tune_gemm(const Args& args) {
       TOOL_FLY(fly_force_variant(nullptr));
       if (timed.empty()) continue;
       append_times(args, std::string(dname) + " " + what, timed);
-      TuneRow r;
-      r.op = "gemm";
-      r.dtype = dname;
-      r.layout = layout;
-      r.k0 = N;
-      r.k1 = K;
-      r.k2 = M;
+      // The launcher's key, not (layout, N, K, M) as asked: fly_gemm keys a one-row A or a
+      // one-column B by how it reads them (a "tn" call with M = 1 looks up "nn").
+      TuneRow r = launcher_row("gemm", std::string(dname) + " " + what);
       set_winners(r, timed);
       rows.push_back(r);
       write_tuning_rows(db, "", {r});

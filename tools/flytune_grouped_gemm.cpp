@@ -2,10 +2,11 @@
 // flytune grouped_gemm: for the suite cases (suites/grouped_gemm.json), runs every bundled
 // grouped_gemm variant of the dtype that can take the shape (fly_force_variant), spot-checks it
 // against a double reference, times it (median, L2 flushed) and writes the fastest per dispatch
-// key to the tuning database. Key (src/ops/grouped_gemm.cpp): op grouped_gemm, dtype, layout
-// "nt" | "nn", k0 = N, k1 = K, k2 = mean rows per group rounded up to a power of two, k3 = G. Cases
-// sharing a key (the suite's G = 8, 4096 x 4096 uniform and ragged cases) get the variant with the
-// smallest total time over them.
+// key to the tuning database. The key is the launcher's own function (src/dispatch_key.hpp
+// keys::grouped_gemm: N, K, mean rows per group rounded up to a power of two, G), computed before
+// the runs because cases sharing a key (the suite's G = 8, 4096 x 4096 uniform and ragged cases)
+// get the variant with the smallest total time over them; each case's runs then check it against
+// the key the launcher computed (fly_last_key).
 // A case with its own "layout" (suites/moe.json) is tuned in that one only (default --layouts: every
 // layout the cases carry); ragged-K (dB, "mn") cases are skipped (grouped_suite.hpp).
 //   flytune grouped_gemm [--suite FILE] [--layouts nt,nn] [--dtype bf16] [--quick] [--db F] [--dump F] [--times F]
@@ -55,19 +56,11 @@ int tune_grouped_gemm(const Args& args) {
       const std::vector<int64_t> sizes = c["M"].get<std::vector<int64_t>>();
       const int64_t K = c["K"], N = c["N"], G = int64_t(sizes.size());
       GroupedProblem p(dt, sizes, K, N, layout == "nt", 777 + uint64_t(idx++));
-      int64_t bucket = 1;
-      const int64_t mean = (p.T + G - 1) / G;
-      while (bucket < mean) bucket <<= 1;
-      const std::string key = layout + " " + std::to_string(N) + " " + std::to_string(K) + " " + std::to_string(bucket) +
+      const TuneRow row = key_row(fly::keys::grouped_gemm(dts, layout == "nt", p.T, G, N, K));
+      const std::string key = layout + " " + std::to_string(N) + " " + std::to_string(K) + " " + std::to_string(row.k2) +
                               " G" + std::to_string(G);
       KeyTimes& kt = keys[key];
-      kt.key.op = "grouped_gemm";
-      kt.key.dtype = dts;
-      kt.key.layout = layout;
-      kt.key.k0 = N;
-      kt.key.k1 = K;
-      kt.key.k2 = bucket;
-      kt.key.k3 = G;
+      kt.key = row;
       ++kt.cases;
       std::vector<std::pair<double, std::string>> timed;
       for (const auto& name : variants) {
@@ -92,6 +85,7 @@ int tune_grouped_gemm(const Args& args) {
         ++kt.runs[name];
       }
       TOOL_FLY(fly_force_variant(nullptr));
+      if (!timed.empty()) expect_launcher_key(row, dts + " " + key + " case " + std::to_string(idx - 1));
       std::sort(timed.begin(), timed.end());
       append_times(args, dts + " " + key + " case " + std::to_string(idx - 1), timed);
     }

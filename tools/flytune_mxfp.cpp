@@ -2,10 +2,11 @@
 // flytune mxfp: for the MX suite (suites/mxfp.json: M, N, K; both formats), quantizes random BF16
 // operands with fly_mx_quantize, runs every bundled mxfp variant forced, spot-checks each against
 // the FP64 GEMM of the exactly dequantized operands, times it (median, L2 flushed) and writes the
-// fastest per dispatch key to the tuning database. Key (src/ops/mx.cpp): op scaled_gemm, dtype
-// "mxfp8" | "mxfp4", layout "nt", k0 = N, k1 = K, k2 = M. Every variant gets the workspace
-// fly_scaled_gemm_workspace_size asks for (allocated once per problem), so split-K variants are
-// checked and timed on their split path (FLYKERNELS_LOG=info prints each launch's split count).
+// fastest per dispatch key to the tuning database, under the key the launcher computed
+// (fly_last_key; src/dispatch_key.hpp keys::scaled_gemm: dtype "mxfp8" | "mxfp4", layout "nt",
+// N, K, M). Every variant gets the workspace fly_scaled_gemm_workspace_size asks for (allocated
+// once per problem), so split-K variants are checked and timed on their split path
+// (FLYKERNELS_LOG=info prints each launch's split count).
 //   flytune mxfp [--suite FILE] [--formats mxfp8,mxfp4] [--variants REGEX] [--quick] [--db F] [--dump F] [--times F]
 #include <algorithm>
 #include <cmath>
@@ -143,13 +144,7 @@ int tune_mxfp(const Args& args) {
       if (timed.empty()) continue;
       std::sort(timed.begin(), timed.end());
       append_times(args, key, timed);
-      TuneRow r;
-      r.op = "scaled_gemm";
-      r.dtype = f;
-      r.layout = "nt";
-      r.k0 = N;
-      r.k1 = K;
-      r.k2 = M;
+      TuneRow r = launcher_row("scaled_gemm", key);
       set_winners(r, timed);
       rows.push_back(r);
     }

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "../src/dispatch_key.hpp"  // the library's key functions (header-only)
 #include "dump_key.hpp"
 #include "flykernels/flykernels.h"
 
@@ -179,6 +180,29 @@ inline TuneRow launcher_row(const std::string& op, const std::string& what) {
   r.k2 = k[2];
   r.k3 = k[3];
   return r;
+}
+// A row under a key the library's own key function computed (src/dispatch_key.hpp keys::), for a
+// tool that needs the key before it launches (flytune grouped_gemm groups its cases by key).
+inline TuneRow key_row(const fly::ShapeKey& sk) {
+  TuneRow r;
+  r.op = sk.key.op;
+  r.dtype = sk.key.dtype;
+  r.layout = sk.key.layout;
+  r.k0 = sk.key.k[0];
+  r.k1 = sk.key.k[1];
+  r.k2 = sk.key.k[2];
+  r.k3 = sk.key.k[3];
+  return r;
+}
+// Throws unless this thread's last dispatch (fly_last_key) computed exactly the key of `r`: a row
+// keyed before its launches must be the one the launcher looks up (`what` names the case).
+inline void expect_launcher_key(const TuneRow& r, const std::string& what) {
+  const TuneRow got = launcher_row(r.op, what);
+  if (got.dtype != r.dtype || got.layout != r.layout || got.k0 != r.k0 || got.k1 != r.k1 || got.k2 != r.k2 ||
+      got.k3 != r.k3)
+    throw std::runtime_error("flytune: " + what + ": the launcher keyed it " + got.op + " " + got.dtype + " " +
+                             got.layout + " " + std::to_string(got.k0) + " " + std::to_string(got.k1) + " " +
+                             std::to_string(got.k2) + " " + std::to_string(got.k3) + ", not as the tool did");
 }
 // The winner and runner-up of a row from its (time, variant) list sorted fastest first (non-empty).
 inline void set_winners(TuneRow& r, const std::vector<std::pair<double, std::string>>& timed) {

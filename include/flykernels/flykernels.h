@@ -109,7 +109,8 @@ FLY_API const char* fly_last_decision(void);
  * op ("rmsnorm_fwd", "attention_fwd", ...), dtype, layout and the shape features k[0..3] (unused
  * ones 0). Tools record it rather than recomputing the launcher's key. Any output may be NULL;
  * the strings stay valid until this thread's next dispatch. Before any dispatch on this thread:
- * "" and zeros. An op that launches several kernels (a split decode and its merge, say) leaves
+ * "" and zeros. A call refused before it dispatches (bad arguments, no device) leaves it as it was;
+ * other threads' calls never change it. An op that launches several kernels (a split decode and its merge, say) leaves
  * the key of the last one it dispatched. */
 FLY_API void fly_last_key(const char** op, const char** dtype, const char** layout, int64_t k[4]);
 /* Architecture string of the current device ("sm_90a"), or an error. */

@@ -56,7 +56,7 @@ std::string default_variant(const std::string& dir, fly_dtype dt) {
 fly_status resolve(const DeviceCtx& dc, bool fwd, fly_dtype dt, int64_t M, int64_t N, ResolvedKernel* rk) {
   const char* op = fwd ? "add_rmsnorm_fwd" : "add_rmsnorm_bwd";
   const std::string dir = fwd ? "fwd" : "bwd";
-  DispatchRequest req = make_request(kFamily, op, dtype_name(dt), "row", {{"N", N}, {"M", M}});
+  DispatchRequest req = make_request(kFamily, keys::add_rmsnorm(fwd, dtype_name(dt), M, N));
   // A backward whose row does not fit the variant's registers takes a second pass that rereads dy
   // and h (1.5x slower than a variant that holds the row): a nearest row's winner is taken only
   // where it holds the row, else the default (which holds the most of the bundled ones).

@@ -200,9 +200,8 @@ extern "C" FLY_API fly_status fly_attention_fwd(const fly_attention_fwd_params* 
   if (params->workspace && params->workspace_bytes > 0)
     FLY_TRY(check_device_bytes(params->workspace, int64_t(params->workspace_bytes), "workspace"));
 
-  const std::string layout = attn_common::key_layout(c.hd, c.s.causal, c.s.Hq, c.s.Hkv);
-  DispatchRequest req = make_request(kFamily, "attention_fwd", dtype_name(c.dt), layout.c_str(),
-                                     {{"Sk", s.Sk}, {"Sq", s.Sq}, {"BH", s.B * s.Hq}});
+  DispatchRequest req =
+      make_request(kFamily, keys::attention(true, dtype_name(c.dt), c.hd, s.causal, s.B, s.Hq, s.Hkv, s.Sq, s.Sk));
   const fly_dtype dt = c.dt;
   const int hd = c.hd;
   const int smem_max = dc->max_smem_optin;

@@ -251,9 +251,8 @@ extern "C" FLY_API fly_status fly_attention_bwd(const fly_attention_bwd_params* 
   FLY_TRY(check_device_pointer(*prm.dv, "dv"));
   FLY_TRY(check_device_bytes(prm.workspace, c.need, "workspace"));
 
-  const std::string layout = attn_common::key_layout(c.hd, c.s.causal, c.s.Hq, c.s.Hkv);
-  DispatchRequest req = make_request(kFamily, "attention_bwd", dtype_name(c.dt), layout.c_str(),
-                                     {{"Sk", s.Sk}, {"Sq", s.Sq}, {"BH", s.B * s.Hq}});
+  DispatchRequest req =
+      make_request(kFamily, keys::attention(false, dtype_name(c.dt), c.hd, s.causal, s.B, s.Hq, s.Hkv, s.Sq, s.Sk));
   const fly_dtype dt = c.dt;
   const int hd = c.hd;
   const int smem_max = dc->max_smem_optin;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the attention forward and backward launchers (src/ops/attention.cpp, attention_bwd.cpp)
-// share: argument checks (the same rules give the same messages in both), the dispatch key's
-// layout field and the TMA map of a [B, H, S, D] operand.
+// share: argument checks (the same rules give the same messages in both) and the TMA map of a
+// [B, H, S, D] operand. Their dispatch key is dispatch_key.hpp's keys::attention.
 #pragma once
 
 #include <algorithm>
@@ -132,11 +132,6 @@ inline fly_status check_kv_of_q(const fly_tensor& k, const fly_tensor& q) {
                 ", %" PRId64 ", %" PRId64 "] (k must be [B, Hkv, Sk, D])",
                 k.sizes[0], k.sizes[1], k.sizes[2], k.sizes[3], q.sizes[0], q.sizes[1], q.sizes[2], q.sizes[3]);
   return FLY_SUCCESS;
-}
-
-// Layout field of the dispatch key: compiled head dim, causal, GQA ratio ("d128_causal_g4").
-inline std::string key_layout(int hd, bool causal, int64_t hq, int64_t hkv) {
-  return "d" + std::to_string(hd) + (causal ? "_causal" : "_full") + "_g" + std::to_string(hq / hkv);
 }
 
 // A [dims...] TMA map over one operand ({D, S, H, B}), box {64, box_rows, box_heads, 1}; a size-1

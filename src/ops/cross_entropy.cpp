@@ -36,7 +36,7 @@ std::string default_variant(fly_dtype dt, int64_t cols) {
 }
 
 fly_status resolve(const DeviceCtx& dc, fly_dtype dt, int64_t M, int64_t V, ResolvedKernel* rk) {
-  DispatchRequest req = make_request(kFamily, "cross_entropy", dtype_name(dt), "row", {{"V", V}, {"M", M}});
+  DispatchRequest req = make_request(kFamily, keys::cross_entropy(dtype_name(dt), M, V));
   req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
   const int64_t cols = (V + int64_t(16 / dtype_size(dt)) - 1) / int64_t(16 / dtype_size(dt));
   req.fallback = [dt, cols] { return default_variant(dt, cols); };

@@ -98,7 +98,7 @@ fly_status validate(const fly_tensor* a, const fly_tensor* b, const fly_tensor* 
     return fail(FLY_ERROR_UNSUPPORTED, "a/b: dimensions M=%" PRId64 " N=%" PRId64 " K=%" PRId64 " exceed the kernels' 2^31 limit",
                 M, N, K);
   out->dt = dt;
-  out->layout = std::string(a_row ? "n" : "t") + (b_row ? "n" : "t");
+  out->layout = keys::gemm_layout(a_row, b_row);
   gemm::Problem& p = out->pr;
   p.M = M;
   p.N = N;
@@ -245,8 +245,8 @@ fly_status launch_odd(const DeviceCtx& dc, const Variant& v, const gemm::Problem
 // A call TMA cannot address: the cp.async kernel, through the dispatch of op "gemm_odd" (a forced
 // variant, else the fallback: no database rows name this op).
 fly_status run_odd(const DeviceCtx& dc, const GemmCall& call, void* stream) {
-  DispatchRequest req = make_request(kFamily, "gemm_odd", dtype_name(call.dt), call.layout.c_str(),
-                                     {{"N", call.pr.N}, {"K", call.pr.K}, {"M", call.pr.M}});
+  DispatchRequest req =
+      make_request(kFamily, keys::gemm(dtype_name(call.dt), call.layout, call.pr.M, call.pr.N, call.pr.K, true));
   const fly_dtype dt = call.dt;
   req.supports = [dt](const Variant& v) { return is_odd(v) && v.get("dtype") == dtype_name(dt); };
   req.fallback = [dt] { return default_odd_variant(dt); };
@@ -262,8 +262,7 @@ fly_status run_odd(const DeviceCtx& dc, const GemmCall& call, void* stream) {
 // the TMA and decode kernels (or a forced variant, a cp.async one included).
 fly_status run_tma(const DeviceCtx& dc, const GemmCall& call, void* workspace, size_t workspace_bytes, void* stream) {
   const gemm::Problem& pr = call.pr;
-  DispatchRequest req =
-      make_request(kFamily, "gemm", dtype_name(call.dt), call.layout.c_str(), {{"N", pr.N}, {"K", pr.K}, {"M", pr.M}});
+  DispatchRequest req = make_request(kFamily, keys::gemm(dtype_name(call.dt), call.layout, pr.M, pr.N, pr.K));
   const fly_dtype dt = call.dt;
   const int sms = dc.sm_count;
   const gemm::Problem prob = pr;

@@ -90,7 +90,7 @@ fly_status run(bool fwd, const fly_tensor* dout, const fly_tensor* gate, const f
 
   const char* op = fwd ? "glu_fwd" : "glu_bwd";
   const std::string dir = fwd ? "fwd" : "bwd";
-  DispatchRequest req = make_request(kFamily, op, dtype_name(dt), "row", {{"N", N}, {"M", M}});
+  DispatchRequest req = make_request(kFamily, keys::glu(fwd, dtype_name(dt), M, N));
   req.supports = [dt, dir](const Variant& v) { return v.get("dtype") == dtype_name(dt) && v.get("dir") == dir; };
   req.fallback = [dt, dir] { return std::string("glu_") + dir + "_" + dtype_name(dt); };
   ResolvedKernel rk;

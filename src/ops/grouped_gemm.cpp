@@ -32,14 +32,6 @@ struct GroupedCall {
   int64_t ldc = 0;
 };
 
-// Mean rows per group, rounded up to a power of two: the dispatch key's M bucket.
-int64_t mean_m_bucket(int64_t T, int64_t G) {
-  const int64_t mean = G > 0 ? (T + G - 1) / G : 0;
-  int64_t b = 1;
-  while (b < mean && b < (int64_t(1) << 30)) b <<= 1;
-  return b;
-}
-
 // Both modes: a FP16 or BF16, b, c (and bias) of a's dtype, offs int32 (`offs_what`: what its
 // entries are, for the message).
 fly_status check_dtypes(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c, const fly_tensor* bias,
@@ -333,8 +325,6 @@ bool k_variant_fits(const Variant& v, const KCall& k) {
   return q_cols % 64 == 0;
 }
 
-// Mean k per group, rounded up to a power of two: the dispatch key's third dimension.
-int64_t mean_k_bucket(int64_t Ktot, int64_t G) { return mean_m_bucket(Ktot, G); }
 
 // Default (tuning/grouped_gemm.json "defaults" of mode k): 128 x 256 staged tiles, 128 x 128 when
 // N <= 128 (a 256-wide tile would be half padding).
@@ -369,8 +359,8 @@ fly_status run_k(const KCall& call, void* workspace, size_t workspace_bytes, voi
 
   // Key: (dtype, layout "mn": a's contiguous dimension m, b's n (the one order taken); N, M,
   // mean-k bucket, G).
-  DispatchRequest req = make_request(kFamily, "grouped_gemm_k", dtype_name(call.dt), "mn",
-                                     {{"N", call.N}, {"M", call.M}, {"K", mean_k_bucket(call.Ktot, call.G)}, {"G", call.G}});
+  DispatchRequest req =
+      make_request(kFamily, keys::grouped_gemm_k(dtype_name(call.dt), call.M, call.N, call.Ktot, call.G));
   const KCall cc = call;
   req.supports = [cc](const Variant& v) { return k_variant_fits(v, cc); };
   req.fallback = [cc] { return default_variant_k(cc); };
@@ -501,8 +491,8 @@ extern "C" FLY_API fly_status fly_grouped_gemm(const fly_tensor* a, const fly_te
 
   // Key: (dtype, B order; N, K, mean-M bucket, G): a G without rows of its own takes the nearest
   // G's (log2 distance, weighted as the mean M).
-  DispatchRequest req = make_request(kFamily, "grouped_gemm", dtype_name(call.dt), call.b_kmajor ? "nt" : "nn",
-                                     {{"N", call.N}, {"K", call.K}, {"M", mean_m_bucket(call.T, call.G)}, {"G", call.G}});
+  DispatchRequest req =
+      make_request(kFamily, keys::grouped_gemm(dtype_name(call.dt), call.b_kmajor, call.T, call.G, call.N, call.K));
   const GroupedCall cc = call;
   req.supports = [cc](const Variant& v) { return variant_fits(v, cc); };
   req.fallback = [cc] { return default_variant(cc); };

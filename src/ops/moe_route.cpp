@@ -130,7 +130,7 @@ fly_status run_route(bool fwd, const fly_tensor* logits, const fly_tensor* dweig
   if (!fwd) FLY_TRY(check_device_pointer(*dlogits, "dlogits"));
 
   const char* op = fwd ? "moe_route_fwd" : "moe_route_bwd";
-  DispatchRequest req = make_request(kFamily, op, dtype_name(dt), "row", {{"E", E}, {"k", k}, {"T", T}});
+  DispatchRequest req = make_request(kFamily, keys::moe_route(fwd, dtype_name(dt), T, E, k));
   req.supports = [](const Variant& v) { return starts_with(v.name, "moe_route_router_"); };
   req.fallback = [] { return std::string("moe_route_router_w4"); };
   const int per_lane = E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : 32;  // registers per lane: E <= 32 * per_lane
@@ -201,7 +201,7 @@ bool rows_vec(std::initializer_list<const fly_tensor*> ts, int64_t H, int64_t es
 
 fly_status resolve_rows(const DeviceCtx& dc, const char* op, const char* kernel, fly_dtype dt, int64_t H, int64_t rows,
                         ResolvedKernel* rk) {
-  DispatchRequest req = make_request(kFamily, op, dtype_name(dt), "row", {{"H", H}, {"rows", rows}});
+  DispatchRequest req = make_request(kFamily, keys::moe_rows(op, dtype_name(dt), rows, H));
   req.supports = [](const Variant& v) { return starts_with(v.name, "moe_route_rows_"); };
   const int64_t bytes = H * int64_t(dtype_size(dt));
   req.fallback = [bytes] { return std::string(bytes <= 2048 ? "moe_route_rows_t128" : "moe_route_rows_t256"); };
@@ -276,7 +276,7 @@ fly_status run_permute(const fly_tensor* x, const fly_tensor* ids, const fly_ten
     FLY_TRY(check_device_pointer(*x_perm, "x_perm"));
   }
 
-  DispatchRequest req = make_request(kFamily, "moe_sort", dtype_name(ids->dtype), "-", {{"E", E}, {"N", N}});
+  DispatchRequest req = make_request(kFamily, keys::moe_sort(dtype_name(ids->dtype), E, N));
   req.supports = [](const Variant& v) { return starts_with(v.name, "moe_route_sort_"); };
   req.fallback = [] { return std::string("moe_route_sort_t256"); };
   ResolvedKernel hist;

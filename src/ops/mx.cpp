@@ -283,8 +283,7 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   FLY_TRY(check_on_device(a, nullptr, b, scale_b, bias, c, workspace, workspace_bytes));
 
   const fly_dtype act = a->dtype;
-  const std::string key_dtype = std::string(dtype_name(act)) + "_" + mx_fmt_name(fp4);
-  DispatchRequest req = make_request("mx_decode", "scaled_gemm_wo", key_dtype, "nt", {{"N", N}, {"K", K}, {"M", M}});
+  DispatchRequest req = make_request("mx_decode", keys::scaled_gemm_weight_only(dtype_name(act), fp4, M, N, K));
   const int smem_max = dc->max_smem_optin;
   req.supports = [act, fp4, M, smem_max](const Variant& v) {
     const int mt = int(v.get_int("mt", 0)), nw = int(v.get_int("nw", 0)), rpw = int(v.get_int("rpw", 0));
@@ -386,8 +385,7 @@ extern "C" FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, c
   FLY_TRY(check_device_pointer(*q, "q"));
   FLY_TRY(check_device_pointer(*scales, "scales"));
 
-  DispatchRequest req = make_request("mx_quantize", "mx_quantize", dtype_name(dt), fp4 ? "e2m1" : "e4m3",
-                                     {{"K", K}, {"M", M}});
+  DispatchRequest req = make_request("mx_quantize", keys::mx_quantize(dtype_name(dt), fp4, M, K));
   req.fallback = [] { return std::string("mx_quantize_t256_hw1"); };
   ResolvedKernel rk;
   FLY_TRY(resolve_kernel(*dc, req, "mx_quantize", &rk));
@@ -509,8 +507,7 @@ extern "C" FLY_API fly_status fly_scaled_gemm(const fly_tensor* a, const fly_ten
   FLY_TRY(guard.enter(stream, &dc));
   FLY_TRY(check_on_device(a, scale_a, b, scale_b, bias, c, workspace, workspace_bytes));
 
-  DispatchRequest req = make_request("mxfp", "scaled_gemm", fp4 ? "mxfp4" : "mxfp8", "nt",
-                                     {{"N", N}, {"K", K}, {"M", M}});
+  DispatchRequest req = make_request("mxfp", keys::scaled_gemm(fp4, M, N, K));
   req.fallback = [] { return std::string("mxfp_gemm_m64_n64"); };
   // A split-K winner needs the workspace its split launch writes: without it (NULL or too small)
   // the row's runner-up runs instead (an unsplit variant timed beside it), not the split variant

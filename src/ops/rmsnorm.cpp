@@ -120,7 +120,7 @@ extern "C" FLY_API fly_status fly_rms_norm_fwd(const fly_tensor* x, const fly_te
   if (weight) FLY_TRY(check_device_pointer(*weight, "weight"));
   if (rstd) FLY_TRY(check_device_pointer(*rstd, "rstd"));
 
-  DispatchRequest req = make_request(kFamily, "rmsnorm_fwd", dtype_name(dt), "row", {{"N", N}, {"M", M}});
+  DispatchRequest req = make_request(kFamily, keys::rmsnorm(dtype_name(dt), M, N));
   req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
   req.fallback = [dt, N] { return default_variant(dt, N); };
   ResolvedKernel rk;

@@ -153,7 +153,7 @@ fly_status run(bool bwd, const fly_tensor* q, const fly_tensor* k, const fly_ten
   FLY_TRY(check_device_pointer(*cos, "cos"));
   FLY_TRY(check_device_pointer(*sin, "sin"));
 
-  DispatchRequest req = make_request(kFamily, "rope", dtype_name(dt), "bhsd", {{"D", D}, {"S", S}});
+  DispatchRequest req = make_request(kFamily, keys::rope(dtype_name(dt), S, D));
   req.supports = [dt](const Variant& v) { return v.get("dtype") == dtype_name(dt); };
   req.fallback = [dt] { return std::string("rope_") + dtype_name(dt); };
   ResolvedKernel rk;

@@ -170,7 +170,7 @@ extern "C" FLY_API fly_status fly_topk(const fly_tensor* x, int64_t k, int large
   if (need > 0) FLY_TRY(check_device_bytes(workspace, need, "workspace"));
 
   DispatchRequest req =
-      make_request(kFamily, "topk", deterministic ? "fp32_det" : "fp32", "row", {{"C", C}, {"k", k}, {"R", R}});
+      make_request(kFamily, keys::topk(deterministic, R, C, k));
   req.supports = [R, C, k](const Variant& v) { return variant_supports(v, R, C, k); };
   req.fallback = [R, C, k] { return default_variant(R, C, k); };
   const Variant* v = nullptr;
