@@ -549,7 +549,7 @@ def test_hf_patched_moe_path_reads_the_quantized_experts(order, monkeypatch):
     ref_model = flykernels.quantize_(copy.deepcopy(model), "mxfp8")
     with torch.no_grad():
         ref = ref_model(input_ids=ids).logits
-    kw = dict(rms_norm=False, glu=False, rope=False, add_rms_norm=False, moe=True)
+    kw = dict(rms_norm=False, glu=False, rope=False, add_rms_norm=False, moe=True, causal_mask=False)
     if order == "quantize_then_patch":
         flykernels.quantize_(model, "mxfp8")
         report = flykernels.patch(model, **kw)
