@@ -57,6 +57,15 @@ def _ours_where_eligible(request):
         yield
 
 
+def sdpa_off_cudnn():
+    """SDPA's stock backends without cuDNN: on small Hugging Face models cuDNN's SDPA allocates a
+    workspace inside a CUDA-graph capture (CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED, H100,
+    torch 2.11), which invalidates the capture and leaves the context unusable for later tests. For
+    graph tests about other layers than attention."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def graph_logits(model, ids):
     """The logits of model(input_ids=ids) captured in a CUDA graph and replayed once: two warm-up
     calls on a side stream first (lazy kernel loads and allocator growth happen outside the capture,

@@ -227,13 +227,9 @@ def test_hugging_face_llama_logits(fmt, act):
 @pytest.mark.parametrize("fmt,act", HF_CASES)
 def test_hugging_face_llama_cuda_graph(fmt, act):
     """The whole quantized model captured in a CUDA graph replays to eager."""
-    from conftest import graph_logits
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from conftest import graph_logits, sdpa_off_cudnn
     _, model, _, ids = _hf_llama(fmt, act)
-    # attention off cuDNN: its SDPA allocates a workspace inside the capture on this small model
-    # (CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED, H100, torch 2.11), which is not what
-    # this test is about and leaves the context unusable for every later test
-    with torch.no_grad(), sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+    with torch.no_grad(), sdpa_off_cudnn():
         a = model(input_ids=ids, use_cache=False).logits.float()
         g = graph_logits(model, ids)
     assert rel_err(g, a) < 1e-2
