@@ -71,12 +71,19 @@ constexpr bool kFp4 = false;
 #else
 #error "mx_decode: FLY_FMT_IS_E4M3 or FLY_FMT_IS_E2M1 must be defined"
 #endif
-#if defined(FLY_LD_IS_WIDE)
+#if defined(FLY_LD_IS_WIDE) || defined(FLY_LD_IS_WIDE2)
 #define FLY_MXD_WIDE 1
 constexpr bool kWide = true;
 static_assert(kBf16, "mx_decode wide: BF16 activations only (FP16's range cannot hold the prescaled weights)");
 #else
 constexpr bool kWide = false;
+#endif
+// Wide: 128-k sub-stages per stage (ld = wide2: two, loaded together, so a quad's two loads of a
+// row cover twice the contiguous bytes: 128 (MXFP4) or 256 (MXFP8))
+#if defined(FLY_LD_IS_WIDE2)
+constexpr int NSUB = 2;
+#else
+constexpr int NSUB = 1;
 #endif
 // Whether the kernel checks its weights for the fast path's range and recomputes flagged tiles
 // exactly (the wide kernel's MXFP8: mx_decode.h wide_e4m3_scale_ok; MXFP4 is exact for every byte).
@@ -94,12 +101,12 @@ constexpr int DEPTH = FLY_DEPTH;
 constexpr int MI = RPW / 16;                 // 16-row m tiles per warp
 constexpr int ROWS = NW * RPW;               // W rows per CTA
 constexpr int ACT_ROWS = 8 * MT;             // activation rows in the ring (TMA zero-fills past M)
-constexpr int KS = fly::mxd::stage_k(kWide);  // k per stage
+constexpr int KS = fly::mxd::stage_k(kWide, NSUB);  // k per stage
 constexpr int BOX_BYTES = ACT_ROWS * 128;     // one 64-k TMA box of them, 128B-swizzled
 constexpr int STAGE_BYTES = BOX_BYTES * (KS / 64);
 constexpr int THREADS = fly::mxd::threads_per_cta(NW);
 using PartialLayout = fly::gemm::PartialLayoutT<ACT_ROWS, ROWS>;
-constexpr int REGION = fly::mxd::region_bytes(NW, RPW, MT, kWide);
+constexpr int REGION = fly::mxd::region_bytes(NW, RPW, MT, kWide, NSUB);
 using ActRing = fly::gemm::StageRing<kStages, STAGE_BYTES, REGION>;
 using RingPos = fly::gemm::RingPos<kStages>;
 static_assert(REGION >= STAGE_BYTES * kStages && REGION >= ACT_ROWS * (ROWS + 4) * 4, "the ring and the partial tile");
@@ -108,16 +115,17 @@ static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8, "activation tile: 8, 16,
 static_assert(DEPTH >= 1 && DEPTH <= 12, "k stages in flight");
 // the MXFP4 widening table in front, 64 KiB-aligned (up to 64 KiB of padding before it)
 constexpr int LUT_SPAN = kFp4 ? 2 * fly::mxd::kLutSpan : 0;
-static_assert(fly::mxd::smem_bytes(NW, RPW, MT, kFp4, kWide) == LUT_SPAN + REGION + 2 * kStages * 8 + 1024, "host sizing");
+static_assert(fly::mxd::smem_bytes(NW, RPW, MT, kFp4, kWide, NSUB) == LUT_SPAN + REGION + 2 * kStages * 8 + 1024, "host sizing");
 
 // One 64-wide k stage of a lane's W rows in registers: [m tile][row g, g + 8][32-k block], the
 // weight bytes and the E8M0 scale bytes.
 #if defined(FLY_MXD_WIDE)
-// Wide: per m tile and row (g, g + 8) the lane's 32-k block: 16 bytes (MXFP4) or 32 (MXFP8), and
-// its scale byte.
+// Wide: per m tile and row (g, g + 8) the lane's 32-k block of each sub-stage: 16 bytes (MXFP4) or
+// 32 (MXFP8), and its scale byte.
+constexpr int kWPerSub = kFp4 ? 1 : 2;  // 16-byte words of a lane's block
 struct WStage {
-  uint4 w[MI][2][kFp4 ? 1 : 2];
-  uint32_t s[MI][2];
+  uint4 w[MI][2][NSUB * kWPerSub];
+  uint32_t s[MI][2][NSUB];
 };
 #else
 struct WStage {
@@ -244,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
   auto issue = [&](int i) {
     uint64_t* fb = ring.acquire(fill, STAGE_BYTES);
 #pragma unroll
-    for (int b = 0; b < KS / 64; ++b)  // the wide kernel's 128-k stage: two 64-k boxes
+    for (int b = 0; b < KS / 64; ++b)  // the wide kernel's 128-k sub-stages: two 64-k boxes each
       fly::sm90::tma_load_2d(ring.stage_ptr(fill.stage) + b * BOX_BYTES, &p.tm_a, fb, (kst0 + i) * KS + 64 * b, 0);
     fill.advance();
   };
@@ -257,8 +265,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #if defined(FLY_MXD_WIDE)
     // Per lane and row (m tile i, half h): the row's weight and scale pointers at the CTA's first
     // stage, at this lane's block (c) of it. Rows past N read row N - 1 (never stored).
-    constexpr int kSB = kFp4 ? 64 : 128;  // weight bytes of one 128-k stage of a row
-    constexpr int kLB = kSB / 4;          // ... of one lane's 32-k block
+    constexpr int kSub = kFp4 ? 64 : 128;  // weight bytes of one 128-k sub-stage of a row
+    constexpr int kSB = NSUB * kSub;       // ... of a stage
+    constexpr int kLB = kSub / 4;          // ... of one lane's 32-k block
     const uint8_t* wrow[MI][2];
     const uint8_t* srow[MI][2];
 #pragma unroll
@@ -267,23 +276,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
       for (int h = 0; h < 2; ++h) {
         const int n = min(row0 + warp * RPW + i * 16 + g + 8 * h, p.N - 1);
         wrow[i][h] = p.w + int64_t(n) * p.ldw + int64_t(kst0) * kSB + kLB * c;
-        srow[i][h] = p.sw + int64_t(n) * nblk + 4 * kst0 + c;
+        srow[i][h] = p.sw + int64_t(n) * nblk + 4 * NSUB * kst0 + c;
       }
-    // stages of this CTA in which this lane's block is inside K
-    const int nks_lane = max(0, min(nks, (nblk - c + 3) / 4 - kst0));
+    // stages of this CTA in which this lane's block of sub-stage q is inside K (block
+    // 4 (NSUB st + q) + c < nblk)
+    int nks_lane[NSUB];
+#pragma unroll
+    for (int q = 0; q < NSUB; ++q) nks_lane[q] = max(0, min(nks, ((nblk - c - 4 * q + 3) / 4 + NSUB - 1) / NSUB - kst0));
     // Stage `it` into b (as the quad-block kernel's load_w): a lane whose block lies past K keeps
     // its registers (zeros at first, else this row's earlier prescaled weights: finite, or NaN
     // in a row already NaN), multiplied by the zero-filled activations there.
     auto load_w = [&](WStage& b, const uint8_t* const (&wg)[MI][2], const uint8_t* const (&sg)[MI][2], int jo, int it) {
-      const bool on = it < nks_lane;
 #pragma unroll
-      for (int i = 0; i < MI; ++i)
+      for (int q = 0; q < NSUB; ++q) {
+        const bool on = it < nks_lane[q];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-          for (int q = 0; q < (kFp4 ? 1 : 2); ++q) ld_w16(b.w[i][h][q], wg[i][h] + jo * kSB + 16 * q, on);
-          ld_s8(b.s[i][h], sg[i][h] + 4 * jo, on);
-        }
+          for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int u = 0; u < kWPerSub; ++u)
+              ld_w16(b.w[i][h][q * kWPerSub + u], wg[i][h] + jo * kSB + q * kSub + 16 * u, on);
+            ld_s8(b.s[i][h][q], sg[i][h] + 4 * NSUB * jo + 4 * q, on);
+          }
+      }
     };
     // Lane (g, c)'s B fragment of k16 step 2j + s: activation row 8t + g, k 32c + 8j + 4s + {0..3}
     // of the stage: box c / 2, 16-byte chunk 4 (c % 2) + j, at chunk ^ (row % 8) under the 128-byte
@@ -291,18 +307,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
     const uint32_t b_lane = uint32_t((c >> 1) * BOX_BYTES + g * 128);
     const uint32_t b_chunk = uint32_t(4 * (c & 1)) ^ uint32_t(g);
     auto compute = [&](const WStage& b, const uint8_t* st) {
-      const uint32_t st_s = uint32_t(__cvta_generic_to_shared(st)) + b_lane;
+#pragma unroll
+     for (int sub = 0; sub < NSUB; ++sub) {
+      const uint32_t st_s = uint32_t(__cvta_generic_to_shared(st)) + uint32_t(sub * 2 * BOX_BYTES) + b_lane;
       uint32_t mul[MI][2];
 #pragma unroll
       for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          mul[i][h] = fly::mxd::wide_mult16(b.s[i][h], kFp4) * 0x10001u;
-          if constexpr (!kFp4) {
-            bad |= fly::mxd::wide_e4m3_scale_ok(b.s[i][h]) ? 0u : 1u;
+          mul[i][h] = fly::mxd::wide_mult16(b.s[i][h][sub], kFp4) * 0x10001u;
+          if constexpr (kExactFallback) {
+            bad |= fly::mxd::wide_e4m3_scale_ok(b.s[i][h][sub]) ? 0u : 1u;
 #pragma unroll
-            for (int q = 0; q < 2; ++q) {  // an E4M3 NaN code (x111 1111) in any byte
-              const uint4 w = b.w[i][h][q];
+            for (int q = 0; q < kWPerSub; ++q) {  // an E4M3 NaN code (x111 1111) in any byte
+              const uint4 w = b.w[i][h][sub * kWPerSub + q];
               bad |= (((w.x & 0x7F7F7F7Fu) + 0x01010101u) | ((w.y & 0x7F7F7F7Fu) + 0x01010101u) |
                       ((w.z & 0x7F7F7F7Fu) + 0x01010101u) | ((w.w & 0x7F7F7F7Fu) + 0x01010101u)) & 0x80808080u;
             }
@@ -319,14 +337,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #pragma unroll
           for (int s2 = 0; s2 < 2; ++s2) {
 #if defined(FLY_FMT_IS_E2M1)
-            const uint32_t q0 = word_of(b.w[i][0][0], j), q1 = word_of(b.w[i][1][0], j);
+            const uint32_t q0 = word_of(b.w[i][0][sub], j), q1 = word_of(b.w[i][1][sub], j);
             a[s2][0] = mul_bf16x2(widen_e2m1(q0, 2 * s2, lut_lane), mul[i][0]);
             a[s2][1] = mul_bf16x2(widen_e2m1(q1, 2 * s2, lut_lane), mul[i][1]);
             a[s2][2] = mul_bf16x2(widen_e2m1(q0, 2 * s2 + 1, lut_lane), mul[i][0]);
             a[s2][3] = mul_bf16x2(widen_e2m1(q1, 2 * s2 + 1, lut_lane), mul[i][1]);
 #else
-            const uint32_t w0 = word_of(b.w[i][0][j >> 1], 2 * (j & 1) + s2),
-                           w1 = word_of(b.w[i][1][j >> 1], 2 * (j & 1) + s2);
+            const uint32_t w0 = word_of(b.w[i][0][sub * kWPerSub + (j >> 1)], 2 * (j & 1) + s2),
+                           w1 = word_of(b.w[i][1][sub * kWPerSub + (j >> 1)], 2 * (j & 1) + s2);
             a[s2][0] = mul_bf16x2(fly::mxd::e4m3x2_place_bf16(w0, false), mul[i][0]);
             a[s2][1] = mul_bf16x2(fly::mxd::e4m3x2_place_bf16(w1, false), mul[i][1]);
             a[s2][2] = mul_bf16x2(fly::mxd::e4m3x2_place_bf16(w0, true), mul[i][0]);
@@ -340,6 +358,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
           }
         }
       }
+     }
     };
 #else
     // Per lane and row (m tile i, half h): the row's weight and scale pointers at the CTA's first
@@ -443,8 +462,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
         for (int h = 0; h < 2; ++h) {
 #if defined(FLY_MXD_WIDE)
 #pragma unroll
-          for (int q = 0; q < (kFp4 ? 1 : 2); ++q) buf[j].w[i][h][q] = make_uint4(0u, 0u, 0u, 0u);
-          buf[j].s[i][h] = 127u;
+          for (int q = 0; q < NSUB * kWPerSub; ++q) buf[j].w[i][h][q] = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+          for (int q = 0; q < NSUB; ++q) buf[j].s[i][h][q] = 127u;
 #else
 #pragma unroll
           for (int kb = 0; kb < 2; ++kb) {
@@ -526,7 +546,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
     // arithmetic, on the CUDA cores). Only tiles holding an MXFP8 scale byte outside 3..134 or an
     // E4M3 NaN code get here.
     const __nv_bfloat16* a = static_cast<const __nv_bfloat16*>(p.a);
-    const int b_begin = 4 * kst0, b_end = min(nblk, 4 * (kst0 + nks));
+    const int b_begin = 4 * NSUB * kst0, b_end = min(nblk, 4 * NSUB * (kst0 + nks));
     for (int e = int(threadIdx.x); e < ACT_ROWS * ROWS; e += THREADS) {
       const int m = e / ROWS, nl = e % ROWS, n = row0 + nl;
       float sum = 0.f;

@@ -37,7 +37,8 @@ struct DecodeParams {
 constexpr int kStages = 8;  // activation ring depth (k stages)
 // k per stage: 64 for the quad-block kernel, 128 for the wide one (ld = wide: one 32-k block per
 // lane and row a stage, 16-byte weight loads; docs/mxfp.md "Wide decode kernel").
-inline constexpr int stage_k(bool wide) { return wide ? 128 : 64; }
+// ld = wide2: two 128-k sub-stages a stage (nsub = 2).
+inline constexpr int stage_k(bool wide, int nsub = 1) { return wide ? 128 * nsub : 64; }
 
 inline constexpr int rows_per_cta(int nw, int rpw) { return nw * rpw; }
 inline constexpr int threads_per_cta(int nw) { return nw * 32; }
@@ -45,13 +46,13 @@ inline constexpr int imax(int a, int b) { return a > b ? a : b; }
 // Dynamic shared memory: (MXFP4: the widening table,) 1 KiB alignment slack, then the activation ring (reused after the main
 // loop for the fp32 partial tile, C's [8 mt][rows] block with rows padded by 4 floats, as
 // gemm_reduce.cuh lays it out), then the ring's barriers.
-inline constexpr int region_bytes(int nw, int rpw, int mt, bool wide = false) {
-  return imax(kStages * mt * 8 * 2 * stage_k(wide), mt * 8 * (rows_per_cta(nw, rpw) + 4) * 4);
+inline constexpr int region_bytes(int nw, int rpw, int mt, bool wide = false, int nsub = 1) {
+  return imax(kStages * mt * 8 * 2 * stage_k(wide, nsub), mt * 8 * (rows_per_cta(nw, rpw) + 4) * 4);
 }
 // MXFP4 variants add the widening table (kLutSpan, below) in front, 64 KiB-aligned in the shared
 // window (so a lookup's address is one PRMT): up to 64 KiB of padding before it.
-inline constexpr int smem_bytes(int nw, int rpw, int mt, bool fp4, bool wide = false) {
-  return region_bytes(nw, rpw, mt, wide) + 2 * kStages * 8 + 1024 + (fp4 ? 2 * 256 * 256 : 0);
+inline constexpr int smem_bytes(int nw, int rpw, int mt, bool fp4, bool wide = false, int nsub = 1) {
+  return region_bytes(nw, rpw, mt, wide, nsub) + 2 * kStages * 8 + 1024 + (fp4 ? 2 * 256 * 256 : 0);
 }
 
 struct Shape {
@@ -61,6 +62,7 @@ struct Shape {
   int cl = 0;    // cluster size (K split); 0: choose_cluster
   bool fp4 = false;  // MXFP4 weights (the widening table in shared memory)
   bool wide = false;  // the wide kernel (128-k stages)
+  int nsub = 1;       // its 128-k sub-stages a stage (ld = wide2: 2)
 };
 
 // The cluster size when the variant does not force one: of 1..8 (any size: N = 6144 at 256 rows
@@ -83,7 +85,7 @@ inline Launch plan(int64_t N, int64_t K, const Shape& v, int sm_count) {
   Launch L{};
   const int rows = rows_per_cta(v.nw, v.rpw);
   const int64_t tiles = (N + rows - 1) / rows;
-  const int64_t stages = (K + stage_k(v.wide) - 1) / stage_k(v.wide);
+  const int64_t stages = (K + stage_k(v.wide, v.nsub) - 1) / stage_k(v.wide, v.nsub);
   int cl = v.cl > 0 ? v.cl : choose_cluster(tiles, stages, sm_count);
   if (cl > stages) cl = int(stages);
   const int64_t per = (stages + cl - 1) / cl;
@@ -93,7 +95,7 @@ inline Launch plan(int64_t N, int64_t K, const Shape& v, int sm_count) {
   L.grid = unsigned(tiles * cl);
   L.cluster = unsigned(cl);
   L.threads = unsigned(threads_per_cta(v.nw));
-  L.smem = unsigned(smem_bytes(v.nw, v.rpw, v.mt, v.fp4, v.wide));
+  L.smem = unsigned(smem_bytes(v.nw, v.rpw, v.mt, v.fp4, v.wide, v.nsub));
   return L;
 }
 

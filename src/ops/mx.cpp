@@ -288,7 +288,8 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   req.supports = [act, fp4, M, smem_max](const Variant& v) {
     const int mt = int(v.get_int("mt", 0)), nw = int(v.get_int("nw", 0)), rpw = int(v.get_int("rpw", 0));
     return v.get("act") == dtype_name(act) && v.get("fmt") == mx_fmt_name(fp4) && 8 * int64_t(mt) >= M && nw > 0 &&
-           rpw > 0 && (smem_max <= 0 || mxd::smem_bytes(nw, rpw, mt, fp4, v.get("ld") == "wide") <= smem_max);
+           rpw > 0 && (smem_max <= 0 || mxd::smem_bytes(nw, rpw, mt, fp4, v.get("ld") == "wide" || v.get("ld") == "wide2",
+                                                          v.get("ld") == "wide2" ? 2 : 1) <= smem_max);
   };
   req.fallback = [act, fp4, M] { return weight_only_default(act, fp4, M); };
   ResolvedKernel rk;
@@ -300,7 +301,8 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   shape.mt = int(v.get_int("mt", 2));
   shape.cl = int(v.get_int("cl", 0));
   shape.fp4 = fp4;
-  shape.wide = v.get("ld") == "wide";
+  shape.wide = v.get("ld") == "wide" || v.get("ld") == "wide2";
+  shape.nsub = v.get("ld") == "wide2" ? 2 : 1;
   if (8 * int64_t(shape.mt) < M)  // a forced variant whose activation tile is too small
     return fail(FLY_ERROR_UNSUPPORTED, "variant %s takes M <= %d, got M = %" PRId64, v.name.c_str(), 8 * shape.mt, M);
   const mxd::Launch L = mxd::plan(N, K, shape, dc->sm_count > 0 ? dc->sm_count : 132);
