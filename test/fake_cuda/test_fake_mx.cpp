@@ -521,7 +521,7 @@ TEST_CASE("scaled_gemm: swapped widening variants tile N x M and reduce into C's
 }
 
 // The weight-only mode (fly_scaled_gemm with BF16/FP16 a and scale_a NULL; kernels/mx/mx_decode.cu):
-// the default rule's variant per M class, the launch (grid = tiles x cluster, the cluster split of
+// the variant per M class (the wide kernel for BF16 at M <= 16), the launch (grid = tiles x cluster, the cluster split of
 // K, threads, shared memory) and the parameters and activation map the kernel receives.
 TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fake][mx][mx_decode]") {
   if (!fly::find_variant("mx_decode_bf16_e4m3_w8_r32_m1_d4")) {
@@ -550,31 +550,54 @@ TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fa
         INFO("act " << int(act) << " fp4 " << fp4 << " M " << M << " N " << N << " K " << K << " "
                     << fly_get_last_error() << " " << fake_cuda_last_refusal());
         REQUIRE(st == FLY_SUCCESS);
-        // the default rule: the smallest activation tile holding M
+        // FP16, or M > 16: the quad-block kernel by the default rule (the smallest activation tile
+        // holding M); BF16 at M <= 16: a wide variant (the shipped rows' pick or the default rule's)
         const std::string act_s = act == FLY_BF16 ? "bf16" : "fp16", fmt = fp4 ? "e2m1" : "e4m3";
-        const int mt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
-        const int rpw = (M <= 16 || (fp4 && M <= 32)) ? 32 : 16;
-        const int depth = fp4 ? (mt == 4 ? 4 : 8) : (M <= 16 ? 4 : 6);
-        CHECK(std::string(fly_last_variant()) == "mx_decode_" + act_s + "_" + fmt + "_w8_r" + std::to_string(rpw) + "_m" +
-                                                     std::to_string(mt) + "_d" + std::to_string(depth));
+        const std::string name = fly_last_variant();
+        const char *fam = nullptr, *params = nullptr;
+        REQUIRE(fly_variant_info(name.c_str(), &fam, &params) == FLY_SUCCESS);
+        const std::string ps = std::string(";") + params + ";";
+        auto axis = [&](const char* key) {
+          const size_t at = ps.find(std::string(";") + key + "=");
+          REQUIRE(at != std::string::npos);
+          const size_t b = at + std::strlen(key) + 2;
+          return ps.substr(b, ps.find(';', b) - b);
+        };
+        CHECK(std::string(fam) == "mx_decode");
+        CHECK(axis("act") == act_s);
+        CHECK(axis("fmt") == fmt);
+        const int mt = std::stoi(axis("mt")), rpw = std::stoi(axis("rpw")), nw = std::stoi(axis("nw"));
+        const bool wide = act == FLY_BF16 && M <= 16;
+        if (wide) {
+          CHECK(name.rfind("mx_decode_wide", 0) == 0);
+          CHECK(8 * mt >= M);
+        } else {
+          const int want_mt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+          const int want_rpw = (M <= 16 || (fp4 && M <= 32)) ? 32 : 16;
+          const int depth = fp4 ? (want_mt == 4 ? 4 : 8) : (M <= 16 ? 4 : 6);
+          CHECK(name == "mx_decode_" + act_s + "_" + fmt + "_w8_r" + std::to_string(want_rpw) + "_m" +
+                            std::to_string(want_mt) + "_d" + std::to_string(depth));
+        }
         REQUIRE(fake_cuda_launch_count() == 1);
         const fake_cuda_launch* L = mx_last_launch();
         CHECK(std::string(L->kernel) == "fly_mx_decode_sm90");
         fly::mxd::Shape v;
-        v.nw = 8;
+        v.nw = nw;
         v.rpw = rpw;
         v.mt = mt;
         v.fp4 = fp4 != 0;
+        v.wide = wide;
+        v.nsub = wide && axis("ld") == "wide2" ? 2 : 1;
         const fly::mxd::Launch plan = fly::mxd::plan(N, K, v, 132);
         CHECK(L->grid[0] == plan.grid);
         CHECK(L->cluster[0] == plan.cluster);
-        CHECK(L->block[0] == 256u);
+        CHECK(L->block[0] == unsigned(32 * nw));
         CHECK(L->smem == plan.smem);
-        const int64_t tiles = (N + 8 * rpw - 1) / (8 * rpw);
+        const int64_t tiles = (N + nw * rpw - 1) / (nw * rpw), sk = fly::mxd::stage_k(v.wide, v.nsub);
         CHECK(int64_t(L->grid[0]) == tiles * plan.cl);
         CHECK(int64_t(L->grid[0]) <= std::max<int64_t>(tiles, 132));  // one wave unless the tiles alone exceed it
-        CHECK(plan.cl * plan.kst_per_cta >= (K + 63) / 64);
-        CHECK((plan.cl - 1) * plan.kst_per_cta < (K + 63) / 64);  // no CTA without stages
+        CHECK(plan.cl * plan.kst_per_cta >= (K + sk - 1) / sk);
+        CHECK((plan.cl - 1) * plan.kst_per_cta < (K + sk - 1) / sk);  // no CTA without stages
         const auto p = mx_params_of<fly::mxd::DecodeParams>(L);
         CHECK(p.w == bd);
         CHECK(p.sw == sd);
@@ -585,6 +608,8 @@ TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fa
         CHECK(p.K == K);
         CHECK(p.ldw == cols);
         CHECK(p.ldc == N);
+        CHECK(p.a == ad);  // the wide kernel's exact fallback reads A directly
+        CHECK(p.lda == K);
         CHECK(p.cl == plan.cl);
         CHECK(p.kst_per_cta == plan.kst_per_cta);
         const int ia = fake_cuda_tensor_map_index(&p.tm_a);
