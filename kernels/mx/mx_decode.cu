@@ -284,8 +284,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fly_mx_decode_sm90(cons
 #pragma unroll
     for (int q = 0; q < NSUB; ++q) nks_lane[q] = max(0, min(nks, ((nblk - c - 4 * q + 3) / 4 + NSUB - 1) / NSUB - kst0));
     // Stage `it` into b (as the quad-block kernel's load_w): a lane whose block lies past K keeps
-    // its registers (zeros at first, else this row's earlier prescaled weights: finite, or NaN
-    // in a row already NaN), multiplied by the zero-filled activations there.
+    // its registers (zeros and scale 127 at first, else this row's weights and scale of an earlier
+    // stage, which widen to finite values, or NaN in a row already NaN, or were flagged), and they
+    // meet the zero-filled activations there.
     auto load_w = [&](WStage& b, const uint8_t* const (&wg)[MI][2], const uint8_t* const (&sg)[MI][2], int jo, int it) {
 #pragma unroll
       for (int q = 0; q < NSUB; ++q) {
