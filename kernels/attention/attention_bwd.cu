@@ -54,6 +54,10 @@ constexpr int PW = HD / kSlices / 2;  // dK/dV columns per consumer warpgroup
 constexpr int NWG_KV = 2;
 constexpr int NWG_Q = 2;
 #endif
+// dK/dV: 24 / 240 with two consumer warpgroups, 24 / 256 with one; three fill the register file
+// at 32 + 3 x 160.
+using KvRegs = fly::RegSplit<NWG_KV, NWG_KV == 3 ? 32 : 24, NWG_KV == 3 ? 160 : NWG_KV == 2 ? 240 : 256>;
+using QRegs = AttnRegSplit<NWG_Q>;
 using Elem = typename std::conditional<kBF16, __nv_bfloat16, __half>::type;
 constexpr float kLog2e = 1.4426950408889634f;
 #if FLY_HD <= 256
@@ -782,10 +786,10 @@ extern "C" __global__ void __launch_bounds__(128 * (NWG_KV + 1), 1)
   const int n0 = int(blockIdx.x) * KN, kvh = int(blockIdx.y), b = int(blockIdx.z);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<NWG_KV == 3 ? 32 : 24>();
+    KvRegs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) dkdv_producer(p, smem, r, n0, kvh, b);
   } else {
-    fly::sm90::setmaxnreg_inc<NWG_KV == 3 ? 160 : NWG_KV == 2 ? 240 : 256>();
+    KvRegs::consumer();
     dkdv_consumer(p, smem, r, n0, kvh, b, wg - 1);
   }
 }
@@ -811,10 +815,10 @@ extern "C" __global__ void __launch_bounds__(128 * (NWG_Q + 1), 1) fly_attn_bwd_
   const int m0 = mb * MQ, h = int(blockIdx.y), b = int(blockIdx.z);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<NWG_Q == 2 ? 24 : 56>();
+    QRegs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) dq_producer(p, smem, r, m0, h, b);
   } else {
-    fly::sm90::setmaxnreg_inc<NWG_Q == 2 ? 240 : 256>();
+    QRegs::consumer();
     dq_consumer(p, smem, r, m0, h, b, wg - 1);
   }
 }
@@ -838,10 +842,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) fly_attn_bwd_dkdv(const __g
   const int kvh = int(blockIdx.y), b = int(blockIdx.z);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<24>();
+    KvRegs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) dkdv_producer_wide(p, smem, r, n0, kvh, b);
   } else {
-    fly::sm90::setmaxnreg_inc<240>();
+    KvRegs::consumer();
     dkdv_consumer_wide(p, smem, r, n0, cs, kvh, b, wg - 1);
   }
 }
@@ -867,10 +871,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) fly_attn_bwd_dq(const __gri
   const int m0 = mb * MQ, h = int(blockIdx.y), b = int(blockIdx.z);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<24>();
+    QRegs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) dq_producer_wide(p, smem, r, m0, h, b);
   } else {
-    fly::sm90::setmaxnreg_inc<240>();
+    QRegs::consumer();
     dq_consumer_wide(p, smem, r, m0, h, b, wg - 1);
   }
 }

@@ -42,6 +42,7 @@ static_assert(FLY_HD == 512 && FLY_M == 64 && FLY_ST == 1, "wide variants: hd 51
 #else
 using Cfg = AttnConfig<FLY_HD, FLY_M / 64, FLY_N, FLY_ST, FLY_DTYPE_IS_BF16 != 0>;
 #endif
+using Regs = AttnRegSplit<Cfg::kNWG>;
 static_assert(Cfg::kSmemBytes == attn_smem_bytes(FLY_HD, FLY_M, FLY_N, FLY_ST), "host and device smem sizes");
 using Elem = typename std::conditional<Cfg::kBF16, __nv_bfloat16, __half>::type;
 #if FLY_HD <= 256
@@ -594,10 +595,10 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
   }
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<24>();
+    Regs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) producer_wide(p, t, smem, r, cl);
   } else {
-    fly::sm90::setmaxnreg_inc<240>();
+    Regs::consumer();
     consumer_wide(p, t, smem, r, cl, wg - 1);
     if (p.splits > 1) merge_splits_if_last(p, t, reinterpret_cast<uint32_t*>(bars + kMergeFlagBar), threadIdx.x - 128, 256);
   }
@@ -627,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
   // g carries over, Q is reloaded per tile once the consumers have released the last one.
   const int total = attn_tile_count(p);
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<Cfg::kNWG == 2 ? 24 : 56>();
+    Regs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) {
       int g = 0, k = 0;
       for (int L = int(blockIdx.x); L < total; L += int(gridDim.x), ++k) {
@@ -638,7 +639,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
       }
     }
   } else {
-    fly::sm90::setmaxnreg_inc<Cfg::kNWG == 2 ? 240 : 256>();
+    Regs::consumer();
     int g = 0, k = 0;
     for (int L = int(blockIdx.x); L < total; L += int(gridDim.x), ++k) {
       const TileCoord t = persistent_tile<Cfg::BM, Cfg::kBN>(p, L);
@@ -653,10 +654,10 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) fly_attn_fwd(cons
   const TileCoord t = schedule_tile<Cfg::BM, Cfg::kBN>(p);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<Cfg::kNWG == 2 ? 24 : 56>();
+    Regs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) producer(p, t, smem, r);
   } else {
-    fly::sm90::setmaxnreg_inc<Cfg::kNWG == 2 ? 240 : 256>();
+    Regs::consumer();
     if constexpr (FLY_OV != 0) consumer_overlap(p, t, smem, r, wg - 1);
     else consumer(p, t, smem, r, wg - 1);
     if (p.splits > 1)

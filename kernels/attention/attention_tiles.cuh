@@ -68,6 +68,12 @@ struct WideConfig {
   static_assert(kSmemBytes <= 232448, "shared memory over the 227 KiB a block may have");
 };
 
+// Register split (setmaxnreg) of a kernel with one TMA producer warpgroup and NWG consumer
+// warpgroups (the forward and the dQ kernel; the dK/dV kernel has its own in attention_bwd.cu):
+// 24 / 240 with two consumers, 56 / 256 with one.
+template <int NWG>
+using AttnRegSplit = fly::RegSplit<NWG, NWG == 2 ? 24 : 56, NWG == 2 ? 240 : 256>;
+
 // ---- hardware wrappers the common set lacks ------------------------------------------------------
 // 4-D tile load (c0 innermost), completion counted in bytes on `bar`; out-of-bounds elements are
 // zero-filled and still counted.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Thin wrappers over the Hopper (sm_90a) instructions the GEMM family uses: shared-memory
-// addresses, mbarrier, TMA (cp.async.bulk.tensor), wgmma fences/descriptors, setmaxnreg, and
+// addresses, mbarrier, TMA (cp.async.bulk.tensor), wgmma fences/descriptors, and
 // cluster (DSMEM) access. Each wrapper is one PTX instruction (or a short wait loop) so the kernels
 // read like the PTX ISA. Device-only; include from kernel sources.
 #pragma once
@@ -23,14 +23,6 @@ __device__ __forceinline__ bool elect_one() {
       "{\n .reg .pred P;\n elect.sync _|P, 0xffffffff;\n selp.u32 %0, 1, 0, P;\n}\n"
       : "=r"(pred));
   return pred != 0;
-}
-
-// ---- register reallocation between warpgroups (needs __launch_bounds__(threads, 1)) ----------
-template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // ---- mbarrier ---------------------------------------------------------------------------------

@@ -181,6 +181,7 @@ struct Config {
   static constexpr int STAGE_READERS = PP || KW == 2 ? 1 : 2;  // consumer warpgroups that read each stage
   static constexpr int PRODUCER_REGS = register_split(BM, KW).producer;
   static constexpr int CONSUMER_REGS = register_split(BM, KW).consumer;
+  using Regs = RegSplit<2, PRODUCER_REGS, CONSUMER_REGS>;  // common/pipeline.cuh; checks the register file
 
   // Legality: each rule once, in gemm_legal.h (the launcher and a CPU test use the same ones).
   static constexpr TileShape SHAPE{BM, BN, STAGES, KB, KW, MC, MP, EPI, PP ? 1 : 0};
@@ -207,7 +208,6 @@ struct Config {
   static_assert(legal::atoms(SHAPE) && P_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms are 1024 B");
   // Split-K partials (fp32, padded rows) reuse the ring after the mainloop.
   static_assert(legal::partials(SHAPE), "split-K partial tile must fit in the stage ring");
-  static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536, "register file");
   static_assert(ACC * ACC_SETS + 32 <= CONSUMER_REGS, "the accumulator sets fit the consumers' registers");
   static_assert(SCALE_BYTES == 0 || SCALE_BYTES % 128 == 0, "scale tiles keep the next stage 128-byte aligned");
   // smem_bytes (host) sizes the ring from the same P and Q rows.

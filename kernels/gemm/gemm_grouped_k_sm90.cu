@@ -157,11 +157,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<Config::PRODUCER_REGS>();
+    Config::Regs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) k_producer_loop(kp, ring);
     __syncwarp();
   } else {
-    fly::sm90::setmaxnreg_inc<Config::CONSUMER_REGS>();
+    Config::Regs::consumer();
     const int cw = wg - 1;
     uint8_t* epi_stage = reinterpret_cast<uint8_t*>(ring.empty + Config::STAGES) + cw * Config::EPI_WG_BYTES;
     // Both operands MN-major (a M contiguous, b N contiguous): the launcher refuses the K-contiguous

@@ -126,11 +126,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<Config::PRODUCER_REGS>();
+    Config::Regs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) grouped_producer_loop(gp, ring);
     __syncwarp();
   } else {
-    fly::sm90::setmaxnreg_inc<Config::CONSUMER_REGS>();
+    Config::Regs::consumer();
     const int cw = wg - 1;
     // The staged epilogue's tiles follow the ring's barriers: one area per consumer warpgroup.
     uintptr_t epi_area = reinterpret_cast<uintptr_t>(ring.empty + Config::STAGES);

@@ -38,9 +38,8 @@ static_assert(Config::STAGES >= 3, "the hand-over lag needs three stages");
 static_assert(Config::BN % 64 == 0, "MN-major Q tiles come in 64-wide chunks");
 
 // Register split of the cp.async kernel: gemm_config.cuh kOddRegisterSplit.
-constexpr int kOddLoadRegs = kOddRegisterSplit.producer, kOddMmaRegs = kOddRegisterSplit.consumer;
-static_assert(kOddLoadRegs * 128 + kOddMmaRegs * 256 <= 65536, "register file");
-static_assert(Config::ACC + 32 <= kOddMmaRegs, "accumulators fit the consumers' registers");
+using OddRegs = RegSplit<2, kOddRegisterSplit.producer, kOddRegisterSplit.consumer>;
+static_assert(Config::ACC + 32 <= OddRegs::kConsumer, "accumulators fit the consumers' registers");
 
 template <int G>
 __device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int bytes) {
@@ -378,14 +377,14 @@ extern "C" __global__ void __launch_bounds__(kOddThreads, 1)
   }
   __syncthreads();
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<kOddLoadRegs>();
+    OddRegs::producer();
     odd_producer_loop(op, ring, threadIdx.x);
     if (op.core.split > 1) {  // match the consumers' two cluster barriers
       fly::sm90::cluster_sync();
       fly::sm90::cluster_sync();
     }
   } else {
-    fly::sm90::setmaxnreg_inc<kOddMmaRegs>();
+    OddRegs::consumer();
     const int cw = wg - 1;
     const GemmParams& p = op.core;
     const int sel = (p.p_kmajor ? 0 : 2) + (p.q_kmajor ? 0 : 1);

@@ -162,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   else __syncthreads();
 
   if (wg == 0) {
-    fly::sm90::setmaxnreg_dec<Config::PRODUCER_REGS>();
+    Config::Regs::producer();
     if (threadIdx.x < 32 && fly::sm90::elect_one()) producer_loop(p, ring);
     __syncwarp();
     if (p.split > 1) {  // match the consumers' two cluster barriers
@@ -170,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       fly::sm90::cluster_sync();
     }
   } else {
-    fly::sm90::setmaxnreg_inc<Config::CONSUMER_REGS>();
+    Config::Regs::consumer();
     const int cw = wg - 1;
     // Epilogue staging tiles (EPI = 1, 2, 3) follow the ring's barriers: one area per consumer warpgroup.
     uintptr_t epi_area = reinterpret_cast<uintptr_t>(ring.empty + Config::STAGES);

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "common/convert.cuh"
+#include "common/pipeline.cuh"
 #if !defined(FLY_MX_HOST_EMU)
 #include "common/sm90.h"
 #include "common/wgmma_ops.h"
@@ -50,6 +51,7 @@ namespace {
 
 using namespace fly::mxw;
 namespace sm90 = fly::sm90;
+using Regs = fly::RegSplit<2, kProducerRegs, kConsumerRegs>;  // mx_wgmma_params.h
 
 constexpr int BN = FLY_BN;
 #if defined(FLY_FOLD)
@@ -189,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
 
   if (wg == 0) {
     // ---------------- producer warpgroup ----------------
-    sm90::setmaxnreg_dec<kProducerRegs>();
+    Regs::producer();
     const int pt = threadIdx.x;
     int s = 0;
     uint32_t ph = 0;
@@ -324,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_wgmma(const __gri
     }
   } else {
     // ---------------- consumer warpgroups ----------------
-    sm90::setmaxnreg_inc<kConsumerRegs>();
+    Regs::consumer();
     const int cw = wg - 1;            // 64-row half of the tile
     const int ct = threadIdx.x - 128 * wg;
     const int ra = cw * 64 + acc_row(ct, 0);  // tile row of accumulators 4 c8 + {0, 1}; + 8 for {2, 3}

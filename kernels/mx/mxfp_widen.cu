@@ -51,6 +51,7 @@ namespace {
 using namespace fly::mxw;
 using namespace fly::mxw::widen;
 namespace sm90 = fly::sm90;
+using Regs = fly::RegSplit<2, kProducerRegs, kConsumerRegs>;  // mx_wgmma_params.h
 
 // The tile's N width: 128, or 64 / 32 for the swapped decode variants (`_t1`: the weights as A,
 // the few tokens as B). The shared-memory plan is always the 128-wide one (mx_widen.h); a
@@ -464,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
 
   if (wg == 0) {
     // ---------------- producer warpgroup ----------------
-    sm90::setmaxnreg_dec<kProducerRegs>();
+    Regs::producer();
     const int pt = threadIdx.x, warp = pt / 32;
     const uintptr_t al = reinterpret_cast<uintptr_t>(p.sa) | reinterpret_cast<uintptr_t>(p.sb) | uintptr_t(kbs);
     const bool words = (al & 3u) == 0, quads = (al & 15u) == 0;
@@ -614,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) mxfp_widen(const __gri
     }
   } else {
     // ---------------- consumer warpgroups ----------------
-    sm90::setmaxnreg_inc<kConsumerRegs>();
+    Regs::consumer();
     if (fp4) consume<true>(p, ring, wtiles, full, empty, scratch + 2 * 16);
     else consume<false>(p, ring, wtiles, full, empty, scratch + 2 * 16);
   }

@@ -174,8 +174,6 @@ inline void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0
   b.tx -= int64_t(mi.box0) * mi.box1;
   emu::complete_if_done(b);
 }
-template <int N> inline void setmaxnreg_inc() {}
-template <int N> inline void setmaxnreg_dec() {}
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 template <int N> inline void wgmma_wait() {}
