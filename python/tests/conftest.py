@@ -22,6 +22,30 @@ def _opt_in_patch_families(monkeypatch):
 
 
 @pytest.fixture
+def patch_on():
+    """The "patch" family on for the test (the patched layers run the fused ops only while it is on;
+    off where FlyKernels does not run, as on a CPU machine), its previous state back afterwards."""
+    before = flykernels.torch.active()
+    flykernels.torch.enable(["patch"])
+    yield
+    flykernels.torch.disable(["patch"])
+    flykernels.torch.enable(before)
+
+
+def require_experts_impl(transformers, impl):
+    """Skip, naming it, where this transformers release has no such experts_implementation (an
+    unknown name fails only at the first forward)."""
+    if impl == "eager":
+        return
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        pytest.skip(f"transformers {transformers.__version__} has no experts_implementation registry")
+    if impl not in ALL_EXPERTS_FUNCTIONS:
+        pytest.skip(f"transformers {transformers.__version__} has no experts_implementation={impl}")
+
+
+@pytest.fixture
 def fly():
     """The controller, with every family back in its starting state afterwards."""
     ctl = flykernels.torch

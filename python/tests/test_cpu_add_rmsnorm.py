@@ -25,15 +25,6 @@ def _hf_add_norm(x, residual, weight, eps):
     return (y if weight is None else weight * y), h
 
 
-@pytest.fixture
-def patch_on():
-    before = flykernels.torch.active()
-    flykernels.torch.enable(["patch"])
-    yield
-    flykernels.torch.disable(["patch"])
-    flykernels.torch.enable(before)
-
-
 def test_row_view_takes_the_innermost_row_stride():
     """The (rows, row stride) the row-wise ops (add_rms_norm, glu) hand the library. A batched
     [B, S, N] tensor's row stride is S's, N (not B's, S * N: a stride that made the library read

@@ -292,15 +292,6 @@ class LlamaForCausalLM(nn.Module):
         return out if return_dict else out.to_tuple()
 
 
-@pytest.fixture
-def patch_on():
-    before = flykernels.torch.active()
-    flykernels.torch.enable(["patch"])
-    yield
-    flykernels.torch.disable(["patch"])
-    flykernels.torch.enable(before)
-
-
 def _train_step(model, **kw):
     model.zero_grad(set_to_none=True)
     out = model(**kw)

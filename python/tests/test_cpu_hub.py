@@ -27,17 +27,6 @@ except ImportError as e:
 needs_kernels = pytest.mark.skipif(bool(kernels_reason), reason=f"`kernels` not usable here: {kernels_reason}")
 
 
-@pytest.fixture
-def patch_on():
-    """The layers run the fused ops only while the "patch" family is on (off where FlyKernels does
-    not run, as on this CPU machine)."""
-    before = flykernels.torch.active()
-    flykernels.torch.enable(["patch"])
-    yield
-    flykernels.torch.disable(["patch"])
-    flykernels.torch.enable(before)
-
-
 class LlamaRMSNorm(nn.Module):  # Hugging Face's formula: FP32, the normalized value cast, then the weight
     def __init__(self, n, eps=1e-6):
         super().__init__()

@@ -125,13 +125,6 @@ def test_explain_sdpa_names_the_mask():
 
 
 # ---- patch(causal_mask=True) on Hugging Face models ----------------------------------------------------------
-@pytest.fixture
-def patch_on():
-    before = flykernels.torch.active()
-    flykernels.torch.enable(["patch"])
-    yield
-    flykernels.torch.disable(["patch"])
-    flykernels.torch.enable(before)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from torch import nn
 import flykernels
 from flykernels import _mx
 from flykernels.nn import MXExperts, MXLinear, experts_layout
+from conftest import require_experts_impl
 
 FORMATS = ["mxfp8", "mxfp4"]
 
@@ -436,25 +437,12 @@ HF_MOE = {  # config class: (its MoE fields, tiny)
 }
 
 
-def _require_impl(transformers, impl):
-    """Skip, naming it, where this transformers release has no such experts_implementation (an
-    unknown name fails only at the first forward)."""
-    if impl == "eager":
-        return
-    try:
-        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-    except ImportError:
-        pytest.skip(f"transformers {transformers.__version__} has no experts_implementation registry")
-    if impl not in ALL_EXPERTS_FUNCTIONS:
-        pytest.skip(f"transformers {transformers.__version__} has no experts_implementation={impl}")
-
-
 def _hf_model(cfg_name, impl):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     cfg_cls = getattr(transformers, cfg_name, None)
     if cfg_cls is None:
         pytest.skip(f"transformers {transformers.__version__} has no {cfg_name}")
-    _require_impl(transformers, impl)
+    require_experts_impl(transformers, impl)
     cfg = cfg_cls(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=97, **HF_MOE[cfg_name])
     torch.manual_seed(0)

@@ -54,15 +54,6 @@ class Block(nn.Module):
         return self.q_norm(self.proj(self.norm(x))) + self.other(x)
 
 
-@pytest.fixture
-def patch_on():
-    before = flykernels.torch.active()
-    flykernels.torch.enable(["patch"])
-    yield
-    flykernels.torch.disable(["patch"])
-    flykernels.torch.enable(before)
-
-
 def _calls(monkeypatch):
     """Counts F.rms_norm calls made by the patched forwards."""
     n = [0]

@@ -13,6 +13,7 @@ import torch
 import flykernels
 from flykernels import _mx
 from flykernels.nn import MXExperts
+from conftest import require_experts_impl
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not flykernels.available,
                                 reason="needs a CUDA device FlyKernels runs on")
@@ -43,26 +44,13 @@ CONFIGS = {
 }
 
 
-def _require_impl(transformers, impl):
-    """Skip, naming it, where this transformers release has no such experts_implementation (an
-    unknown name fails only at the first forward)."""
-    if impl == "eager":
-        return
-    try:
-        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-    except ImportError:
-        pytest.skip(f"transformers {transformers.__version__} has no experts_implementation registry")
-    if impl not in ALL_EXPERTS_FUNCTIONS:
-        pytest.skip(f"transformers {transformers.__version__} has no experts_implementation={impl}")
-
-
 def _hf_pair(cfg_name, fmt):
     """(the quantized model, the same model holding the dequantized weights, ids), BF16 on the GPU."""
     transformers = pytest.importorskip("transformers")
     cfg_cls = getattr(transformers, cfg_name, None)
     if cfg_cls is None:
         pytest.skip(f"transformers {transformers.__version__} has no {cfg_name}")
-    _require_impl(transformers, "grouped_mm")
+    require_experts_impl(transformers, "grouped_mm")
     cfg = cfg_cls(hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=512, **CONFIGS[cfg_name])
     torch.manual_seed(0)
