@@ -220,6 +220,17 @@ std::string weight_only_default(fly_dtype act, bool fp4, int64_t M) {
   return std::string("mx_decode_") + dtype_name(act) + "_" + mx_fmt_name(fp4) + shape + std::to_string(depth);
 }
 
+// A decode variant's weight layout (axis ld): wide = the wide kernel, one 128-k sub-stage a stage;
+// wide2 = two; absent = the quad-block kernel.
+struct DecodeLayout {
+  bool wide;
+  int nsub;
+};
+DecodeLayout decode_layout(const Variant& v) {
+  const std::string ld = v.get("ld");
+  return {ld == "wide" || ld == "wide2", ld == "wide2" ? 2 : 1};
+}
+
 // Shapes, dtypes and layouts of a weight-only call (shared by the workspace query, which needs no
 // scale tensor, and the call). Returns M, N, K.
 fly_status check_weight_only(const fly_tensor* a, const fly_tensor* b, const fly_tensor* c, int64_t* M,
@@ -289,9 +300,9 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   const int smem_max = dc->max_smem_optin;
   req.supports = [act, fp4, M, smem_max](const Variant& v) {
     const int mt = int(v.get_int("mt", 0)), nw = int(v.get_int("nw", 0)), rpw = int(v.get_int("rpw", 0));
+    const DecodeLayout ld = decode_layout(v);
     return v.get("act") == dtype_name(act) && v.get("fmt") == mx_fmt_name(fp4) && 8 * int64_t(mt) >= M && nw > 0 &&
-           rpw > 0 && (smem_max <= 0 || mxd::smem_bytes(nw, rpw, mt, fp4, v.get("ld") == "wide" || v.get("ld") == "wide2",
-                                                          v.get("ld") == "wide2" ? 2 : 1) <= smem_max);
+           rpw > 0 && (smem_max <= 0 || mxd::smem_bytes(nw, rpw, mt, fp4, ld.wide, ld.nsub) <= smem_max);
   };
   req.fallback = [act, fp4, M] { return weight_only_default(act, fp4, M); };
   ResolvedKernel rk;
@@ -303,8 +314,9 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   shape.mt = int(v.get_int("mt", 2));
   shape.cl = int(v.get_int("cl", 0));
   shape.fp4 = fp4;
-  shape.wide = v.get("ld") == "wide" || v.get("ld") == "wide2";
-  shape.nsub = v.get("ld") == "wide2" ? 2 : 1;
+  const DecodeLayout ld = decode_layout(v);
+  shape.wide = ld.wide;
+  shape.nsub = ld.nsub;
   if (8 * int64_t(shape.mt) < M)  // a forced variant whose activation tile is too small
     return fail(FLY_ERROR_UNSUPPORTED, "variant %s takes M <= %d, got M = %" PRId64, v.name.c_str(), 8 * shape.mt, M);
   const mxd::Launch L = mxd::plan(N, K, shape, dc->sm_count > 0 ? dc->sm_count : 132);
