@@ -800,13 +800,21 @@ def table(results):
     return "\n".join(lines)
 
 
-def chart(out, path):
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (said) where matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib missing: no chart", flush=True)
+        print("matplotlib missing: no chart (pip install matplotlib)", flush=True)
+        return None
+    return plt
+
+
+def chart(out, path):
+    plt = pyplot()
+    if plt is None:
         return
     rows = out["results"]
     if not rows:
@@ -1542,12 +1550,8 @@ def gen_table(cfgs):
 
 
 def gen_chart(out, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no chart (pip install matplotlib)", flush=True)
+    plt = pyplot()
+    if plt is None:
         return False
     cfgs = [c for c in out["configs"] if c.get("status") == "ok"]
     batches = out["settings"]["batches"]
