@@ -60,6 +60,7 @@ MEANINGS = {
     "rpw": "weight rows per warp (decode kernel)",
     "mt": "activation rows per MMA tile (decode kernel)",
     "depth": "activation ring depth (decode kernel)",
+    "rd": "staging slots of packed weights in flight a thread (the MX prefill kernel's cp.async depth)",
     "ld": "weight layout of the MX decode kernel: wide = one 32-k block per lane and row, wide2 = two 128-k sub-stages loaded together",
     "fold": "k128 scale folding (MXFP4)",
     "pipe": "software pipeline depth of the scale decode",

@@ -8,7 +8,9 @@
 #include <string>
 
 #include "core.hpp"
+#include "gemm/gemm_plan.h"
 #include "mx/mx_decode.h"
+#include "mx/mx_prefill.h"
 #include "mx/mx_params.h"
 #include "mx/mx_wgmma_params.h"
 #include "mx/mx_widen.h"
@@ -262,6 +264,89 @@ fly_status check_weight_only(const fly_tensor* a, const fly_tensor* b, const fly
   return FLY_SUCCESS;
 }
 
+// ---- weight-only prefill (BF16 activations, M > 64): kernels/mx/mx_prefill.cu ----------------
+// Variants mx_prefill_* of the mx_decode family (tuning/mx_decode.json, the third space).
+// The family default: 128 x 256 tiles unless 128 x 128 ones take fewer waves of the SMs for the
+// work (per-tile time taken as proportional to bn, 128-wide tiles 10% less efficient).
+std::string prefill_default(bool fp4, int64_t M, int64_t N, int sms) {
+  const int64_t tm = (M + 127) / 128, t256 = tm * ((N + 255) / 256), t128 = tm * ((N + 127) / 128);
+  const int64_t w256 = (t256 + sms - 1) / sms, w128 = (t128 + sms - 1) / sms;
+  const bool narrow = w128 * 128 * 11 < w256 * 256 * 10;
+  if (fp4) return narrow ? "mx_prefill_bf16_e2m1_n128_s4_r4" : "mx_prefill_bf16_e2m1_n256_s4_r4";
+  return narrow ? "mx_prefill_bf16_e4m3_n128_s4_r4" : "mx_prefill_bf16_e4m3_n256_s3_r4";
+}
+bool is_prefill_variant(const Variant& v) { return v.name.rfind("mx_prefill_", 0) == 0; }
+
+// The call's checks are done (weight_only_gemm): dtypes, shapes, strides, alignment, overlaps.
+fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const fly_tensor* scale_b,
+                               const fly_tensor* bias, const fly_tensor* c, int64_t M, int64_t N, int64_t K,
+                               void* stream) {
+  const bool fp4 = b->dtype == FLY_F4_E2M1X2;
+  ScopedContext guard;
+  const DeviceCtx* dc = nullptr;
+  FLY_TRY(guard.enter(stream, &dc));
+  FLY_TRY(check_on_device(a, nullptr, b, scale_b, bias, c, nullptr, 0));
+  const int sms = dc->sm_count > 0 ? dc->sm_count : 132;
+  DispatchRequest req = make_request("mx_decode", keys::scaled_gemm_weight_only(dtype_name(a->dtype), fp4, M, N, K));
+  const int smem_max = dc->max_smem_optin;
+  req.supports = [fp4, smem_max](const Variant& v) {
+    const int bn = int(v.get_int("bn", 0)), st = int(v.get_int("stages", 0)), rd = int(v.get_int("rd", 0));
+    return is_prefill_variant(v) && v.get("fmt") == mx_fmt_name(fp4) && (bn == 128 || bn == 256) && st > 0 && rd > 0 &&
+           (smem_max <= 0 || mxp::smem_bytes(bn, st, rd, fp4) <= smem_max);
+  };
+  req.fallback = [fp4, M, N, sms] { return prefill_default(fp4, M, N, sms); };
+  ResolvedKernel rk;
+  FLY_TRY(resolve_kernel(*dc, req, "fly_mx_prefill_sm90", &rk));
+  const Variant& v = *rk.v;
+  if (!is_prefill_variant(v))  // a forced decode variant
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s takes M <= %" PRId64 ", got M = %" PRId64, v.name.c_str(),
+                kWeightOnlyMaxM, M);
+  const int bn = int(v.get_int("bn", 256)), stages = int(v.get_int("stages", 3)), rd = int(v.get_int("rd", 4));
+  const mxp::Launch L = mxp::plan(M, N, bn, stages, rd, fp4, sms);
+  if (smem_max > 0 && int64_t(L.smem) > smem_max)
+    return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d", v.name.c_str(),
+                L.smem, smem_max);
+  mxp::PrefillParams p;
+  std::memset(&p, 0, sizeof(p));
+  gemm::GemmParams& g = p.g;
+  const int64_t lda = row_stride(*a);
+  {
+    const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(M)};
+    const cuuint64_t strides[1] = {cuuint64_t(lda * 2)};
+    const cuuint32_t box[2] = {cuuint32_t(gemm::kBK), 128};
+    FLY_CU(gemm::encode_sw128(rk.d->cuTensorMapEncodeTiled, &g.tm_p, 2, a->data, dims, strides, box, gemm::Dtype::kBf16,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+           "cuTensorMapEncodeTiled");
+  }
+  g.c = c->data;
+  g.bias = bias ? bias->data : nullptr;
+  g.ldc = row_stride(*c);
+  g.rows = int32_t(M);
+  g.cols = int32_t(N);
+  g.k = int32_t(K);
+  g.p_kmajor = 1;
+  g.q_kmajor = 1;
+  g.tiles_m = L.tiles_m;
+  g.tiles_n = L.tiles_n;
+  g.strip_m = gemm::raster_group(L.tiles_m, L.tiles_n, 128, bn, int64_t(L.grid));
+  g.split = 1;
+  g.kb_per_split = int32_t((K + gemm::kBK - 1) / gemm::kBK);
+  g.c_vec = (reinterpret_cast<uintptr_t>(c->data) % 8 == 0) && (g.ldc % 4 == 0);
+  g.mc = 1;
+  p.w = static_cast<const uint8_t*>(b->data);
+  p.sw = static_cast<const uint8_t*>(scale_b->data);
+  p.ldw = row_stride(*b);
+  p.n = int32_t(N);
+  p.k = int32_t(K);
+  log(LogLevel::kInfo, "scaled_gemm weight-only prefill %s: grid %u, %d x %d tiles (M %lld N %lld K %lld)", v.name.c_str(),
+      L.grid, L.tiles_m, L.tiles_n, (long long)M, (long long)N, (long long)K);
+  LaunchConfig cfg;
+  cfg.grid[0] = L.grid;
+  cfg.block[0] = L.threads;
+  cfg.smem = L.smem;
+  return launch1(rk.f, cfg, stream, p);
+}
+
 fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_tensor* scale_b, const fly_tensor* bias,
                             const fly_tensor* c, void* workspace, size_t workspace_bytes, void* stream) {
   int64_t M = 0, N = 0, K = 0;
@@ -276,11 +361,12 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   FLY_TRY(check_overlaps(a, nullptr, b, scale_b, bias, c, workspace, workspace_bytes));
   if (M == 0 || N == 0) return FLY_SUCCESS;
   if (K == 0) return fail(FLY_ERROR_UNSUPPORTED, "a: K = 0 (an empty reduction) is not supported by the MX kernels");
-  if (M > kWeightOnlyMaxM)
+  if (M > kWeightOnlyMaxM && a->dtype != FLY_BF16)
     return fail(FLY_ERROR_UNSUPPORTED,
-                "a: M = %" PRId64 " rows; the weight-only MX mode (%s activations) has decode kernels for M <= %" PRId64
-                " only (prefill is not implemented yet: dequantize and use fly_gemm)",
-                M, dtype_name(a->dtype), kWeightOnlyMaxM);
+                "a: M = %" PRId64 " rows of %s; the weight-only MX mode has decode kernels for M <= %" PRId64
+                " in FP16 and a prefill kernel (M > %" PRId64 ") for BF16 activations only (FP16's range cannot hold "
+                "the scaled weights: dequantize and use fly_gemm)",
+                M, dtype_name(a->dtype), kWeightOnlyMaxM, kWeightOnlyMaxM);
   const int64_t lda = row_stride(*a), ldb = row_stride(*b);
   if ((lda * 2) % 16 != 0)
     return fail(FLY_ERROR_UNSUPPORTED, "a: row stride %" PRId64 " elements is not a multiple of 8 (16 bytes)", lda);
@@ -288,7 +374,12 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
     return fail(FLY_ERROR_UNSUPPORTED, "b: row stride %" PRId64 " bytes is not a multiple of 16", ldb);
   FLY_TRY(check_bases_aligned(a, b));
   if (N > INT32_MAX || K > INT32_MAX || (N + 15) / 16 > INT32_MAX / 8)
-    return fail(FLY_ERROR_UNSUPPORTED, "b: N = %" PRId64 ", K = %" PRId64 " exceed the decode kernel's 32-bit indices", N, K);
+    return fail(FLY_ERROR_UNSUPPORTED, "b: N = %" PRId64 ", K = %" PRId64 " exceed the MX kernels' 32-bit indices", N, K);
+  if (M > kWeightOnlyMaxM) {
+    if (M > INT32_MAX || (M + 127) / 128 * ((N + 127) / 128) > INT32_MAX)
+      return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the prefill kernel's 32-bit tile indices", M);
+    return weight_only_prefill(a, b, scale_b, bias, c, M, N, K, stream);
+  }
 
   ScopedContext guard;
   const DeviceCtx* dc = nullptr;

@@ -3,7 +3,8 @@
 // exact widenings over every input (E2M1 nibble pairs to FP16 / BF16 bit patterns, E8M0 bytes to
 // the FP32 block multiplier), the launch plan (cluster split of K), and fly_scaled_gemm's weight-only
 // validation: every bad argument's status and message before any device query, the dispatch
-// decision's boundary (M <= 64 runs, M = 65 is refused with a message), and the workspace query.
+// decision's boundary (M <= 64 runs the decode kernels, M = 65 the prefill kernel with BF16 activations
+// and is refused with a message with FP16), and the workspace query.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -217,11 +218,16 @@ TEST_CASE("scaled_gemm weight-only mode rejects bad arguments before any device 
   CHECK(fly_test::reached_device(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &c, fly_test::fake_address(5), 256,
                                           nullptr)));
 
-  // M > 64: no kernel (prefill is not there yet): UNSUPPORTED with the reason, before the device
+  // M > 64: the prefill kernel for BF16 activations (both formats, bias) reaches the device; FP16
+  // is refused with the reason, before the device
   fly_tensor a65 = mat(kA, FLY_BF16, 65, K, K), c65 = mat(kC, FLY_BF16, 65, N, N);
-  CHECK(fly_scaled_gemm(&a65, nullptr, &b8, &sb, nullptr, &c65, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&a65, nullptr, &b8, &sb, &bias, &c65, nullptr, 0, nullptr)));
+  fly_tensor a4k = mat(kA, FLY_BF16, 4096, K, K), c4k = mat(kC, FLY_BF16, 4096, N, N);
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&a4k, nullptr, &b4, &sb, nullptr, &c4k, nullptr, 0, nullptr)));
+  fly_tensor ah65 = mat(kA, FLY_F16, 65, K, K), ch65 = mat(kC, FLY_F16, 65, N, N);
+  CHECK(fly_scaled_gemm(&ah65, nullptr, &b8, &sb, nullptr, &ch65, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
   CHECK(mentions("M <= 64"));
-  CHECK(mentions("prefill"));
+  CHECK(mentions("BF16 activations only"));
   // empty: no-op before the device; K = 0 with work: unsupported
   fly_tensor a0 = mat(kA, FLY_BF16, 0, K, K), c0 = mat(kC, FLY_BF16, 0, N, N);
   CHECK(fly_scaled_gemm(&a0, nullptr, &b8, &sb, nullptr, &c0, nullptr, 0, nullptr) == FLY_SUCCESS);

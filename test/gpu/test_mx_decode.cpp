@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Weight-only MX decode GEMM on the GPU (fly_scaled_gemm with BF16/FP16 activations and
-// scale_a = NULL; kernels/mx/mx_decode.cu): against an FP64 GEMM of the exactly dequantized
-// weights, fresh random inputs per case, the output poisoned with NaN beforehand and every element
-// checked. Tails (M = 1, M not a multiple of 8, N not a multiple of the CTA's rows, K = 32, K not a
+// Weight-only MX GEMM on the GPU (fly_scaled_gemm with BF16/FP16 activations and scale_a = NULL):
+// the decode kernels (M <= 64, kernels/mx/mx_decode.cu) against an FP64 GEMM of the exactly
+// dequantized weights, the prefill kernel (M > 64, BF16, kernels/mx/mx_prefill.cu) against one of
+// the weights dequantized to BF16 (what it computes: mx_prefill.h); fresh random inputs per case,
+// the output poisoned with NaN beforehand and every element checked. Tails (M = 1, M not a multiple of 8, N not a multiple of the CTA's rows, K = 32, K not a
 // multiple of the 64-k stage), bias, a NaN scale (0xFF: that column of C is NaN), wide scale
 // exponents incl. 0x00 and 0xFE (BF16), both activation dtypes, both weight formats, the
 // dispatch's pick and every bundled mx_decode variant forced, cluster split-K (long K, few tiles;
@@ -66,7 +67,11 @@ struct Case {
   bool bias;
   Scales scales;
   int64_t nan_row;  // W row (C column) whose first block has scale 0xFF, or -1
+  int64_t nan_code_row = -1;  // MXFP8: W row (C column) with one E4M3 NaN code (0x7F), or -1
 };
+
+// The prefill kernel's weight: the exact value rounded to BF16 (round to nearest even).
+double round_bf16(double w) { return double(__bfloat162float(__float2bfloat16_rn(float(w)))); }
 
 // One case: inputs, FP64 reference, then the dispatch's pick and every bundled mx_decode variant of
 // this act / fmt that takes M, each on a NaN-poisoned C.
@@ -95,6 +100,8 @@ void run_case(const Case& g, std::mt19937& rng) {
     hb[size_t(2 * bcols)] = g.fp4 ? 0x01 : 0x30;
   }
   if (g.nan_row >= 0) hs[size_t(g.nan_row * kbs)] = 0xFF;
+  if (g.nan_code_row >= 0 && !g.fp4) hb[size_t(g.nan_code_row * bcols + (K > 40 ? 37 : 3))] = 0x7F;
+  const bool prefill = M > 64;  // the prefill kernel: the weights as BF16
   std::vector<uint16_t> hbias(static_cast<size_t>(N));
   for (auto& v : hbias) v = to_bits(g.act, ux(rng));
 
@@ -104,7 +111,8 @@ void run_case(const Case& g, std::mt19937& rng) {
     for (int64_t k = 0; k < K; ++k) {
       const uint8_t code = g.fp4 ? uint8_t((hb[size_t(n * bcols + k / 2)] >> (4 * (k & 1))) & 0xF) : hb[size_t(n * bcols + k)];
       const double e = g.fp4 ? double(mx::decode_e2m1(code)) : double(mx::decode_e4m3(code));
-      w[size_t(n * K + k)] = e * double(mx::decode_e8m0(hs[size_t(n * kbs + k / 32)]));
+      const double x = e * double(mx::decode_e8m0(hs[size_t(n * kbs + k / 32)]));
+      w[size_t(n * K + k)] = prefill ? round_bf16(x) : x;
     }
   std::vector<double> ref(size_t(M * N)), sabs(size_t(M * N));
   for (int64_t m = 0; m < M; ++m)
@@ -149,7 +157,7 @@ void run_case(const Case& g, std::mt19937& rng) {
         const size_t i = size_t(m * N + n);
         const double got = from_bits(g.act, hc[i]);
         bool ok;
-        if (n == g.nan_row) {
+        if (n == g.nan_row || (n == g.nan_code_row && !g.fp4)) {
           ok = std::isnan(got);
         } else {
           const double r = ref[i], tol = rel * std::fabs(r) + std::ldexp(sabs[i], -16) + abs_tol;
@@ -182,8 +190,12 @@ void run_case(const Case& g, std::mt19937& rng) {
     if ((";" + ps + ";").find(";act=" + act + ";") == std::string::npos ||
         (";" + ps + ";").find(";fmt=" + fmt + ";") == std::string::npos)
       return;
-    const size_t mp = (";" + ps).find(";mt=");  // (not the "mt=" inside "fmt=")
-    if (mp == std::string::npos || 8 * std::stoll(ps.substr(mp + 3)) < M) return;
+    const bool prefill_variant = std::string(name).rfind("mx_prefill_", 0) == 0;
+    if (prefill_variant != prefill) return;
+    if (!prefill) {
+      const size_t mp = (";" + ps).find(";mt=");  // (not the "mt=" inside "fmt=")
+      if (mp == std::string::npos || 8 * std::stoll(ps.substr(mp + 3)) < M) return;
+    }
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
     check(name);
     REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
@@ -229,10 +241,40 @@ TEST_CASE("mx_decode: wide scale exponents (0x00, 0xFE, 2^-107..2^107)", "[mx_de
   }
 }
 
+TEST_CASE("mx_prefill: weight-only GEMM, M > 64 (BF16), against the FP64 reference of the BF16 weights",
+          "[mx_decode][mx_prefill][mx]") {
+  std::mt19937 rng(4803);
+  const struct {
+    int64_t M, N, K;
+  } shapes[] = {
+      {65, 256, 4096},    // one row past the decode kernels
+      {200, 300, 96},     // M, N tails, K = 1.5 stages
+      {256, 1000, 1056},  // K % 64 = 32
+      {129, 17, 32},      // K = 32: one block; N < 128
+      {300, 513, 2080},
+      {1000, 4096, 1024},  // more tiles than SMs
+      {384, 130, 8192},    // long K, few tiles
+  };
+  for (const bool fp4 : {false, true})
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); ++s) {
+      const auto& sh = shapes[s];
+      Case g{FLY_BF16, fp4, sh.M, sh.N, sh.K, s % 2 == 0, Scales::kNarrow, sh.N > 8 ? int64_t(sh.N / 3) : -1};
+      g.nan_code_row = sh.N > 8 ? int64_t(sh.N / 2) : -1;
+      run_case(g, rng);
+    }
+  // every scale byte class: 0x00 (BF16 subnormal weights, rounded), 0xFE and 20..234 (two
+  // multiplies above 134), 0xFF
+  for (const bool fp4 : {false, true}) {
+    run_case(Case{FLY_BF16, fp4, 90, 130, 320, true, Scales::kWide, 5}, rng);
+    run_case(Case{FLY_BF16, fp4, 257, 300, 4096, false, Scales::kWide, -1}, rng);
+  }
+}
+
 TEST_CASE("mx_decode: what the weight-only mode refuses on the device", "[mx_decode][mx]") {
   const int64_t N = 64, K = 128;
   Dev da(65 * K * 2), db(N * K), ds(N * K / 32), dc(65 * N * 2);
-  const fly_tensor a65 = mat(da.p, FLY_BF16, 65, K, K), c65 = mat(dc.p, FLY_BF16, 65, N, N);
+  // FP16 activations past M = 64: no prefill kernel (FP16 cannot hold the scaled weights)
+  const fly_tensor a65 = mat(da.p, FLY_F16, 65, K, K), c65 = mat(dc.p, FLY_F16, 65, N, N);
   const fly_tensor b = mat(db.p, FLY_F8_E4M3, N, K, K), sb = mat(ds.p, FLY_E8M0, N, K / 32, K / 32);
   CHECK(fly_scaled_gemm(&a65, nullptr, &b, &sb, nullptr, &c65, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
   CHECK(fly_test::mentions("M <= 64"));
@@ -251,4 +293,15 @@ TEST_CASE("mx_decode: what the weight-only mode refuses on the device", "[mx_dec
     REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
   });
   CHECK(tried);
+  // a forced prefill variant with M <= 64 runs the decode kernels' request: not a decode variant
+  const fly_tensor a8 = mat(da.p, FLY_BF16, 8, K, K), c8 = mat(dc.p, FLY_BF16, 8, N, N);
+  bool tried_prefill = false;
+  fly_test::for_each_variant("mx_decode", [&](const char* name, const char*) {
+    if (tried_prefill || std::string(name).rfind("mx_prefill_bf16_e4m3", 0) != 0) return;
+    tried_prefill = true;
+    REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
+    CHECK(fly_scaled_gemm(&a8, nullptr, &b, &sb, nullptr, &c8, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
+    REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+  });
+  CHECK(tried_prefill);
 }
