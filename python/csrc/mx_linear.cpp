@@ -3,8 +3,8 @@
 // fly_scaled_gemm call on a 2-D activation a [M, K] and the layer's packed weights, in one of the
 // two modes of the C ABI (include/flykernels/flykernels.h, docs/mxfp.md):
 //  - weight-only (scale_a None): a BF16/FP16 as it is, b = the MX weights, c in a's dtype. This is
-//    the mode the mx_decode kernel adds (branch mx-decode, from commit 0a2cbfc, its ABI unchanged
-//    through 0c41b83: fly_scaled_gemm with a 16-bit a and scale_a NULL; M <= 64, larger M is
+//    the mode the mx_decode kernels add (fly_scaled_gemm with a 16-bit a and scale_a NULL: the
+//    decode kernels for M <= 64, the prefill kernel for BF16 at M > 64; FP16 at M > 64 is
 //    FLY_ERROR_UNSUPPORTED).
 //  - MX activations (scale_a given): a = fly_mx_quantize's codes of x in the weights' format, the
 //    MX GEMM F.scaled_mm reaches (scaled_mm.cpp), c in out_dtype (bf16/fp16).
@@ -97,7 +97,7 @@ std::optional<at::Tensor> mx_linear_run(const at::Tensor& a, const std::optional
   st = fly_scaled_gemm(&ad, scale_a ? &sad : nullptr, &bd, &sbd, bias ? &biasd : nullptr, &cd,
                        ws_bytes ? ws.get() : nullptr, ws_bytes, current_stream(a.device()));
   if (st != FLY_SUCCESS) {
-    // e.g. M > 64 weight-only (no prefill kernel yet), a row stride the kernels cannot load
+    // e.g. FP16 weight-only at M > 64 (no prefill kernel for it), a row stride the kernels cannot load
     TORCH_CHECK(status_means_fallback(st), "flykernels mx_linear: ", fly_status_string(st), ": ", fly_get_last_error());
     note_fallback(id, fly_get_last_error());
     return std::nullopt;

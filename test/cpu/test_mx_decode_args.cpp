@@ -14,6 +14,8 @@
 #include "flykernels/flykernels.h"
 #include "gemm/gemm_mx.h"
 #include "mx/mx_decode.h"
+#include "mx/mx_prefill.h"
+#include "mx/mx_unpack.h"
 #include "test_tensors.hpp"
 
 namespace {
@@ -150,6 +152,93 @@ TEST_CASE("mx_decode wide: the prescaled BF16 weights are exact where the fast p
   // multiplier 2^(135 - 7) is past BF16's largest value
   CHECK(!bf16_exact(std::ldexp(1.0, -9) * std::ldexp(1.0, 2 - 127)));
   CHECK(!bf16_exact(std::ldexp(1.0, 135 - 7)));
+}
+
+namespace {
+// BF16 round-to-nearest-even of an exact double (subnormals down to 2^-133, overflow to inf).
+double bf16_rn(double x) {
+  if (!std::isfinite(x) || x == 0) return x;
+  int e = 0;
+  std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  const double quantum = std::ldexp(1.0, std::max(e - 1, -126) - 7);
+  const double r = std::nearbyint(x / quantum) * quantum;  // the default rounding: to nearest even
+  return std::fabs(r) >= std::ldexp(1.0, 128) ? std::copysign(INFINITY, x) : r;
+}
+// BF16 multiply as mul.rn.bf16x2 does it on one half: the exact product rounded once.
+uint32_t bf16_mul_bits(uint32_t a, uint32_t b) {
+  const double p = fly::mxd::bf16_bits_value(a) * fly::mxd::bf16_bits_value(b);
+  if (std::isnan(p)) return 0x7FC0u;
+  const float f = float(bf16_rn(p));  // exact in FP32
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u >> 16;
+}
+// The prefill producer's widening of one element (mx_prefill.cu widen_word), given its E4M3 code.
+double prefill_widen(uint32_t e4m3, uint32_t scale) {
+  namespace mxp = fly::mxp;
+  const uint32_t placed = fly::mxd::e4m3x2_place_bf16(e4m3, false) & 0xFFFFu;
+  uint32_t v = bf16_mul_bits(placed, mxp::mult_first16(scale));
+  if (scale > mxp::kOneMulMax && scale < 255u) v = bf16_mul_bits(v, mxp::mult_second16(scale));
+  if (mxp::e4m3_nan_mask(e4m3) & 0x80u) v = 0x7FC0u;
+  return fly::mxd::bf16_bits_value(v);
+}
+bool same_value(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+}  // namespace
+
+TEST_CASE("mx_prefill: the widened weight is bf16(dequant) for every code and scale byte", "[mx_decode][mx]") {
+  namespace mxp = fly::mxp;
+  // the multipliers: 2^(e - 7) up to 134, else 2^127 then 2^(e - 134); NaN for 0xFF
+  for (uint32_t e = 0; e < 255; ++e) {
+    INFO("e " << e);
+    const double m1 = fly::mxd::bf16_bits_value(mxp::mult_first16(e));
+    if (e <= mxp::kOneMulMax) {
+      CHECK(m1 == std::ldexp(1.0, int(e) - 7));
+    } else {
+      CHECK(m1 == std::ldexp(1.0, 127));
+      CHECK(fly::mxd::bf16_bits_value(mxp::mult_second16(e)) == std::ldexp(1.0, int(e) - 134));
+    }
+  }
+  CHECK(std::isnan(fly::mxd::bf16_bits_value(mxp::mult_first16(255))));
+  // MXFP8: every E4M3 byte (NaN codes too) times every scale byte
+  for (uint32_t scale = 0; scale < 256; ++scale)
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      const double want = bf16_rn(double(fly::mx::decode_e4m3(uint8_t(byte))) * double(fly::mx::decode_e8m0(uint8_t(scale))));
+      INFO("e4m3 byte " << byte << " scale " << scale);
+      CHECK(same_value(prefill_widen(byte, scale), want));
+    }
+  // MXFP4: every code through the E2M1 -> E4M3 permute, times every scale byte
+  for (uint32_t scale = 0; scale < 256; ++scale)
+    for (uint32_t code = 0; code < 16; ++code) {
+      const uint32_t e4 = fly::mxu::e2m1x4_to_e4m3x4(code) & 0xFFu;
+      const double want = bf16_rn(double(fly::mx::decode_e2m1(uint8_t(code))) * double(fly::mx::decode_e8m0(uint8_t(scale))));
+      INFO("e2m1 code " << code << " scale " << scale);
+      CHECK(same_value(prefill_widen(e4, scale), want));
+    }
+  // the NaN mask marks exactly the bytes 0x7F and 0xFF, in any lane of the word
+  for (uint32_t byte = 0; byte < 256; ++byte)
+    for (int pos = 0; pos < 4; ++pos) {
+      const uint32_t w = (0x01020304u & ~(0xFFu << (8 * pos))) | (byte << (8 * pos));
+      CHECK(mxp::e4m3_nan_mask(w) == ((byte & 0x7Fu) == 0x7Fu ? 0x80u << (8 * pos) : 0u));
+    }
+}
+
+TEST_CASE("mx_prefill: shared memory and launch plan", "[mx_decode][mx]") {
+  namespace mxp = fly::mxp;
+  // the default variants fit sm_90's 227 KiB (the tuning space's constraint is this formula)
+  CHECK(mxp::smem_bytes(256, 3, 4, false) == 3 * (128 + 256) * 128 + 16 * 3 + 1024 + 4 * 256 * 64);
+  CHECK(mxp::smem_bytes(256, 4, 4, true) <= 227 * 1024);
+  CHECK(mxp::smem_bytes(256, 3, 4, false) <= 227 * 1024);
+  CHECK(mxp::smem_bytes(128, 4, 4, false) <= 227 * 1024);
+  // persistent: at most one CTA per SM, tiles of 128 rows
+  const mxp::Launch big = mxp::plan(4096, 14336, 256, 3, 4, false, 132);
+  CHECK(big.tiles_m == 32);
+  CHECK(big.tiles_n == 56);
+  CHECK(big.grid == 132);
+  const mxp::Launch small = mxp::plan(65, 300, 128, 4, 4, true, 132);
+  CHECK(small.tiles_m == 1);
+  CHECK(small.tiles_n == 3);
+  CHECK(small.grid == 3);
+  CHECK(small.threads == 384);
 }
 
 TEST_CASE("mx_decode: launch plan splits K over a cluster within one wave", "[mx_decode][mx]") {
