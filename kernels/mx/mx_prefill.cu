@@ -19,6 +19,8 @@
 //   writes -> wgmma's async reads) and one arrival per warp on the full barrier (count 1 + 4).
 // - The block scales are read with ld.global.nc per stage (a row's 32-byte sector covers 16 stages;
 //   L1 keeps it).
+// - Split-K for few-tile shapes (GemmParams::split > 1): clusters of `split` CTAs, one k range
+//   each, reduced through DSMEM as the dense kernel does (gemm_epilogue.cuh).
 //
 // Variant constants (tools/flygen, tuning/mx_decode.json): FLY_ACT_IS_BF16, FLY_FMT_IS_{E4M3,E2M1},
 // FLY_BN (128, 256), FLY_STAGES (ring), FLY_RD (staging slots: packed stages in flight per thread).
@@ -99,15 +101,16 @@ struct Cursor {
   WorkUnit u;
   int kb = 0;
   bool valid;
-  __device__ explicit Cursor(const GemmParams& g) : sched(g) {
-    valid = sched.fetch(u);
-    kb = valid ? u.kb_begin : 0;
-  }
+  __device__ explicit Cursor(const GemmParams& g) : sched(g) { fetch(); }
   __device__ void next() {
-    if (++kb >= u.kb_end) {
+    if (++kb >= u.kb_end) fetch();
+  }
+  // the next unit with k steps (the consumers skip empty ones without touching the ring)
+  __device__ void fetch() {
+    do {
       valid = sched.fetch(u);
       kb = valid ? u.kb_begin : 0;
-    }
+    } while (valid && kb >= u.kb_end);
   }
 };
 
@@ -241,7 +244,19 @@ __device__ __forceinline__ void consumer_role(const GemmParams& g, const Ring& r
       continue;
     }
     if (u.role == kOwner) sk_gather(g, u, wg, acc);
-    store_tile(out, u, wg, acc);
+    if (g.split > 1) {
+      // split-K (a cluster of `split` CTAs, one k range each): the dense kernel's DSMEM reduction
+      // through the ring, which no stage uses any more (the producer wrote only stages these
+      // warpgroups have consumed)
+      consumers_sync();
+      float* part = reinterpret_cast<float*>(ring.base);
+      park_partial<false>(part, wg, acc);
+      sm90::cluster_sync();
+      reduce_partials(out, u, part, PartialLayout{false}, sched.rank, g.split, threadIdx.x - 128);
+      sm90::cluster_sync();
+    } else {
+      store_tile(out, u, wg, acc);
+    }
   }
 }
 
@@ -265,6 +280,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) fly_mx_prefill_sm90(co
   if (wg == 0) {
     Regs::producer();
     producer_role(p, ring, raw, int(threadIdx.x));
+    if (p.g.split > 1) {  // the consumers' two cluster barriers
+      sm90::cluster_sync();
+      sm90::cluster_sync();
+    }
   } else {
     Regs::consumer();
     consumer_role(p.g, ring, wg - 1);

@@ -329,8 +329,17 @@ fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const f
   g.tiles_m = L.tiles_m;
   g.tiles_n = L.tiles_n;
   g.strip_m = gemm::raster_group(L.tiles_m, L.tiles_n, 128, bn, int64_t(L.grid));
-  g.split = 1;
-  g.kb_per_split = int32_t((K + gemm::kBK - 1) / gemm::kBK);
+  // Split-K for few tiles (clusters of `split` CTAs, one k range each, reduced through DSMEM):
+  // up to 8 CTAs a tile while the tiles times the split fit on the SMs and every range keeps
+  // at least 4 k steps; no range empty.
+  const int64_t kb_total = (K + gemm::kBK - 1) / gemm::kBK, tiles = int64_t(L.tiles_m) * L.tiles_n;
+  int64_t split = std::min<int64_t>({8, sms / std::max<int64_t>(1, tiles), kb_total / 4});
+  if (split < 2) split = 1;
+  const int64_t per = (kb_total + split - 1) / split;
+  split = (kb_total + per - 1) / per;
+  const unsigned grid = split > 1 ? unsigned(tiles * split) : L.grid;
+  g.split = int32_t(split);
+  g.kb_per_split = int32_t(per);
   g.c_vec = (reinterpret_cast<uintptr_t>(c->data) % 8 == 0) && (g.ldc % 4 == 0);
   g.mc = 1;
   p.w = static_cast<const uint8_t*>(b->data);
@@ -338,12 +347,13 @@ fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const f
   p.ldw = row_stride(*b);
   p.n = int32_t(N);
   p.k = int32_t(K);
-  log(LogLevel::kInfo, "scaled_gemm weight-only prefill %s: grid %u, %d x %d tiles (M %lld N %lld K %lld)", v.name.c_str(),
-      L.grid, L.tiles_m, L.tiles_n, (long long)M, (long long)N, (long long)K);
+  log(LogLevel::kInfo, "scaled_gemm weight-only prefill %s: grid %u, %d x %d tiles, split %d (M %lld N %lld K %lld)",
+      v.name.c_str(), grid, L.tiles_m, L.tiles_n, g.split, (long long)M, (long long)N, (long long)K);
   LaunchConfig cfg;
-  cfg.grid[0] = L.grid;
+  cfg.grid[0] = grid;
   cfg.block[0] = L.threads;
   cfg.smem = L.smem;
+  cfg.cluster[0] = unsigned(split);
   return launch1(rk.f, cfg, stream, p);
 }
 

@@ -338,17 +338,19 @@ void run_mx_decode(const char* name, const std::string& ps) {
   const bool f4 = has(ps, "fmt=e2m1");
   if (std::strncmp(name, "mx_prefill_", 11) == 0) {
     // The prefill kernel (M > 64, BF16): M = 200 (two tile rows, the second partial), N = 300 (a
-    // partial W tile), K = 1056 (K % 64 = 32: the last stage's second block zero-filled), with and
-    // without bias; scale bytes 0x7c, then 0xF0 (the two-multiply widening).
-    const int64_t M = 200, N = 300, K = 1056, kb = f4 ? K / 2 : K;
-    for (int pass = 0; pass < 2; ++pass) {
+    // partial W tile), K = 1056 (K % 64 = 32: the last stage's second block zero-filled; few tiles:
+    // split-K clusters), with and without bias; scale bytes 0x7c, then 0xF0 (the two-multiply
+    // widening); then K = 256 (no split: the persistent path).
+    const int64_t M = 200, N = 300;
+    for (int pass = 0; pass < 3; ++pass) {
+      const int64_t K = pass == 2 ? 256 : 1056, kb = f4 ? K / 2 : K;
       Buf a(M * K * 2, 0x3c), b(N * kb, 0x3c), sb(N * K / 32, pass == 1 ? 0xF0 : 0x7c), c(M * N * 2), bias(N * 2, 0x3c);
       const fly_tensor ta = flykernels::tensor(a.p, FLY_BF16, {M, K}, {K, 1});
       const fly_tensor tb = flykernels::tensor(b.p, f4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, {N, kb}, {kb, 1});
       const fly_tensor tsb = flykernels::tensor(sb.p, FLY_E8M0, {N, K / 32}, {K / 32, 1});
       const fly_tensor tc = flykernels::tensor(c.p, FLY_BF16, {M, N}, {N, 1}), tbias = flykernels::tensor(bias.p, FLY_BF16, {N}, {1});
       report(name, fly_scaled_gemm(&ta, nullptr, &tb, &tsb, pass == 0 ? &tbias : nullptr, &tc, nullptr, 0, nullptr),
-             pass == 0 ? "M200+bias" : "M200 scales 0xF0");
+             pass == 0 ? "M200+bias" : pass == 1 ? "M200 scales 0xF0" : "M200 K256");
     }
     return;
   }
