@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core.hpp"
+#include "dispatch.hpp"
 #include "gemm/gemm_plan.h"
 #include "mx/mx_decode.h"
 #include "mx/mx_prefill.h"
@@ -298,9 +299,8 @@ fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const f
   ResolvedKernel rk;
   FLY_TRY(resolve_kernel(*dc, req, "fly_mx_prefill_sm90", &rk));
   const Variant& v = *rk.v;
-  if (!is_prefill_variant(v))  // a forced decode variant
-    return fail(FLY_ERROR_UNSUPPORTED, "variant %s takes M <= %" PRId64 ", got M = %" PRId64, v.name.c_str(),
-                kWeightOnlyMaxM, M);
+  if (!is_prefill_variant(v))  // unreachable: supports() takes prefill variants only
+    return fail(FLY_ERROR_INTERNAL, "variant %s is not a prefill variant", v.name.c_str());
   const int bn = int(v.get_int("bn", 256)), stages = int(v.get_int("stages", 3)), rd = int(v.get_int("rd", 4));
   const mxp::Launch L = mxp::plan(M, N, bn, stages, rd, fp4, sms);
   if (smem_max > 0 && int64_t(L.smem) > smem_max)
@@ -385,7 +385,9 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   FLY_TRY(check_bases_aligned(a, b));
   if (N > INT32_MAX || K > INT32_MAX || (N + 15) / 16 > INT32_MAX / 8)
     return fail(FLY_ERROR_UNSUPPORTED, "b: N = %" PRId64 ", K = %" PRId64 " exceed the MX kernels' 32-bit indices", N, K);
-  if (M > kWeightOnlyMaxM) {
+  // M > 64 (BF16): the prefill kernel; also a forced prefill variant at any M (tests, the probe's
+  // comparisons with the decode kernels)
+  if (M > kWeightOnlyMaxM || (a->dtype == FLY_BF16 && forced_variant().rfind("mx_prefill_", 0) == 0)) {
     if (M > INT32_MAX || (M + 127) / 128 * ((N + 127) / 128) > INT32_MAX)
       return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the prefill kernel's 32-bit tile indices", M);
     return weight_only_prefill(a, b, scale_b, bias, c, M, N, K, stream);

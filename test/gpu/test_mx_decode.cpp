@@ -101,31 +101,42 @@ void run_case(const Case& g, std::mt19937& rng) {
   }
   if (g.nan_row >= 0) hs[size_t(g.nan_row * kbs)] = 0xFF;
   if (g.nan_code_row >= 0 && !g.fp4) hb[size_t(g.nan_code_row * bcols + (K > 40 ? 37 : 3))] = 0x7F;
-  const bool prefill = M > 64;  // the prefill kernel: the weights as BF16
+  // the prefill kernel (M > 64, or forced at any M with BF16) multiplies the weights as BF16
+  const bool any_prefill = g.act == FLY_BF16;
   std::vector<uint16_t> hbias(static_cast<size_t>(N));
   for (auto& v : hbias) v = to_bits(g.act, ux(rng));
 
-  // FP64 reference of the exactly dequantized weights
-  std::vector<double> w(size_t(N * K));
+  // FP64 references: of the exactly dequantized weights (decode kernels), and of those rounded to
+  // BF16 (prefill kernel)
+  std::vector<double> w(size_t(N * K)), wr(any_prefill ? size_t(N * K) : 0);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
       const uint8_t code = g.fp4 ? uint8_t((hb[size_t(n * bcols + k / 2)] >> (4 * (k & 1))) & 0xF) : hb[size_t(n * bcols + k)];
       const double e = g.fp4 ? double(mx::decode_e2m1(code)) : double(mx::decode_e4m3(code));
       const double x = e * double(mx::decode_e8m0(hs[size_t(n * kbs + k / 32)]));
-      w[size_t(n * K + k)] = prefill ? round_bf16(x) : x;
+      w[size_t(n * K + k)] = x;
+      if (any_prefill) wr[size_t(n * K + k)] = round_bf16(x);
     }
-  std::vector<double> ref(size_t(M * N)), sabs(size_t(M * N));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      double r = g.bias ? from_bits(g.act, hbias[size_t(n)]) : 0.0, s = std::fabs(r);
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = from_bits(g.act, ha[size_t(m * K + k)]) * w[size_t(n * K + k)];
-        r += p;
-        s += std::fabs(p);
+  struct Ref {
+    std::vector<double> v, sabs;
+  };
+  auto reference = [&](const std::vector<double>& wt) {
+    Ref out{std::vector<double>(size_t(M * N)), std::vector<double>(size_t(M * N))};
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double r = g.bias ? from_bits(g.act, hbias[size_t(n)]) : 0.0, s = std::fabs(r);
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = from_bits(g.act, ha[size_t(m * K + k)]) * wt[size_t(n * K + k)];
+          r += p;
+          s += std::fabs(p);
+        }
+        out.v[size_t(m * N + n)] = r;
+        out.sabs[size_t(m * N + n)] = s;
       }
-      ref[size_t(m * N + n)] = r;
-      sabs[size_t(m * N + n)] = s;
-    }
+    return out;
+  };
+  const bool only_prefill = M > 64;
+  const Ref exact = only_prefill ? Ref{} : reference(w), rounded = any_prefill ? reference(wr) : Ref{};
 
   Dev da(ha.size() * 2), db(hb.size()), ds(hs.size()), dbias(hbias.size() * 2), dc(size_t(M * N) * 2);
   CUDA_OK(cudaMemcpy(da.p, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
@@ -141,7 +152,9 @@ void run_case(const Case& g, std::mt19937& rng) {
   const double rel = g.act == FLY_BF16 ? 1.0 / 256 : 1.0 / 1024;
   const double abs_tol = g.act == FLY_BF16 ? std::ldexp(1.0, -126) : std::ldexp(1.0, -24);
   const double lim = g.act == FLY_BF16 ? std::ldexp(1.0, 128) - std::ldexp(1.0, 119) : 65520.0;
-  auto check = [&](const std::string& who) {
+  auto check = [&](const std::string& who, bool prefill) {
+    const std::vector<double>& ref = prefill ? rounded.v : exact.v;
+    const std::vector<double>& sabs = prefill ? rounded.sabs : exact.sabs;
     CUDA_OK(cudaMemset(dc.p, 0xFF, size_t(M * N) * 2));  // NaN in both dtypes
     const fly_status st = fly_scaled_gemm(&a, nullptr, &b, &sb, g.bias ? &bias : nullptr, &c, nullptr, 0, nullptr);
     INFO(who << ": " << fly_get_last_error());
@@ -182,7 +195,7 @@ void run_case(const Case& g, std::mt19937& rng) {
                                 : std::string()));
     CHECK(bad == 0);
   };
-  check(std::string("dispatch"));
+  check(std::string("dispatch"), only_prefill);
   const std::string act = g.act == FLY_BF16 ? "bf16" : "fp16", fmt = g.fp4 ? "e2m1" : "e4m3";
   int forced = 0;
   fly_test::for_each_variant("mx_decode", [&](const char* name, const char* params) {
@@ -191,13 +204,13 @@ void run_case(const Case& g, std::mt19937& rng) {
         (";" + ps + ";").find(";fmt=" + fmt + ";") == std::string::npos)
       return;
     const bool prefill_variant = std::string(name).rfind("mx_prefill_", 0) == 0;
-    if (prefill_variant != prefill) return;
-    if (!prefill) {
+    if (!prefill_variant && only_prefill) return;
+    if (!prefill_variant) {
       const size_t mp = (";" + ps).find(";mt=");  // (not the "mt=" inside "fmt=")
       if (mp == std::string::npos || 8 * std::stoll(ps.substr(mp + 3)) < M) return;
     }
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
-    check(name);
+    check(name, prefill_variant);
     REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
     ++forced;
   });
@@ -293,8 +306,8 @@ TEST_CASE("mx_decode: what the weight-only mode refuses on the device", "[mx_dec
     REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
   });
   CHECK(tried);
-  // a forced prefill variant with M <= 64 runs the decode kernels' request: not a decode variant
-  const fly_tensor a8 = mat(da.p, FLY_BF16, 8, K, K), c8 = mat(dc.p, FLY_BF16, 8, N, N);
+  // a forced prefill variant with FP16 activations (M <= 64: the decode kernels' request)
+  const fly_tensor a8 = mat(da.p, FLY_F16, 8, K, K), c8 = mat(dc.p, FLY_F16, 8, N, N);
   bool tried_prefill = false;
   fly_test::for_each_variant("mx_decode", [&](const char* name, const char*) {
     if (tried_prefill || std::string(name).rfind("mx_prefill_bf16_e4m3", 0) != 0) return;
