@@ -372,15 +372,19 @@ FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, const fly_te
  *    NULL with a size: FLY_ERROR_INVALID_ARGUMENT.
  * M, N == 0: no-op; K == 0: FLY_ERROR_UNSUPPORTED.
  *
- * Weight-only mode (docs/mxfp.md "Weight-only decode"): a FLY_BF16 or FLY_F16 and scale_a NULL:
+ * Weight-only mode (docs/mxfp.md "Weight-only decode" / "Weight-only prefill"): a FLY_BF16 or
+ * FLY_F16 and scale_a NULL:
  *   C[M,N] = sum_k A[m,k] * (B[n,k] * sb[n,k/32]) (+ bias[N]), the activations as they are.
  * a: [M, K] BF16/FP16, unit inner stride, row stride a multiple of 8 elements, 16-byte aligned.
  * b, scale_b: as above (E4M3 [N, K] or E2M1X2 [N, K/2]; [N, K/32] E8M0), what fly_mx_quantize
  *    writes for the weights. c: [M, N] in a's dtype (another dtype: FLY_ERROR_UNSUPPORTED); bias
  *    in c's dtype. FP32 accumulation, each 32-k block's scale applied exactly to its FP32 partial
  *    sum (0x00 = 2^-127, 0xFF = NaN: that column of C is NaN).
- * M <= 64 (the decode kernel); larger M returns FLY_ERROR_UNSUPPORTED (no prefill kernel yet:
- *    dequantize and call fly_gemm). No workspace (the query says 0; one passed is ignored).
+ * M <= 64: the decode kernels. M > 64: the prefill kernel with BF16 a, which multiplies each
+ *    weight rounded to BF16 once (bf16(B[n,k] * sb[n,k/32]): exact for every weight a quantizer
+ *    writes; only scales that put elements outside BF16's range round), as dequantizing to BF16
+ *    and a BF16 GEMM would; with FP16 a, FLY_ERROR_UNSUPPORTED (dequantize and call fly_gemm).
+ *    No workspace (the query says 0; one passed is ignored).
  * A non-NULL scale_a with a 16-bit a is FLY_ERROR_UNSUPPORTED (the MX-activation mode needs
  * E4M3/E2M1X2 activations). */
 /* bytes = max over the bundled split-K variants of S x M x N x 4 rounded up to 256, where
