@@ -266,17 +266,17 @@ fly_status check_weight_only(const fly_tensor* a, const fly_tensor* b, const fly
 }
 
 // ---- weight-only prefill (BF16 activations, M > 64): kernels/mx/mx_prefill.cu ----------------
-// Variants mx_prefill_* of the mx_decode family (tuning/mx_decode.json, the third space).
+// Variants mx_decode_prefill_* of the mx_decode family (tuning/mx_decode.json, the third space).
 // The family default: 128 x 256 tiles unless 128 x 128 ones take fewer waves of the SMs for the
 // work (per-tile time taken as proportional to bn, 128-wide tiles 10% less efficient).
 std::string prefill_default(bool fp4, int64_t M, int64_t N, int sms) {
   const int64_t tm = (M + 127) / 128, t256 = tm * ((N + 255) / 256), t128 = tm * ((N + 127) / 128);
   const int64_t w256 = (t256 + sms - 1) / sms, w128 = (t128 + sms - 1) / sms;
   const bool narrow = w128 * 128 * 11 < w256 * 256 * 10;
-  if (fp4) return narrow ? "mx_prefill_bf16_e2m1_n128_s4_r4" : "mx_prefill_bf16_e2m1_n256_s4_r4";
-  return narrow ? "mx_prefill_bf16_e4m3_n128_s4_r4" : "mx_prefill_bf16_e4m3_n256_s3_r4";
+  if (fp4) return narrow ? "mx_decode_prefill_bf16_e2m1_n128_s4_r4" : "mx_decode_prefill_bf16_e2m1_n256_s4_r4";
+  return narrow ? "mx_decode_prefill_bf16_e4m3_n128_s4_r4" : "mx_decode_prefill_bf16_e4m3_n256_s3_r4";
 }
-bool is_prefill_variant(const Variant& v) { return v.name.rfind("mx_prefill_", 0) == 0; }
+bool is_prefill_variant(const Variant& v) { return v.name.rfind("mx_decode_prefill_", 0) == 0; }
 
 // The call's checks are done (weight_only_gemm): dtypes, shapes, strides, alignment, overlaps.
 fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const fly_tensor* scale_b,
@@ -387,7 +387,7 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
     return fail(FLY_ERROR_UNSUPPORTED, "b: N = %" PRId64 ", K = %" PRId64 " exceed the MX kernels' 32-bit indices", N, K);
   // M > 64 (BF16): the prefill kernel; also a forced prefill variant at any M (tests, the probe's
   // comparisons with the decode kernels)
-  if (M > kWeightOnlyMaxM || (a->dtype == FLY_BF16 && forced_variant().rfind("mx_prefill_", 0) == 0)) {
+  if (M > kWeightOnlyMaxM || (a->dtype == FLY_BF16 && forced_variant().rfind("mx_decode_prefill_", 0) == 0)) {
     if (M > INT32_MAX || (M + 127) / 128 * ((N + 127) / 128) > INT32_MAX)
       return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the prefill kernel's 32-bit tile indices", M);
     return weight_only_prefill(a, b, scale_b, bias, c, M, N, K, stream);

@@ -203,7 +203,7 @@ void run_case(const Case& g, std::mt19937& rng) {
     if ((";" + ps + ";").find(";act=" + act + ";") == std::string::npos ||
         (";" + ps + ";").find(";fmt=" + fmt + ";") == std::string::npos)
       return;
-    const bool prefill_variant = std::string(name).rfind("mx_prefill_", 0) == 0;
+    const bool prefill_variant = std::string(name).rfind("mx_decode_prefill_", 0) == 0;
     if (!prefill_variant && only_prefill) return;
     if (!prefill_variant) {
       const size_t mp = (";" + ps).find(";mt=");  // (not the "mt=" inside "fmt=")
@@ -310,7 +310,7 @@ TEST_CASE("mx_decode: what the weight-only mode refuses on the device", "[mx_dec
   const fly_tensor a8 = mat(da.p, FLY_F16, 8, K, K), c8 = mat(dc.p, FLY_F16, 8, N, N);
   bool tried_prefill = false;
   fly_test::for_each_variant("mx_decode", [&](const char* name, const char*) {
-    if (tried_prefill || std::string(name).rfind("mx_prefill_bf16_e4m3", 0) != 0) return;
+    if (tried_prefill || std::string(name).rfind("mx_decode_prefill_bf16_e4m3", 0) != 0) return;
     tried_prefill = true;
     REQUIRE(fly_force_variant(name) == FLY_SUCCESS);
     CHECK(fly_scaled_gemm(&a8, nullptr, &b, &sb, nullptr, &c8, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);

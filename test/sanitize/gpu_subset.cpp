@@ -336,7 +336,7 @@ void run_mx(const char* name, const std::string& fam) {
 void run_mx_decode(const char* name, const std::string& ps) {
   const fly_dtype act = has(ps, "act=fp16") ? FLY_F16 : FLY_BF16;
   const bool f4 = has(ps, "fmt=e2m1");
-  if (std::strncmp(name, "mx_prefill_", 11) == 0) {
+  if (std::strncmp(name, "mx_decode_prefill_", 18) == 0) {
     // The prefill kernel (M > 64, BF16): M = 200 (two tile rows, the second partial), N = 300 (a
     // partial W tile), K = 1056 (K % 64 = 32: the last stage's second block zero-filled; few tiles:
     // split-K clusters), with and without bias; scale bytes 0x7c, then 0xF0 (the two-multiply
