@@ -202,6 +202,9 @@ bool is_16bit(fly_dtype dt) { return dt == FLY_F16 || dt == FLY_BF16; }
 const char* mx_fmt_name(bool fp4) { return fp4 ? "e2m1" : "e4m3"; }
 // Largest M the decode kernels take (8 * the largest mt of the space); larger M has no kernel yet.
 constexpr int64_t kWeightOnlyMaxM = 64;
+// Whether fly_scaled_gemm sends BF16 weight-only calls with M > 64 to the prefill kernel unforced
+// (docs/mxfp.md "Weight-only prefill": off until its GPU tests and sanitizer runs have passed).
+constexpr bool kPrefillDispatch = false;
 
 // The family default for a call (only names listed in tuning/mx_decode.json "defaults"): the
 // smallest activation tile that holds M (8, 16, 32 or 64 rows); 32 weight rows per warp where the
@@ -386,8 +389,16 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
   if (N > INT32_MAX || K > INT32_MAX || (N + 15) / 16 > INT32_MAX / 8)
     return fail(FLY_ERROR_UNSUPPORTED, "b: N = %" PRId64 ", K = %" PRId64 " exceed the MX kernels' 32-bit indices", N, K);
   // M > 64 (BF16): the prefill kernel; also a forced prefill variant at any M (tests, the probe's
-  // comparisons with the decode kernels)
-  if (M > kWeightOnlyMaxM || (a->dtype == FLY_BF16 && forced_variant().rfind("mx_decode_prefill_", 0) == 0)) {
+  // comparisons with the decode kernels). Until its GPU tests have passed on a Hopper card
+  // (kPrefillDispatch) it runs only when forced, and M > 64 stays unsupported.
+  const bool forced_prefill = a->dtype == FLY_BF16 && forced_variant().rfind("mx_decode_prefill_", 0) == 0;
+  if (M > kWeightOnlyMaxM && !kPrefillDispatch && !forced_prefill)
+    return fail(FLY_ERROR_UNSUPPORTED,
+                "a: M = %" PRId64 " rows; the weight-only MX mode dispatches its decode kernels for M <= %" PRId64
+                " (the prefill kernel, mx_decode_prefill_*, runs only when forced until it is verified on a GPU: "
+                "dequantize and use fly_gemm)",
+                M, kWeightOnlyMaxM);
+  if (M > kWeightOnlyMaxM || forced_prefill) {
     if (M > INT32_MAX || (M + 127) / 128 * ((N + 127) / 128) > INT32_MAX)
       return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the prefill kernel's 32-bit tile indices", M);
     return weight_only_prefill(a, b, scale_b, bias, c, M, N, K, stream);

@@ -307,12 +307,19 @@ TEST_CASE("scaled_gemm weight-only mode rejects bad arguments before any device 
   CHECK(fly_test::reached_device(fly_scaled_gemm(&a, nullptr, &b8, &sb, nullptr, &c, fly_test::fake_address(5), 256,
                                           nullptr)));
 
-  // M > 64: the prefill kernel for BF16 activations (both formats, bias) reaches the device; FP16
-  // is refused with the reason, before the device
+  // M > 64 with BF16 activations: the prefill kernel, dispatched only once verified on a GPU
+  // (src/ops/mx.cpp kPrefillDispatch); until then UNSUPPORTED with the reason unless forced, and a
+  // forced prefill variant reaches the device (both formats, bias, any M). FP16 is refused with the
+  // reason, before the device.
   fly_tensor a65 = mat(kA, FLY_BF16, 65, K, K), c65 = mat(kC, FLY_BF16, 65, N, N);
-  CHECK(fly_test::reached_device(fly_scaled_gemm(&a65, nullptr, &b8, &sb, &bias, &c65, nullptr, 0, nullptr)));
+  const fly_status s65 = fly_scaled_gemm(&a65, nullptr, &b8, &sb, &bias, &c65, nullptr, 0, nullptr);
+  const bool gated = s65 == FLY_ERROR_UNSUPPORTED && mentions("only when forced");  // (before reached_device's query)
+  CHECK((gated || fly_test::reached_device(s65)));
+  REQUIRE(fly_force_variant("mx_decode_prefill_bf16_e2m1_n256_s4_r4") == FLY_SUCCESS);
   fly_tensor a4k = mat(kA, FLY_BF16, 4096, K, K), c4k = mat(kC, FLY_BF16, 4096, N, N);
   CHECK(fly_test::reached_device(fly_scaled_gemm(&a4k, nullptr, &b4, &sb, nullptr, &c4k, nullptr, 0, nullptr)));
+  CHECK(fly_test::reached_device(fly_scaled_gemm(&a1, nullptr, &b4, &sb, nullptr, &c1, nullptr, 0, nullptr)));
+  REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
   fly_tensor ah65 = mat(kA, FLY_F16, 65, K, K), ch65 = mat(kC, FLY_F16, 65, N, N);
   CHECK(fly_scaled_gemm(&ah65, nullptr, &b8, &sb, nullptr, &ch65, nullptr, 0, nullptr) == FLY_ERROR_UNSUPPORTED);
   CHECK(mentions("M <= 64"));
