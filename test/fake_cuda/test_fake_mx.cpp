@@ -13,6 +13,7 @@
 #include "flykernels/flykernels.h"
 #include "mx/mx_decode.h"
 #include "mx/mx_params.h"
+#include "mx/mx_prefill.h"
 #include "mx/mx_wgmma_params.h"
 #include "mx/mx_widen.h"
 #include "test_tensors.hpp"
@@ -639,5 +640,107 @@ TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fa
     CHECK(fly_scaled_gemm(&a, nullptr, &b, &sb, nullptr, &c, nullptr, 0, s) == FLY_ERROR_UNSUPPORTED);
     CHECK(std::string(fly_get_last_error()).find("mx_decode_bf16_e4m3_w8_r32_m1_d4") != std::string::npos);
   }
+  fly_force_variant(nullptr);
+}
+
+// The weight-only prefill kernel (kernels/mx/mx_prefill.cu, variants mx_decode_prefill_*): not
+// dispatched unforced until verified on a GPU (src/ops/mx.cpp kPrefillDispatch: then UNSUPPORTED
+// with the reason), a forced variant's launch (persistent grid, or split-K clusters for few tiles),
+// shared memory, parameters and the activation map.
+TEST_CASE("scaled_gemm weight-only prefill: gate, launch, maps and parameters", "[fake][mx][mx_decode]") {
+  if (!fly::find_variant("mx_decode_prefill_bf16_e4m3_n256_s3_r4")) {
+    WARN("mx_decode prefill variants not in this build");
+    return;
+  }
+  void* s = fake_cuda_stream_create(0);
+  struct Shape {
+    int64_t M, N, K;
+  };
+  int launched = 0;
+  for (const char* vname : {"mx_decode_prefill_bf16_e4m3_n256_s3_r4", "mx_decode_prefill_bf16_e2m1_n128_s4_r4"})
+    for (Shape sh : {Shape{300, 4096, 4096}, Shape{4096, 14336, 4096}, Shape{256, 4096, 14336}, Shape{65, 300, 1056},
+                     Shape{129, 17, 32}, Shape{16, 6144, 4096}}) {
+      const bool fp4 = std::strstr(vname, "e2m1") != nullptr;
+      const int bn = std::strstr(vname, "_n256_") ? 256 : 128, stages = fp4 ? 4 : 3, rd = 4;
+      const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
+      void* ad = fake_cuda_malloc(size_t(M * K * 2));
+      void* bd = fake_cuda_malloc(size_t(N * cols));
+      void* sd = fake_cuda_malloc(size_t(N * K / 32));
+      void* cd = fake_cuda_malloc(size_t(M * N * 2));
+      void* biasd = fake_cuda_malloc(size_t(N * 2));
+      const fly_tensor a = mat(ad, FLY_BF16, M, K, K), b = mat(bd, fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, N, cols, cols),
+                       sb = mat(sd, FLY_E8M0, N, K / 32, K / 32), c = mat(cd, FLY_BF16, M, N, N),
+                       bias = vec(biasd, FLY_BF16, N);
+      INFO(vname << " M " << M << " N " << N << " K " << K);
+      if (M > 64) {  // unforced: the gate (or, once on, the prefill kernel)
+        fake_cuda_clear_records();
+        const fly_status st = fly_scaled_gemm(&a, nullptr, &b, &sb, &bias, &c, nullptr, 0, s);
+        if (st != FLY_SUCCESS) {
+          CHECK(st == FLY_ERROR_UNSUPPORTED);
+          CHECK(std::string(fly_get_last_error()).find("only when forced") != std::string::npos);
+          CHECK(fake_cuda_launch_count() == 0);
+        }
+      }
+      REQUIRE(fly_force_variant(vname) == FLY_SUCCESS);
+      fake_cuda_clear_records();
+      const fly_status st = fly_scaled_gemm(&a, nullptr, &b, &sb, &bias, &c, nullptr, 0, s);
+      INFO(fly_get_last_error() << " " << fake_cuda_last_refusal());
+      REQUIRE(st == FLY_SUCCESS);
+      REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
+      CHECK(std::string(fly_last_variant()) == vname);
+      REQUIRE(fake_cuda_launch_count() == 1);
+      const fake_cuda_launch* L = mx_last_launch();
+      CHECK(std::string(L->kernel) == "fly_mx_prefill_sm90");
+      CHECK(L->block[0] == 384u);
+      CHECK(L->smem == unsigned(fly::mxp::smem_bytes(bn, stages, rd, fp4)));
+      CHECK(L->stream == s);
+      const int64_t tiles_m = (M + 127) / 128, tiles_n = (N + bn - 1) / bn, tiles = tiles_m * tiles_n;
+      const int64_t kb_total = (K + 63) / 64;
+      const auto p = mx_params_of<fly::mxp::PrefillParams>(L);
+      CHECK(p.g.tiles_m == tiles_m);
+      CHECK(p.g.tiles_n == tiles_n);
+      CHECK(p.g.rows == M);
+      CHECK(p.g.cols == N);
+      CHECK(p.g.k == K);
+      CHECK(p.g.c == cd);
+      CHECK(p.g.bias == biasd);
+      CHECK(p.g.ldc == N);
+      CHECK(p.g.swap == 0);
+      CHECK(p.g.sk_tiles == 0);
+      CHECK(p.w == bd);
+      CHECK(p.sw == sd);
+      CHECK(p.ldw == cols);
+      CHECK(p.n == N);
+      CHECK(p.k == K);
+      const int split = p.g.split;
+      if (split > 1) {
+        // few tiles: clusters of `split` CTAs, one per k range, every range >= 4 k steps, none empty
+        CHECK(split <= 8);
+        CHECK(tiles * split <= 132);
+        CHECK(L->cluster[0] == unsigned(split));
+        CHECK(int64_t(L->grid[0]) == tiles * split);
+        CHECK(p.g.kb_per_split >= 4);
+        CHECK(int64_t(split) * p.g.kb_per_split >= kb_total);
+        CHECK(int64_t(split - 1) * p.g.kb_per_split < kb_total);
+      } else {
+        // persistent: one CTA per tile up to the SMs
+        CHECK(L->cluster[0] == 1u);
+        CHECK(int64_t(L->grid[0]) == std::min<int64_t>(tiles, 132));
+        CHECK((tiles * 2 > 132 || kb_total < 8));  // else the plan would have split
+      }
+      const int ia = fake_cuda_tensor_map_index(&p.g.tm_p);
+      REQUIRE(ia >= 0);
+      const fake_cuda_tensor_map* ma = fake_cuda_get_tensor_map(ia);
+      CHECK(ma->address == uint64_t(reinterpret_cast<uintptr_t>(ad)));
+      CHECK(ma->rank == 2u);
+      CHECK(ma->dims[0] == uint64_t(K));
+      CHECK(ma->dims[1] == uint64_t(M));
+      CHECK(ma->box[0] == 64u);
+      CHECK(ma->box[1] == 128u);
+      CHECK(ma->swizzle == int(CU_TENSOR_MAP_SWIZZLE_128B));
+      CHECK(ma->dtype == int(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16));
+      ++launched;
+    }
+  CHECK(launched == 2 * 6);
   fly_force_variant(nullptr);
 }
