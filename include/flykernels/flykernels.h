@@ -380,10 +380,11 @@ FLY_API fly_status fly_mx_quantize(const fly_tensor* x, int format, const fly_te
  *    writes for the weights. c: [M, N] in a's dtype (another dtype: FLY_ERROR_UNSUPPORTED); bias
  *    in c's dtype. FP32 accumulation, each 32-k block's scale applied exactly to its FP32 partial
  *    sum (0x00 = 2^-127, 0xFF = NaN: that column of C is NaN).
- * M <= 64: the decode kernels. M > 64: the prefill kernel with BF16 a, which multiplies each
- *    weight rounded to BF16 once (bf16(B[n,k] * sb[n,k/32]): exact for every weight a quantizer
- *    writes; only scales that put elements outside BF16's range round), as dequantizing to BF16
- *    and a BF16 GEMM would; with FP16 a, FLY_ERROR_UNSUPPORTED (dequantize and call fly_gemm).
+ * M <= 64: the decode kernels. M > 64: FLY_ERROR_UNSUPPORTED (dequantize and call fly_gemm) for
+ *    now. The prefill kernel for BF16 a (variants mx_decode_prefill_*, run when one is forced with
+ *    fly_force_variant until it is verified on a GPU) multiplies each weight rounded to BF16 once
+ *    (bf16(B[n,k] * sb[n,k/32]): exact for every weight a quantizer writes; only scales that put
+ *    elements outside BF16's range round), as dequantizing to BF16 and a BF16 GEMM would.
  *    No workspace (the query says 0; one passed is ignored).
  * A non-NULL scale_a with a 16-bit a is FLY_ERROR_UNSUPPORTED (the MX-activation mode needs
  * E4M3/E2M1X2 activations). */
