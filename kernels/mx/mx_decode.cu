@@ -52,6 +52,7 @@
 #include "gemm/gemm_reduce.cuh"
 #include "gemm/gemm_ring.cuh"
 #include "mx/mx_decode.h"
+#include "mx/mx_device.cuh"
 
 #if defined(FLY_ACT_IS_BF16)
 using T = __nv_bfloat16;
@@ -63,13 +64,6 @@ using T = __half;
 constexpr bool kBf16 = false;
 #else
 #error "mx_decode: FLY_ACT_IS_BF16 or FLY_ACT_IS_FP16 must be defined"
-#endif
-#if defined(FLY_FMT_IS_E2M1)
-constexpr bool kFp4 = true;
-#elif defined(FLY_FMT_IS_E4M3)
-constexpr bool kFp4 = false;
-#else
-#error "mx_decode: FLY_FMT_IS_E4M3 or FLY_FMT_IS_E2M1 must be defined"
 #endif
 #if defined(FLY_LD_IS_WIDE) || defined(FLY_LD_IS_WIDE2)
 #define FLY_MXD_WIDE 1
@@ -168,12 +162,9 @@ __device__ __forceinline__ uint32_t widen_e2m1(uint32_t q, int b, uint32_t lane_
   return v;
 }
 
-// 16 bytes of the activation ring (a shared-space load: the generic pointer made ptxas emit LD).
-__device__ __forceinline__ uint4 lds16(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
+// lds16 (16 bytes of the activation ring) and mul_bf16x2: mx_device.cuh.
+using fly::mxk::lds16;
+using fly::mxk::mul_bf16x2;
 
 // Read-only loads as inline PTX, predicated (the value stays `v` when `on` is false): with __ldg
 // inside stage branches ptxas kept the global memory descriptor in ordinary registers and moved it
@@ -195,11 +186,6 @@ __device__ __forceinline__ void ld_w16(uint4& v, const uint8_t* p, bool on) {
                : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w) : "l"(p), "r"(int(on)));
 }
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
 __device__ __forceinline__ void ld_s8(uint32_t& v, const uint8_t* p, bool on) {
   asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q ld.global.nc.u8 %0, [%1]; }" : "+r"(v) : "l"(p), "r"(int(on)));
 }

@@ -32,18 +32,12 @@
 #include "gemm/gemm_mainloop.cuh"
 #include "gemm/gemm_scheduler.cuh"
 #include "mx/mx_decode.h"
+#include "mx/mx_device.cuh"
 #include "mx/mx_prefill.h"
 #include "mx/mx_unpack.h"
 
 #if !defined(FLY_ACT_IS_BF16)
 #error "mx_prefill: BF16 activations only (FP16's range cannot hold the scaled weights)"
-#endif
-#if defined(FLY_FMT_IS_E2M1)
-constexpr bool kFp4 = true;
-#elif defined(FLY_FMT_IS_E4M3)
-constexpr bool kFp4 = false;
-#else
-#error "mx_prefill: FLY_FMT_IS_E4M3 or FLY_FMT_IS_E2M1 must be defined"
 #endif
 #ifndef FLY_RD
 #define FLY_RD 4
@@ -81,19 +75,11 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ uint4 lds16(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
 __device__ __forceinline__ void sts16(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
+using fly::mxk::lds16;
+using fly::mxk::mul_bf16x2;
 
 // The producer's walk over (tile, k stage) in the consumers' order: the same scheduler.
 struct Cursor {

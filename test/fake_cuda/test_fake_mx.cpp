@@ -521,6 +521,27 @@ TEST_CASE("scaled_gemm: swapped widening variants tile N x M and reduce into C's
   }
 }
 
+// Stand-in device buffers and descriptors of one weight-only call: a [M, K] and c [M, N] in `act`,
+// the MX weights b [N, K] (packed K/2 bytes per row for MXFP4), their scales and bias [N].
+struct WeightOnlyOperands {
+  int64_t cols;
+  void *ad, *bd, *sd, *cd, *biasd;
+  fly_tensor a, b, sb, c, bias;
+  WeightOnlyOperands(fly_dtype act, bool fp4, int64_t M, int64_t N, int64_t K) : cols(fp4 ? K / 2 : K) {
+    ad = fake_cuda_malloc(size_t(M * K * 2));
+    bd = fake_cuda_malloc(size_t(N * cols));
+    sd = fake_cuda_malloc(size_t(N * K / 32));
+    cd = fake_cuda_malloc(size_t(M * N * 2));
+    biasd = fake_cuda_malloc(size_t(N * 2));
+    a = mat(ad, act, M, K, K);
+    b = mat(bd, fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, N, cols, cols);
+    sb = mat(sd, FLY_E8M0, N, K / 32, K / 32);
+    c = mat(cd, act, M, N, N);
+    bias = vec(biasd, act, N);
+  }
+  fly_status run(void* stream) { return fly_scaled_gemm(&a, nullptr, &b, &sb, &bias, &c, nullptr, 0, stream); }
+};
+
 // The weight-only mode (fly_scaled_gemm with BF16/FP16 a and scale_a NULL; kernels/mx/mx_decode.cu):
 // the variant per M class (the wide kernel for BF16 at M <= 16), the launch (grid = tiles x cluster, the cluster split of
 // K, threads, shared memory) and the parameters and activation map the kernel receives.
@@ -538,16 +559,12 @@ TEST_CASE("scaled_gemm weight-only: dispatch, launch, maps and parameters", "[fa
     for (int fp4 = 0; fp4 < 2; ++fp4)
       for (Shape sh : {Shape{1, 4096, 4096}, Shape{8, 14336, 4096}, Shape{9, 300, 96}, Shape{16, 4096, 14336},
                        Shape{17, 28672, 8192}, Shape{32, 6144, 4096}, Shape{33, 4096, 4096}, Shape{64, 64, 32}}) {
-        const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
-        void* ad = fake_cuda_malloc(size_t(M * K * 2));
-        void* bd = fake_cuda_malloc(size_t(N * cols));
-        void* sd = fake_cuda_malloc(size_t(N * K / 32));
-        void* cd = fake_cuda_malloc(size_t(M * N * 2));
-        void* biasd = fake_cuda_malloc(size_t(N * 2));
-        const fly_tensor a = mat(ad, act, M, K, K), b = mat(bd, fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, N, cols, cols),
-                         sb = mat(sd, FLY_E8M0, N, K / 32, K / 32), c = mat(cd, act, M, N, N), bias = vec(biasd, act, N);
+        const int64_t M = sh.M, N = sh.N, K = sh.K;
+        WeightOnlyOperands o(act, fp4 != 0, M, N, K);
+        const int64_t cols = o.cols;
+        void *const ad = o.ad, *const bd = o.bd, *const sd = o.sd, *const cd = o.cd, *const biasd = o.biasd;
         fake_cuda_clear_records();
-        const fly_status st = fly_scaled_gemm(&a, nullptr, &b, &sb, &bias, &c, nullptr, 0, s);
+        const fly_status st = o.run(s);
         INFO("act " << int(act) << " fp4 " << fp4 << " M " << M << " N " << N << " K " << K << " "
                     << fly_get_last_error() << " " << fake_cuda_last_refusal());
         REQUIRE(st == FLY_SUCCESS);
@@ -662,19 +679,14 @@ TEST_CASE("scaled_gemm weight-only prefill: gate, launch, maps and parameters", 
                      Shape{129, 17, 32}, Shape{16, 6144, 4096}}) {
       const bool fp4 = std::strstr(vname, "e2m1") != nullptr;
       const int bn = std::strstr(vname, "_n256_") ? 256 : 128, stages = fp4 ? 4 : 3, rd = 4;
-      const int64_t M = sh.M, N = sh.N, K = sh.K, cols = fp4 ? K / 2 : K;
-      void* ad = fake_cuda_malloc(size_t(M * K * 2));
-      void* bd = fake_cuda_malloc(size_t(N * cols));
-      void* sd = fake_cuda_malloc(size_t(N * K / 32));
-      void* cd = fake_cuda_malloc(size_t(M * N * 2));
-      void* biasd = fake_cuda_malloc(size_t(N * 2));
-      const fly_tensor a = mat(ad, FLY_BF16, M, K, K), b = mat(bd, fp4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, N, cols, cols),
-                       sb = mat(sd, FLY_E8M0, N, K / 32, K / 32), c = mat(cd, FLY_BF16, M, N, N),
-                       bias = vec(biasd, FLY_BF16, N);
+      const int64_t M = sh.M, N = sh.N, K = sh.K;
+      WeightOnlyOperands o(FLY_BF16, fp4, M, N, K);
+      const int64_t cols = o.cols;
+      void *const ad = o.ad, *const bd = o.bd, *const sd = o.sd, *const cd = o.cd, *const biasd = o.biasd;
       INFO(vname << " M " << M << " N " << N << " K " << K);
       if (M > 64) {  // unforced: the gate (or, once on, the prefill kernel)
         fake_cuda_clear_records();
-        const fly_status st = fly_scaled_gemm(&a, nullptr, &b, &sb, &bias, &c, nullptr, 0, s);
+        const fly_status st = o.run(s);
         if (st != FLY_SUCCESS) {
           CHECK(st == FLY_ERROR_UNSUPPORTED);
           CHECK(std::string(fly_get_last_error()).find("only when forced") != std::string::npos);
@@ -683,7 +695,7 @@ TEST_CASE("scaled_gemm weight-only prefill: gate, launch, maps and parameters", 
       }
       REQUIRE(fly_force_variant(vname) == FLY_SUCCESS);
       fake_cuda_clear_records();
-      const fly_status st = fly_scaled_gemm(&a, nullptr, &b, &sb, &bias, &c, nullptr, 0, s);
+      const fly_status st = o.run(s);
       INFO(fly_get_last_error() << " " << fake_cuda_last_refusal());
       REQUIRE(st == FLY_SUCCESS);
       REQUIRE(fly_force_variant(nullptr) == FLY_SUCCESS);
