@@ -4,8 +4,8 @@
 // two modes of the C ABI (include/flykernels/flykernels.h, docs/mxfp.md):
 //  - weight-only (scale_a None): a BF16/FP16 as it is, b = the MX weights, c in a's dtype. This is
 //    the mode the mx_decode kernels add (fly_scaled_gemm with a 16-bit a and scale_a NULL: the
-//    decode kernels for M <= 64, the prefill kernel for BF16 at M > 64; FP16 at M > 64 is
-//    FLY_ERROR_UNSUPPORTED).
+//    decode kernels for M <= 64; M > 64 is FLY_ERROR_UNSUPPORTED until the library dispatches its
+//    BF16 prefill kernel, and stays so for FP16).
 //  - MX activations (scale_a given): a = fly_mx_quantize's codes of x in the weights' format, the
 //    MX GEMM F.scaled_mm reaches (scaled_mm.cpp), c in out_dtype (bf16/fp16).
 // The weights arrive as MXLinear keeps them, uint8 buffers (qweight [N, K] or [N, K/2], scales
@@ -97,7 +97,7 @@ std::optional<at::Tensor> mx_linear_run(const at::Tensor& a, const std::optional
   st = fly_scaled_gemm(&ad, scale_a ? &sad : nullptr, &bd, &sbd, bias ? &biasd : nullptr, &cd,
                        ws_bytes ? ws.get() : nullptr, ws_bytes, current_stream(a.device()));
   if (st != FLY_SUCCESS) {
-    // e.g. FP16 weight-only at M > 64 (no prefill kernel for it), a row stride the kernels cannot load
+    // e.g. weight-only at M > 64 (no prefill kernel dispatched), a row stride the kernels cannot load
     TORCH_CHECK(status_means_fallback(st), "flykernels mx_linear: ", fly_status_string(st), ": ", fly_get_last_error());
     note_fallback(id, fly_get_last_error());
     return std::nullopt;

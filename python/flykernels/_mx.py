@@ -203,9 +203,10 @@ def _dequant_linear_cuda(x2: torch.Tensor, wq: torch.Tensor, scales: torch.Tenso
 def _weight_only_cuda(x2: torch.Tensor, wq: torch.Tensor, scales: torch.Tensor, format: str,
                       bias: Optional[torch.Tensor]) -> torch.Tensor:
     """The weight-only CUDA path, x2 [M, K]: fly_scaled_gemm's weight-only mode (BF16/FP16
-    activations, scale_a NULL: the decode kernels at M <= 64, the prefill kernel for BF16 above;
-    csrc/mx_linear.cpp) where the library takes the call, else dequantize + F.linear. The one place
-    the kernels are swapped in."""
+    activations, scale_a NULL: the decode kernels at M <= 64; the prefill kernel for BF16 above
+    once the library dispatches it, docs/mxfp.md "Weight-only prefill"; csrc/mx_linear.cpp) where
+    the library takes the call, else dequantize + F.linear. The one place the kernels are swapped
+    in."""
     run = _ext_fn("mx_linear_run")
     if run is None:
         _log_once("wo:noext", "mx_linear: weight-only on CUDA runs dequantize + F.linear (%s)",

@@ -200,7 +200,8 @@ fly_status launch_wgmma(const DeviceCtx& dc, const Variant& v, const fly_tensor&
 // decode". Chosen by fly_scaled_gemm when a is FP16/BF16 and scale_a is NULL.
 bool is_16bit(fly_dtype dt) { return dt == FLY_F16 || dt == FLY_BF16; }
 const char* mx_fmt_name(bool fp4) { return fp4 ? "e2m1" : "e4m3"; }
-// Largest M the decode kernels take (8 * the largest mt of the space); larger M has no kernel yet.
+// Largest M the decode kernels take (8 * the largest mt of the space); above it, the prefill kernel
+// (BF16 only).
 constexpr int64_t kWeightOnlyMaxM = 64;
 // Whether fly_scaled_gemm sends BF16 weight-only calls with M > 64 to the prefill kernel unforced
 // (docs/mxfp.md "Weight-only prefill": off until its GPU tests and sanitizer runs have passed).
