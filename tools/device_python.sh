@@ -107,6 +107,7 @@ esac
 # one-off device script); the same rule: a variable already set wins, steps given on the line win.
 mx_match='^(mx_quantize_t256_hw1|mxfp_gemm_m64_n64|mxfp_wgmma_n(32|64|128)_f[01](_p[12])?(_s4)?|mxfp_widen_n.*)$'
 mx_splits="mxfp_wgmma_n32_f0_p2_s2 mxfp_wgmma_n32_f0_p2_s4 mxfp_wgmma_n32_f0_p2_s8 mxfp_wgmma_n64_f0_p2_s2 mxfp_wgmma_n64_f0_p2_s4 mxfp_wgmma_n64_f0_p2_s8 mxfp_wgmma_n128_f0_p2_s2 mxfp_wgmma_n128_f0_p2_s4 mxfp_wgmma_n128_f0_p2_s8"
+mx_prefill="mx_decode_prefill_bf16_e4m3_n256_s3_r4 mx_decode_prefill_bf16_e2m1_n256_s4_r4 mx_decode_prefill_bf16_e4m3_n128_s4_r4 mx_decode_prefill_bf16_e2m1_n128_s4_r4"
 mx_swapped="mxfp_widen_n32_t1_s1 mxfp_widen_n32_t1_s2 mxfp_widen_n32_t1_s4 mxfp_widen_n64_t1_s1 mxfp_widen_n64_t1_s2 mxfp_widen_n64_t1_s4"
 attn_packed="attention_fwd: strides TMA cannot take run on aligned copies,attention_bwd: strides TMA cannot take run on aligned copies"
 case ${PROBE:-} in
@@ -248,6 +249,17 @@ case ${PROBE:-} in
     def BUILD_TARGETS "flykernels fly_cpu_tests fly_fake_driver_tests fly_gpu_tests fly_gpu_subset"
     def GTEST_TAGS "[mx_decode]"; def SAN_TOOLS "memcheck racecheck synccheck initcheck"; def SAN_SUBSET "mx"
     def BENCH "probes/mx_decode/mx_decode_probe.cpp"
+    fam_steps="build cpu gtests sanitize bench" ;;
+  mx_prefill)  # the weight-only MX prefill kernel (src/ops/mx.cpp kPrefillDispatch: forced only until this
+    # passes): GPU tests [mx_prefill], memcheck / racecheck over its bundled variants (split and
+    # persistent paths), each default variant beside cuBLAS BF16 at M 256 / 2048 on the Llama shapes
+    def BUILD_DIR "build-mxdecode"; def CMAKE_ARGS "-DFLY_FAMILIES=mx_decode -DFLY_BUILD_TOOLS=OFF"; def PIP 0
+    def BUILD_TARGETS "flykernels fly_cpu_tests fly_fake_driver_tests fly_gpu_tests fly_gpu_subset"
+    def GTEST_TAGS "[mx_prefill]"; def SAN_TOOLS "memcheck racecheck"
+    def SAN_SUBSET "$(for v in $mx_prefill; do printf -- '--only %s ' "$v"; done)"
+    # (the probe's default shapes: the Llama projections; runs are comma-separated, so one M a run)
+    def BENCH "probes/mx_decode/mx_decode_probe.cpp:$(for v in $mx_prefill; do f=${v#*_bf16_}; for m in 256 2048; do
+      printf -- '--m+%s+--reps+8+--fmt+%s+--variant+%s,' "$m" "${f%%_*}" "$v"; done; done)"
     fam_steps="build cpu gtests sanitize bench" ;;
   moe_suite)  # the grouped GEMM on real MoE models' shapes (suites/moe.json) beside F.grouped_mm;
     # MOE_ARGS narrows it (e.g. "--phases decode"); the flybench step runs its row-mode cases
