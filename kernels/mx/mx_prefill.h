@@ -65,17 +65,28 @@ FLY_MXP_HD uint32_t mult_second16(uint32_t e) { return (e - 7u) << 7; }
 // Per byte of w: 0x80 where the byte is an E4M3 NaN code (0x7F, 0xFF), else 0.
 FLY_MXP_HD uint32_t e4m3_nan_mask(uint32_t w) { return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u; }
 
-// The launch (host): persistent, one CTA per SM at most.
+// The launch (host): persistent, one CTA per SM at most; or, for few tiles, split-K clusters of
+// `split` CTAs a tile (one k range each, reduced through DSMEM): up to 8 while the tiles times the
+// split fit on the SMs and every range keeps at least 4 k steps, no range empty.
 struct Launch {
   unsigned grid, threads, smem;
   int32_t tiles_m, tiles_n;
+  int32_t split, kb_per_split;  // the cluster size along x (1: persistent) and k steps a range
 };
-inline Launch plan(int64_t M, int64_t N, int bn, int stages, int rd, bool fp4, int sm_count) {
+inline Launch plan(int64_t M, int64_t N, int64_t K, int bn, int stages, int rd, bool fp4, int sm_count) {
   Launch L{};
   L.tiles_m = int32_t((M + 127) / 128);
   L.tiles_n = int32_t((N + bn - 1) / bn);
-  const int64_t tiles = int64_t(L.tiles_m) * L.tiles_n;
-  L.grid = unsigned(tiles < sm_count ? tiles : sm_count);
+  const int64_t tiles = int64_t(L.tiles_m) * L.tiles_n, kb_total = (K + kBK - 1) / kBK;
+  int64_t split = tiles > 0 ? sm_count / tiles : 0;
+  split = split < 8 ? split : 8;
+  split = split < kb_total / 4 ? split : kb_total / 4;
+  if (split < 2) split = 1;
+  const int64_t per = (kb_total + split - 1) / split;
+  split = (kb_total + per - 1) / per;
+  L.split = int32_t(split);
+  L.kb_per_split = int32_t(per);
+  L.grid = unsigned(split > 1 ? tiles * split : (tiles < sm_count ? tiles : sm_count));
   L.threads = unsigned(gemm::kThreads);
   L.smem = unsigned(smem_bytes(bn, stages, rd, fp4));
   return L;

@@ -282,15 +282,12 @@ std::string prefill_default(bool fp4, int64_t M, int64_t N, int sms) {
 }
 bool is_prefill_variant(const Variant& v) { return v.name.rfind("mx_decode_prefill_", 0) == 0; }
 
-// The call's checks are done (weight_only_gemm): dtypes, shapes, strides, alignment, overlaps.
-fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const fly_tensor* scale_b,
-                               const fly_tensor* bias, const fly_tensor* c, int64_t M, int64_t N, int64_t K,
-                               void* stream) {
+// The call's checks are done (weight_only_gemm): dtypes, shapes, strides, alignment, overlaps,
+// device pointers, in the context `dc` of the stream.
+fly_status weight_only_prefill(const DeviceCtx* dc, const fly_tensor* a, const fly_tensor* b,
+                               const fly_tensor* scale_b, const fly_tensor* bias, const fly_tensor* c, int64_t M,
+                               int64_t N, int64_t K, void* stream) {
   const bool fp4 = b->dtype == FLY_F4_E2M1X2;
-  ScopedContext guard;
-  const DeviceCtx* dc = nullptr;
-  FLY_TRY(guard.enter(stream, &dc));
-  FLY_TRY(check_on_device(a, nullptr, b, scale_b, bias, c, nullptr, 0));
   const int sms = dc->sm_count > 0 ? dc->sm_count : 132;
   DispatchRequest req = make_request("mx_decode", keys::scaled_gemm_weight_only(dtype_name(a->dtype), fp4, M, N, K));
   const int smem_max = dc->max_smem_optin;
@@ -306,7 +303,7 @@ fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const f
   if (!is_prefill_variant(v))  // unreachable: supports() takes prefill variants only
     return fail(FLY_ERROR_INTERNAL, "variant %s is not a prefill variant", v.name.c_str());
   const int bn = int(v.get_int("bn", 256)), stages = int(v.get_int("stages", 3)), rd = int(v.get_int("rd", 4));
-  const mxp::Launch L = mxp::plan(M, N, bn, stages, rd, fp4, sms);
+  const mxp::Launch L = mxp::plan(M, N, K, bn, stages, rd, fp4, sms);
   if (smem_max > 0 && int64_t(L.smem) > smem_max)
     return fail(FLY_ERROR_UNSUPPORTED, "variant %s needs %u bytes of shared memory, the device allows %d", v.name.c_str(),
                 L.smem, smem_max);
@@ -332,18 +329,9 @@ fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const f
   g.q_kmajor = 1;
   g.tiles_m = L.tiles_m;
   g.tiles_n = L.tiles_n;
-  g.strip_m = gemm::raster_group(L.tiles_m, L.tiles_n, 128, bn, int64_t(L.grid));
-  // Split-K for few tiles (clusters of `split` CTAs, one k range each, reduced through DSMEM):
-  // up to 8 CTAs a tile while the tiles times the split fit on the SMs and every range keeps
-  // at least 4 k steps; no range empty.
-  const int64_t kb_total = (K + gemm::kBK - 1) / gemm::kBK, tiles = int64_t(L.tiles_m) * L.tiles_n;
-  int64_t split = std::min<int64_t>({8, sms / std::max<int64_t>(1, tiles), kb_total / 4});
-  if (split < 2) split = 1;
-  const int64_t per = (kb_total + split - 1) / split;
-  split = (kb_total + per - 1) / per;
-  const unsigned grid = split > 1 ? unsigned(tiles * split) : L.grid;
-  g.split = int32_t(split);
-  g.kb_per_split = int32_t(per);
+  g.strip_m = gemm::raster_group(L.tiles_m, L.tiles_n, 128, bn, int64_t(L.grid) / L.split);
+  g.split = L.split;  // split-K clusters for few tiles (mx_prefill.h plan)
+  g.kb_per_split = L.kb_per_split;
   g.c_vec = (reinterpret_cast<uintptr_t>(c->data) % 8 == 0) && (g.ldc % 4 == 0);
   g.mc = 1;
   p.w = static_cast<const uint8_t*>(b->data);
@@ -352,12 +340,12 @@ fly_status weight_only_prefill(const fly_tensor* a, const fly_tensor* b, const f
   p.n = int32_t(N);
   p.k = int32_t(K);
   log(LogLevel::kInfo, "scaled_gemm weight-only prefill %s: grid %u, %d x %d tiles, split %d (M %lld N %lld K %lld)",
-      v.name.c_str(), grid, L.tiles_m, L.tiles_n, g.split, (long long)M, (long long)N, (long long)K);
+      v.name.c_str(), L.grid, L.tiles_m, L.tiles_n, g.split, (long long)M, (long long)N, (long long)K);
   LaunchConfig cfg;
-  cfg.grid[0] = grid;
+  cfg.grid[0] = L.grid;
   cfg.block[0] = L.threads;
   cfg.smem = L.smem;
-  cfg.cluster[0] = unsigned(split);
+  cfg.cluster[0] = unsigned(L.split);
   return launch1(rk.f, cfg, stream, p);
 }
 
@@ -399,16 +387,15 @@ fly_status weight_only_gemm(const fly_tensor* a, const fly_tensor* b, const fly_
                 " (the prefill kernel, mx_decode_prefill_*, runs only when forced until it is verified on a GPU: "
                 "dequantize and use fly_gemm)",
                 M, kWeightOnlyMaxM);
-  if (M > kWeightOnlyMaxM || forced_prefill) {
-    if (M > INT32_MAX || (M + 127) / 128 * ((N + 127) / 128) > INT32_MAX)
-      return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the prefill kernel's 32-bit tile indices", M);
-    return weight_only_prefill(a, b, scale_b, bias, c, M, N, K, stream);
-  }
+  const bool prefill = M > kWeightOnlyMaxM || forced_prefill;
+  if (prefill && (M > INT32_MAX || (M + 127) / 128 * ((N + 127) / 128) > INT32_MAX))
+    return fail(FLY_ERROR_UNSUPPORTED, "a: M = %" PRId64 " exceeds the prefill kernel's 32-bit tile indices", M);
 
   ScopedContext guard;
   const DeviceCtx* dc = nullptr;
   FLY_TRY(guard.enter(stream, &dc));
   FLY_TRY(check_on_device(a, nullptr, b, scale_b, bias, c, workspace, workspace_bytes));
+  if (prefill) return weight_only_prefill(dc, a, b, scale_b, bias, c, M, N, K, stream);
 
   const fly_dtype act = a->dtype;
   DispatchRequest req = make_request("mx_decode", keys::scaled_gemm_weight_only(dtype_name(act), fp4, M, N, K));

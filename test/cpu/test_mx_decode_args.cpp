@@ -230,15 +230,26 @@ TEST_CASE("mx_prefill: shared memory and launch plan", "[mx_decode][mx]") {
   CHECK(mxp::smem_bytes(256, 3, 4, false) <= 227 * 1024);
   CHECK(mxp::smem_bytes(128, 4, 4, false) <= 227 * 1024);
   // persistent: at most one CTA per SM, tiles of 128 rows
-  const mxp::Launch big = mxp::plan(4096, 14336, 256, 3, 4, false, 132);
+  const mxp::Launch big = mxp::plan(4096, 14336, 4096, 256, 3, 4, false, 132);
   CHECK(big.tiles_m == 32);
   CHECK(big.tiles_n == 56);
   CHECK(big.grid == 132);
-  const mxp::Launch small = mxp::plan(65, 300, 128, 4, 4, true, 132);
+  CHECK(big.split == 1);
+  const mxp::Launch small = mxp::plan(65, 300, 128, 128, 4, 4, true, 132);  // 2 k steps: no split
   CHECK(small.tiles_m == 1);
   CHECK(small.tiles_n == 3);
   CHECK(small.grid == 3);
+  CHECK(small.split == 1);
   CHECK(small.threads == 384);
+  // few tiles, long K: split-K clusters of up to 8, every range >= 4 k steps, none empty
+  const mxp::Launch few = mxp::plan(65, 300, 1056, 128, 4, 4, true, 132);  // 3 tiles, 17 k steps
+  CHECK(few.split == 4);
+  CHECK(few.kb_per_split == 5);
+  CHECK(few.grid == 12);
+  const mxp::Launch deep = mxp::plan(256, 256, 8192, 256, 3, 4, false, 132);  // 2 tiles, 128 k steps
+  CHECK(deep.split == 8);
+  CHECK(deep.kb_per_split == 16);
+  CHECK(deep.grid == 16);
 }
 
 TEST_CASE("mx_decode: launch plan splits K over a cluster within one wave", "[mx_decode][mx]") {
