@@ -333,6 +333,19 @@ void run_mx(const char* name, const std::string& fam) {
 // activation tile, N = 300 (two CTA tiles, the second partial), K = 1056 (17 stages: clusters split
 // K, the last CTA's range short), with and without bias. Inputs 0x3c bytes: finite in every format;
 // a third call with tiny scales runs the wide MXFP8 kernel's exact fallback.
+// One weight-only call: a [M, K] in `act`, the weights b [N, K] in the format (packed K/2 bytes a
+// row for MXFP4), scales all `scale`, bias (or none), all inputs 0x3c bytes.
+void weight_only_call(const char* name, fly_dtype act, bool f4, int64_t M, int64_t N, int64_t K, uint8_t scale,
+                      bool with_bias, const char* what) {
+  const int64_t kb = f4 ? K / 2 : K;
+  Buf a(M * K * 2, 0x3c), b(N * kb, 0x3c), sb(N * K / 32, scale), c(M * N * 2), bias(N * 2, 0x3c);
+  const fly_tensor ta = flykernels::tensor(a.p, act, {M, K}, {K, 1});
+  const fly_tensor tb = flykernels::tensor(b.p, f4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, {N, kb}, {kb, 1});
+  const fly_tensor tsb = flykernels::tensor(sb.p, FLY_E8M0, {N, K / 32}, {K / 32, 1});
+  const fly_tensor tc = flykernels::tensor(c.p, act, {M, N}, {N, 1}), tbias = flykernels::tensor(bias.p, act, {N}, {1});
+  report(name, fly_scaled_gemm(&ta, nullptr, &tb, &tsb, with_bias ? &tbias : nullptr, &tc, nullptr, 0, nullptr), what);
+}
+
 void run_mx_decode(const char* name, const std::string& ps) {
   const fly_dtype act = has(ps, "act=fp16") ? FLY_F16 : FLY_BF16;
   const bool f4 = has(ps, "fmt=e2m1");
@@ -341,34 +354,18 @@ void run_mx_decode(const char* name, const std::string& ps) {
     // partial W tile), K = 1056 (K % 64 = 32: the last stage's second block zero-filled; few tiles:
     // split-K clusters), with and without bias; scale bytes 0x7c, then 0xF0 (the two-multiply
     // widening); then K = 256 (no split: the persistent path).
-    const int64_t M = 200, N = 300;
-    for (int pass = 0; pass < 3; ++pass) {
-      const int64_t K = pass == 2 ? 256 : 1056, kb = f4 ? K / 2 : K;
-      Buf a(M * K * 2, 0x3c), b(N * kb, 0x3c), sb(N * K / 32, pass == 1 ? 0xF0 : 0x7c), c(M * N * 2), bias(N * 2, 0x3c);
-      const fly_tensor ta = flykernels::tensor(a.p, FLY_BF16, {M, K}, {K, 1});
-      const fly_tensor tb = flykernels::tensor(b.p, f4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, {N, kb}, {kb, 1});
-      const fly_tensor tsb = flykernels::tensor(sb.p, FLY_E8M0, {N, K / 32}, {K / 32, 1});
-      const fly_tensor tc = flykernels::tensor(c.p, FLY_BF16, {M, N}, {N, 1}), tbias = flykernels::tensor(bias.p, FLY_BF16, {N}, {1});
-      report(name, fly_scaled_gemm(&ta, nullptr, &tb, &tsb, pass == 0 ? &tbias : nullptr, &tc, nullptr, 0, nullptr),
-             pass == 0 ? "M200+bias" : pass == 1 ? "M200 scales 0xF0" : "M200 K256");
-    }
+    weight_only_call(name, FLY_BF16, f4, 200, 300, 1056, 0x7c, true, "M200+bias");
+    weight_only_call(name, FLY_BF16, f4, 200, 300, 1056, 0xF0, false, "M200 scales 0xF0");
+    weight_only_call(name, FLY_BF16, f4, 200, 300, 256, 0x7c, false, "M200 K256");
     return;
   }
   int64_t mt = 1;
   for (int64_t v : {1, 2, 4, 8})
     if (has(ps, ("mt=" + std::to_string(v)).c_str())) mt = v;
-  const int64_t N = 300, K = 1056, kb = f4 ? K / 2 : K;
-  // the third call's scale bytes 0x01 send the wide MXFP8 kernel's tiles to its exact fallback
-  for (int pass = 0; pass < 3; ++pass) {
-    const int64_t M = pass == 1 ? 8 * mt : 5;
-    Buf a(M * K * 2, 0x3c), b(N * kb, 0x3c), sb(N * K / 32, pass == 2 ? 0x01 : 0x7c), c(M * N * 2), bias(N * 2, 0x3c);
-    const fly_tensor ta = flykernels::tensor(a.p, act, {M, K}, {K, 1});
-    const fly_tensor tb = flykernels::tensor(b.p, f4 ? FLY_F4_E2M1X2 : FLY_F8_E4M3, {N, kb}, {kb, 1});
-    const fly_tensor tsb = flykernels::tensor(sb.p, FLY_E8M0, {N, K / 32}, {K / 32, 1});
-    const fly_tensor tc = flykernels::tensor(c.p, act, {M, N}, {N, 1}), tbias = flykernels::tensor(bias.p, act, {N}, {1});
-    report(name, fly_scaled_gemm(&ta, nullptr, &tb, &tsb, M == 5 ? &tbias : nullptr, &tc, nullptr, 0, nullptr),
-           pass == 0 ? "M5+bias" : pass == 1 ? "M=tile" : "M5 scales 0x01");
-  }
+  weight_only_call(name, act, f4, 5, 300, 1056, 0x7c, true, "M5+bias");
+  weight_only_call(name, act, f4, 8 * mt, 300, 1056, 0x7c, false, "M=tile");
+  // scale bytes 0x01 send the wide MXFP8 kernel's tiles to its exact fallback
+  weight_only_call(name, act, f4, 5, 300, 1056, 0x01, true, "M5 scales 0x01");
 }
 
 // One GEMM variant per kernel path: the first bundled one whose parameters hold every key.
